@@ -1,0 +1,33 @@
+# forge: set-up and everyday commands. `make serve` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FORGE := $(VENV)/bin/forge
+
+.PHONY: install model serve test test-deps bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+model: install
+	$(FORGE) pull
+
+serve: model
+	$(FORGE) serve
+
+test-deps: install
+	bash scripts/install-test-deps
+
+test: test-deps model
+	$(PY) -m pytest -q
+
+bench: model
+	$(FORGE) bench --model default
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from forge.cli import main
+
+sys.exit(main())

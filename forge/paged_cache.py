@@ -1,0 +1,304 @@
+"""Paged KV-cache bookkeeping: block ids, block tables, reference counts and the prefix cache.
+
+Only bookkeeping lives here; the K/V arrays themselves belong to the model runner, which reads
+them through the block tables this module hands out. Nothing here knows about models or requests
+beyond their sequence ids and token ids.
+
+    block_size = 4                      seq 7: 10 tokens -> 3 blocks, slack 2
+    seq 7  [ b5 | b2 | b9 ]             b5 = t0..t3   b2 = t4..t7   b9 = t8 t9 _ _
+    seq 8  [ b5 | b1 ]                  shares the full block b5 with seq 7 (ref count 2)
+
+Prefix caching: a full block is identified by the chain of its tokens and all tokens before it.
+When a sequence frees a full block, the block keeps its contents and identity on an LRU list of
+evictable blocks; a later sequence with the same prefix takes it back instead of recomputing.
+Evictable blocks count as free: they are reused (and forgotten) only when the free list is empty.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from forge.errors import ForgeError
+from forge.messages import BlockAsk, Grant, StepAllocation
+
+SeqId = int
+BlockId = int
+
+
+class CacheError(ForgeError):
+    """Base of the paged cache's errors."""
+
+
+class OutOfBlocks(CacheError):
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(f"out of KV blocks: needed {needed}, free {free}")
+        self.needed = needed
+        self.free = free
+
+
+class UnknownSequence(CacheError):
+    def __init__(self, seq: SeqId) -> None:
+        super().__init__(f"unknown sequence {seq}")
+        self.seq = seq
+
+
+@dataclass(slots=True)
+class BlockTable:
+    blocks: list[BlockId] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def capacity(self, block_size: int) -> int:
+        return len(self.blocks) * block_size
+
+    def slack(self, block_size: int) -> int:
+        return self.capacity(block_size) - self.num_tokens
+
+
+@dataclass(slots=True)
+class _SeqEntry:
+    table: BlockTable
+    token_ids: list[int]            # tokens known for prefix hashing (may run ahead of num_tokens)
+    num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
+    last_hash: int | None = None    # chain hash of the last registered block
+
+
+def _divceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedKVCache:
+    """Allocates fixed-size blocks to sequences. Invariant: free + used = total, always."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if num_blocks < 0:
+            raise ValueError("num_blocks must not be negative")
+        self._block_size = block_size
+        self._num_blocks = num_blocks
+        self._free: deque[BlockId] = deque(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._seqs: dict[SeqId, _SeqEntry] = {}
+        self.enable_prefix_caching = enable_prefix_caching
+        self._evictable: OrderedDict[BlockId, None] = OrderedDict()  # ref 0, still cached; LRU first
+        self._hash_of: dict[BlockId, tuple[int, tuple[int, ...]]] = {}  # block -> (chain hash, its tokens)
+        self._block_of: dict[int, BlockId] = {}                          # chain hash -> block
+        self.num_prefix_queries = 0   # tokens looked up in the prefix cache
+        self.num_prefix_hits = 0      # of which found
+
+    # ---- the seed's surface -------------------------------------------------------------
+
+    def block_size(self) -> int:
+        return self._block_size
+
+    def total_blocks(self) -> int:
+        return self._num_blocks
+
+    def free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    def used_blocks(self) -> int:
+        return self._num_blocks - self.free_blocks()
+
+    def utilisation(self) -> float:
+        return self.used_blocks() / self._num_blocks if self._num_blocks else 0.0
+
+    def admit(self, seq: SeqId) -> None:
+        """Register a sequence with no tokens. Admitting a known sequence changes nothing."""
+        self._seqs.setdefault(seq, _SeqEntry(BlockTable(), []))
+
+    def contains(self, seq: SeqId) -> bool:
+        return seq in self._seqs
+
+    def blocks_needed_for(self, seq: SeqId, extra_tokens: int) -> int:
+        """New blocks `seq` needs to hold `extra_tokens` more tokens (an unknown sequence holds none)."""
+        entry = self._seqs.get(seq)
+        table = entry.table if entry else BlockTable()
+        return max(0, _divceil(table.num_tokens + extra_tokens, self._block_size) - len(table.blocks))
+
+    def append(self, seq: SeqId, count: int) -> None:
+        """Make room for `count` more tokens. Transactional: on OutOfBlocks nothing changes."""
+        entry = self._seqs.get(seq)
+        if entry is None:
+            raise UnknownSequence(seq)
+        needed = self.blocks_needed_for(seq, count)
+        if needed > self.free_blocks():
+            raise OutOfBlocks(needed, self.free_blocks())
+        for _ in range(needed):
+            entry.table.blocks.append(self._take_block())
+        entry.table.num_tokens += count
+
+    def free(self, seq: SeqId) -> None:
+        """Release every block of `seq`. Idempotent: freeing an unknown sequence does nothing."""
+        entry = self._seqs.pop(seq, None)
+        if entry is None:
+            return
+        if self.enable_prefix_caching:
+            self._register_full_blocks(entry)
+        for block in reversed(entry.table.blocks):  # tail first: the LRU evicts a chain's end first
+            self._release_block(block)
+
+    def block_table(self, seq: SeqId) -> BlockTable | None:
+        entry = self._seqs.get(seq)
+        return entry.table if entry else None
+
+    def seq_len(self, seq: SeqId) -> int:
+        entry = self._seqs.get(seq)
+        return entry.table.num_tokens if entry else 0
+
+    def internal_fragmentation(self) -> int:
+        """Token slots allocated but unused, over all sequences."""
+        return sum(e.table.slack(self._block_size) for e in self._seqs.values())
+
+    def evict_largest(self) -> SeqId | None:
+        """Free the sequence holding the most tokens (ties: the lowest id) and return its id."""
+        if not self._seqs:
+            return None
+        victim = min(self._seqs, key=lambda s: (-self._seqs[s].table.num_tokens, s))
+        self.free(victim)
+        return victim
+
+    def sequences(self) -> list[SeqId]:
+        return list(self._seqs)
+
+    # ---- prefix caching -----------------------------------------------------------------
+
+    def admit_with_prefix(self, seq: SeqId, token_ids: Sequence[int]) -> int:
+        """Admit `seq` knowing its tokens; share cached full blocks of its prefix.
+
+        Returns how many leading tokens are already in the cache. At least one token is always
+        left to compute, so that the step that resumes the sequence produces its next logits.
+        """
+        if seq in self._seqs:
+            raise CacheError(f"sequence {seq} is already admitted")
+        entry = _SeqEntry(BlockTable(), list(token_ids))
+        self._seqs[seq] = entry
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self._block_size
+        max_blocks = (len(token_ids) - 1) // bs
+        self.num_prefix_queries += len(token_ids)
+        parent: int | None = None
+        for i in range(max_blocks):
+            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = hash((parent, chunk))
+            block = self._block_of.get(h)
+            if block is None or self._hash_of[block][1] != chunk:
+                break
+            if self._ref[block] == 0:
+                del self._evictable[block]
+            self._ref[block] += 1
+            entry.table.blocks.append(block)
+            parent = h
+        num_cached = len(entry.table.blocks) * bs
+        entry.table.num_tokens = num_cached
+        entry.num_hashed_blocks = len(entry.table.blocks)
+        entry.last_hash = parent
+        self.num_prefix_hits += num_cached
+        return num_cached
+
+    def extend_tokens(self, seq: SeqId, token_ids: Iterable[int]) -> None:
+        """Tell the cache the tokens that follow those it knows, for prefix hashing."""
+        entry = self._seqs.get(seq)
+        if entry is None:
+            raise UnknownSequence(seq)
+        entry.token_ids.extend(token_ids)
+
+    def commit_computed(self, seq: SeqId) -> None:
+        """The K/V of every allocated token of `seq` are now computed: cache its full blocks."""
+        entry = self._seqs.get(seq)
+        if entry is None:
+            raise UnknownSequence(seq)
+        if self.enable_prefix_caching:
+            self._register_full_blocks(entry)
+
+    def prefix_hit_rate(self) -> float:
+        return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
+
+    def _register_full_blocks(self, entry: _SeqEntry) -> None:
+        bs = self._block_size
+        num_full = min(entry.table.num_tokens, len(entry.token_ids)) // bs
+        parent = entry.last_hash
+        for i in range(entry.num_hashed_blocks, num_full):
+            chunk = tuple(entry.token_ids[i * bs:(i + 1) * bs])
+            h = hash((parent, chunk))
+            block = entry.table.blocks[i]
+            if h not in self._block_of and block not in self._hash_of:
+                self._block_of[h] = block
+                self._hash_of[block] = (h, chunk)
+            parent = h
+        if num_full > entry.num_hashed_blocks:
+            entry.num_hashed_blocks = num_full
+            entry.last_hash = parent
+
+    # ---- one engine step ----------------------------------------------------------------
+
+    def allocate_step(self, asks: Sequence[BlockAsk]) -> StepAllocation:
+        """Grant blocks for one step, in the asks' priority order.
+
+        A running sequence that cannot get its blocks takes them from the lowest-priority running
+        sequence (the last running ask), which is preempted: freed, to be recomputed later; it may
+        be the asking sequence itself. A waiting sequence is admitted only while blocks remain and
+        nothing was preempted this step; admission stops at the first that does not fit (FCFS).
+        """
+        grants: list[Grant] = []
+        preempted: list[SeqId] = []
+        victims = [a.seq_id for a in asks if a.is_running]            # lowest priority last
+        for ask in asks:
+            seq = ask.seq_id
+            if seq in preempted:
+                continue
+            if ask.is_running:
+                self.commit_computed(seq)                             # last step's K/V are written
+                self.extend_tokens(seq, ask.new_token_ids)
+                num_cached = 0
+            else:
+                if preempted:
+                    break
+                num_cached = self.admit_with_prefix(seq, ask.new_token_ids)
+            entry = self._seqs[seq]
+            start = entry.table.num_tokens
+            num = min(ask.max_compute, len(entry.token_ids) - start)
+            needed = self.blocks_needed_for(seq, num)
+            if needed > self.free_blocks() and not ask.is_running:
+                self.free(seq)                                        # not this step; keep FCFS
+                break
+            while needed > self.free_blocks():
+                victim = victims.pop()
+                self.free(victim)
+                preempted.append(victim)
+                if victim == seq:
+                    break
+            if seq in preempted:
+                continue
+            self.append(seq, num)
+            grants.append(Grant(seq_id=seq, num_cached=num_cached, start=start, num_tokens=num,
+                                block_ids=tuple(entry.table.blocks)))
+        return StepAllocation(grants=tuple(grants), preempted=tuple(preempted),
+                              num_free_blocks=self.free_blocks(), num_total_blocks=self._num_blocks)
+
+    # ---- blocks -------------------------------------------------------------------------
+
+    def _take_block(self) -> BlockId:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            block, _ = self._evictable.popitem(last=False)   # least recently used cached block
+            h, _ = self._hash_of.pop(block)
+            del self._block_of[h]
+        self._ref[block] = 1
+        return block
+
+    def _release_block(self, block: BlockId) -> None:
+        self._ref[block] -= 1
+        if self._ref[block] > 0:
+            return
+        if block in self._hash_of:
+            self._evictable[block] = None
+        else:
+            self._free.append(block)
+
+    def ref_count(self, block: BlockId) -> int:
+        return self._ref[block]

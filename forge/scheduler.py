@@ -1,0 +1,266 @@
+"""Continuous batching: which sequences run this step, and how many tokens each computes.
+
+One rule covers prefill, chunked prefill, decode and recompute after preemption: every sequence
+has `num_computed_tokens`, which catches up with its token count (prompt + output) by at most the
+step's token budget. There are no phases. The scheduler never calls a model and never touches
+the KV cache directly: it proposes (`propose`), the cache allocator grants (`allocate_step`), and
+the scheduler records the outcome (`commit`). `schedule` does the three in one call, offline.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from forge.errors import CapacityError
+from forge.messages import BlockAsk, StepAllocation
+from forge.paged_cache import PagedKVCache, SeqId
+
+TokenId = int
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    id: SeqId
+    prompt: list[TokenId]
+    output: list[TokenId] = field(default_factory=list)
+    max_new_tokens: int = 16
+    state: SeqState = SeqState.WAITING
+    num_computed_tokens: int = 0     # tokens whose K/V are in the cache
+    num_tokens_sent: int = 0         # tokens the allocator knows (for prefix hashing)
+    num_cached_tokens: int = 0       # prompt tokens found in the prefix cache at admission
+
+    def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
+        self.id = id
+        self.prompt = list(prompt)
+        self.output = []
+        self.max_new_tokens = max_new_tokens
+        self.state = SeqState.WAITING
+        self.num_computed_tokens = 0
+        self.num_tokens_sent = 0
+        self.num_cached_tokens = 0
+
+    def total_len(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def is_complete(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+    def token_at(self, i: int) -> TokenId:
+        n = len(self.prompt)
+        return self.prompt[i] if i < n else self.output[i - n]
+
+    def tokens(self, start: int, stop: int) -> list[TokenId]:
+        n = len(self.prompt)
+        if stop <= n:
+            return self.prompt[start:stop]
+        if start >= n:
+            return self.output[start - n:stop - n]
+        return self.prompt[start:] + self.output[:stop - n]
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq_id: SeqId
+    start: int                    # first position computed this step
+    num_tokens: int               # tokens computed this step
+    block_ids: tuple[int, ...]
+    samples: bool                 # the chunk reaches the end: this step yields its next token
+
+
+@dataclass(slots=True)
+class StepPlan:
+    admitted: list[SeqId] = field(default_factory=list)
+    decode_batch: list[SeqId] = field(default_factory=list)   # sequences that yield a token
+    preempted: list[SeqId] = field(default_factory=list)
+    finished: list[SeqId] = field(default_factory=list)
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+
+    def is_idle(self) -> bool:
+        return not (self.admitted or self.decode_batch or self.preempted or self.finished
+                    or self.scheduled)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_batch_size: int = 8                     # most sequences running at once
+    max_num_batched_tokens: int | None = None   # token budget per step; None: unlimited
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache: PagedKVCache) -> None:
+        self.config = config
+        self._cache = cache
+        self._seqs: dict[SeqId, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._finished: list[SeqId] = []        # since the last take_finished
+        self._to_free: list[SeqId] = []         # blocks to give back before the next allocation
+        self._retired: list[SeqId] = []         # finished since the last plan
+        self.num_preemptions = 0
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def cache(self) -> PagedKVCache:
+        return self._cache
+
+    def waiting_len(self) -> int:
+        return len(self._waiting)
+
+    def running_len(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        """Sequences to run, or blocks of retired ones still to give back."""
+        return bool(self._waiting or self._running or self._to_free)
+
+    def running_seq(self, seq_id: SeqId) -> Sequence | None:
+        seq = self._seqs.get(seq_id)
+        return seq if seq is not None and seq.state is SeqState.RUNNING else None
+
+    def get(self, seq_id: SeqId) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    # ---- commands -----------------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue a sequence. One that could never fit in the whole cache is refused at once."""
+        if seq.id in self._seqs:
+            raise ValueError(f"sequence {seq.id} is already submitted")
+        cache = self._cache
+        worst = len(seq.prompt) + max(seq.max_new_tokens, 0)
+        if -(-worst // cache.block_size()) > cache.total_blocks():
+            raise CapacityError(f"sequence {seq.id} needs {worst} tokens; the KV cache holds "
+                                f"{cache.total_blocks() * cache.block_size()}")
+        seq.state = SeqState.WAITING
+        self._seqs[seq.id] = seq
+        self._waiting.append(seq)
+
+    def push_token(self, seq_id: SeqId, token: TokenId, is_eos: bool) -> None:
+        """Record a generated token; on eos, cap the limit so the sequence retires next step."""
+        seq = self._seqs[seq_id]
+        seq.output.append(token)
+        if is_eos:
+            seq.max_new_tokens = len(seq.output)
+
+    def finish(self, seq_id: SeqId) -> None:
+        """Retire a sequence now (it met a stop condition the caller checks)."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            seq.max_new_tokens = len(seq.output)
+            self._retire(seq)
+
+    def abort(self, seq_id: SeqId) -> bool:
+        """Drop a sequence wherever it is; its blocks are freed before the next step."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return False
+        self._retire(seq)
+        return True
+
+    def take_finished(self) -> list[SeqId]:
+        """Sequences that finished (or were aborted) since the last call."""
+        out, self._finished = self._finished, []
+        return out
+
+    def take_frees(self) -> list[SeqId]:
+        out, self._to_free = self._to_free, []
+        return out
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """Plan one step against the local cache: propose, allocate, commit."""
+        asks = self.propose()
+        for seq_id in self.take_frees():
+            self._cache.free(seq_id)
+        return self.commit(self._cache.allocate_step(asks))
+
+    def propose(self) -> list[BlockAsk]:
+        """Retire complete sequences, then ask for this step's tokens in priority order."""
+        for seq in [s for s in self._running if s.is_complete()]:
+            self._retire(seq)
+        budget = self.config.max_num_batched_tokens or 1 << 62
+        asks: list[BlockAsk] = []
+        for seq in self._running:
+            num = min(seq.total_len() - seq.num_computed_tokens, budget)
+            budget -= num
+            asks.append(self._ask(seq, num, is_running=True))
+        num_slots = self.config.max_batch_size - len(self._running)
+        for seq in self._waiting:
+            if num_slots <= 0 or budget <= 0:
+                break
+            num = min(seq.total_len(), budget)
+            budget -= num
+            num_slots -= 1
+            asks.append(self._ask(seq, num, is_running=False))
+        return asks
+
+    def commit(self, alloc: StepAllocation) -> StepPlan:
+        plan = StepPlan(finished=self._retired)
+        self._retired = []
+        for seq_id in alloc.preempted:
+            self._preempt(self._seqs[seq_id])
+            plan.preempted.append(seq_id)
+        for grant in alloc.grants:
+            seq = self._seqs[grant.seq_id]
+            if seq.state is not SeqState.RUNNING:
+                self._waiting.remove(seq)
+                self._running.append(seq)
+                seq.state = SeqState.RUNNING
+                seq.num_cached_tokens = grant.num_cached
+                plan.admitted.append(seq.id)
+            seq.num_tokens_sent = seq.total_len()
+            seq.num_computed_tokens = grant.start + grant.num_tokens
+            if grant.num_tokens == 0:
+                continue
+            samples = seq.num_computed_tokens == seq.total_len()
+            plan.scheduled.append(ScheduledSeq(seq.id, grant.start, grant.num_tokens,
+                                               grant.block_ids, samples))
+            if samples:
+                plan.decode_batch.append(seq.id)
+        return plan
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _ask(self, seq: Sequence, num: int, *, is_running: bool) -> BlockAsk:
+        sent = seq.num_tokens_sent if is_running else 0
+        new_ids = tuple(seq.tokens(sent, seq.total_len()))
+        return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=is_running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._running.remove(seq)
+        seq.state = SeqState.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_tokens_sent = 0
+        self._waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _retire(self, seq: Sequence) -> None:
+        if seq.state is SeqState.RUNNING:
+            self._running.remove(seq)
+            self._to_free.append(seq.id)
+        elif seq.state in (SeqState.WAITING, SeqState.PREEMPTED):
+            self._waiting.remove(seq)
+        seq.state = SeqState.FINISHED
+        del self._seqs[seq.id]
+        self._finished.append(seq.id)
+        self._retired.append(seq.id)

@@ -59,3 +59,55 @@ class CacheStats(Message):
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+# ---- scheduler <-> model worker -------------------------------------------------------------
+
+class SeqChunk(Message):
+    """Tokens of one sequence to compute this step."""
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start: int                       # position of token_ids[0]
+    block_ids: tuple[int, ...]
+    samples: bool                    # the chunk ends the sequence: sample its next token
+    num_output_tokens: int           # tokens the request has emitted so far (for min_tokens)
+
+
+class NewSeq(Message):
+    """Sampling state the worker keeps for a sequence from its first step until it is dropped."""
+    seq_id: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+class StepBatch(Message):
+    step_id: int
+    chunks: tuple[SeqChunk, ...]
+    new_seqs: tuple[NewSeq, ...] = ()
+    dropped: tuple[int, ...] = ()    # sequences that ended: forget their sampling state
+
+
+class SampledToken(Message):
+    seq_id: int
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+class StepOutput(Message):
+    step_id: int
+    sampled: tuple[SampledToken, ...]
+    num_tokens: int = 0              # tokens computed in the step
+    elapsed_s: float = 0.0
+
+
+# ---- scheduler -> tokeniser -> gateway ------------------------------------------------------
+
+class TokensEmitted(Message):
+    """New tokens of one request, and its end when finish_reason is set."""
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[SampledToken, ...] = ()     # one per token when the request asked
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0

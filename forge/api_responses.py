@@ -1,0 +1,244 @@
+"""Response shapes of forge's OpenAI-compatible API: pure builders of the JSON bodies, stream chunks, logprobs,
+error envelopes and the model list, plus SSE framing. Every builder returns plain dicts ready for
+msgspec.json.encode; nothing here reads a clock or does I/O (the caller passes `created`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length"]
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_PING = b": ping\n\n"
+
+_MIN_LOGPROB = -9999.0  # -inf is not JSON; clients expect a number
+_encoder = msgspec.json.Encoder()
+
+
+class ResponseHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """What every body and chunk of one response repeats. include_usage: the stream was asked for usage, so
+    every chunk carries "usage": null and the last one carries the counts."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool = False
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """One generated token's logprob info: its text, its raw bytes (a token may hold part of a UTF-8
+    character), its logprob, and the top alternatives as (text, bytes, logprob), best first."""
+
+    text: str
+    token_bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+def new_request_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
+    """A fresh response id: "cmpl-<32 hex>" or "chatcmpl-<32 hex>"."""
+    return f"{kind}-{uuid.uuid4().hex}"
+
+
+def sse_frame(obj: Any) -> bytes:
+    """One server-sent event carrying obj as JSON."""
+    return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def model_card(model_id: str, *, created: int, max_model_len: int) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "forge",
+        "root": model_id,
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
+
+
+def model_list(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": list(cards)}
+
+
+def _usage(usage: Usage) -> dict[str, int]:
+    total = usage.prompt_tokens + usage.completion_tokens
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": total}
+
+
+def _chat_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        **_usage(usage),
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+# ---- logprobs -------------------------------------------------------------------------------------------
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text_offsets: Sequence[int]) -> dict[str, Any]:
+    """The legacy completions logprobs object. text_offsets[i]: where entries[i]'s text starts in the
+    choice's text (counted in characters, over the echoed prompt too when echo is on)."""
+    return {
+        "tokens": [e.text for e in entries],
+        "token_logprobs": [_finite(e.logprob) for e in entries],
+        "top_logprobs": [_top_by_text(e.top) for e in entries],
+        "text_offset": list(text_offsets),
+    }
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """The chat logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    return {
+        "content": [
+            {
+                "token": e.text,
+                "logprob": _finite(e.logprob),
+                "bytes": list(e.token_bytes),
+                "top_logprobs": [
+                    {"token": text, "logprob": _finite(lp), "bytes": list(raw)} for text, raw, lp in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+def _top_by_text(top: tuple[tuple[str, bytes, float], ...]) -> dict[str, float]:
+    """{text: logprob}, best first; where two alternatives share a text, the better one (listed first) wins."""
+    out: dict[str, float] = {}
+    for text, _, lp in top:
+        out.setdefault(text, _finite(lp))
+    return out
+
+
+def _finite(logprob: float) -> float:
+    """A JSON-safe logprob: -inf and nan become the floor -9999.0."""
+    value = float(logprob)
+    return value if value >= _MIN_LOGPROB else _MIN_LOGPROB
+
+
+# ---- completions ----------------------------------------------------------------------------------------
+
+
+def completion_choice(
+    index: int, text: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_response(
+    header: ResponseHeader, choices: Sequence[dict[str, Any]], usage: Usage
+) -> dict[str, Any]:
+    return {**_completion_envelope(header), "choices": list(choices), "usage": _usage(usage)}
+
+
+def completion_chunk(
+    header: ResponseHeader,
+    *,
+    index: int,
+    text: str,
+    finish_reason: FinishReason | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    return _with_null_usage(header, {**_completion_envelope(header), "choices": [choice]})
+
+
+def completion_usage_chunk(header: ResponseHeader, usage: Usage) -> dict[str, Any]:
+    return {**_completion_envelope(header), "choices": [], "usage": _usage(usage)}
+
+
+def _completion_envelope(header: ResponseHeader) -> dict[str, Any]:
+    return {
+        "id": header.request_id,
+        "object": "text_completion",
+        "created": header.created,
+        "model": header.model,
+        "system_fingerprint": None,
+    }
+
+
+# ---- chat completions -----------------------------------------------------------------------------------
+
+
+def chat_choice(
+    index: int, content: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": []}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+    return {
+        "id": header.request_id,
+        "object": "chat.completion",
+        "created": header.created,
+        "model": header.model,
+        "system_fingerprint": None,
+        "choices": list(choices),
+        "usage": _chat_usage(usage),
+    }
+
+
+def chat_role_chunk(header: ResponseHeader, *, index: int) -> dict[str, Any]:
+    """The first chunk of each choice: the role, and empty content."""
+    return _chat_chunk(header, index, {"role": "assistant", "content": ""}, None, None)
+
+
+def chat_content_chunk(
+    header: ResponseHeader, *, index: int, content: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return _chat_chunk(header, index, {"content": content}, logprobs, None)
+
+
+def chat_finish_chunk(header: ResponseHeader, *, index: int, finish_reason: FinishReason) -> dict[str, Any]:
+    """The last chunk of each choice: an empty delta and the finish reason."""
+    return _chat_chunk(header, index, {}, None, finish_reason)
+
+
+def chat_usage_chunk(header: ResponseHeader, usage: Usage) -> dict[str, Any]:
+    """After every choice finished, only with include_usage: no choices, the whole request's usage."""
+    return {**_chat_chunk_envelope(header), "choices": [], "usage": _usage(usage)}
+
+
+def _chat_chunk(
+    header: ResponseHeader,
+    index: int,
+    delta: dict[str, Any],
+    logprobs: dict[str, Any] | None,
+    finish_reason: FinishReason | None,
+) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return _with_null_usage(header, {**_chat_chunk_envelope(header), "choices": [choice]})
+
+
+def _chat_chunk_envelope(header: ResponseHeader) -> dict[str, Any]:
+    return {
+        "id": header.request_id,
+        "object": "chat.completion.chunk",
+        "created": header.created,
+        "model": header.model,
+    }
+
+
+def _with_null_usage(header: ResponseHeader, chunk: dict[str, Any]) -> dict[str, Any]:
+    if header.include_usage:
+        chunk["usage"] = None
+    return chunk

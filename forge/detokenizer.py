@@ -1,0 +1,128 @@
+"""Generated ids -> text, incrementally, for streaming: whole characters only, stop strings withheld.
+
+Owns one request's output text: a UTF-8 decoder fed with each token's raw bytes (O(1) work per
+token), and the hold-back of text that might still become a stop string. Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class TokenSource(Protocol):
+    special_ids: frozenset[int]
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+class IncrementalDetokenizer:
+    """Turns pushed ids into newly completed text.
+
+    Invariants:
+    - Every returned string is whole characters: bytes of an unfinished UTF-8 character are held
+      until it completes; an invalid byte sequence becomes U+FFFD, exactly as `Tokenizer.decode`.
+    - No returned text is part of a stop string: the longest suffix of the pending text that is a
+      prefix of some stop string is held back until it either completes (then `stopped` is True,
+      `stop_reason` is that string, and the text before it is the last text emitted) or diverges.
+      When several could match, the one whose end comes first wins, however the ids are chunked.
+    - Without stop strings, the concatenation of all returns of `push` and `flush` equals
+      `tokenizer.decode(all_ids, skip_special_tokens=...)`; `text` is that concatenation so far.
+
+    `prompt_ids` only matter when the prompt ends inside a UTF-8 character (a prompt given as
+    ids): its unfinished bytes are carried over, so the output starts with the completed character.
+    """
+
+    def __init__(
+        self,
+        tokenizer: TokenSource,
+        *,
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+        prompt_ids: Sequence[int] = (),
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_ids = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._stops = tuple(dict.fromkeys(s for s in stop if s))  # "" would match everywhere
+        self._stop_prefixes = frozenset(s[:n] for s in self._stops for n in range(1, len(s)))
+        self._max_held = max((len(s) - 1 for s in self._stops), default=0)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""  # decoded text not yet emitted: a possible start of a stop string
+        self._chunks: list[str] = []
+        self.stopped = False
+        self.stop_reason: str | None = None
+        self._carry_prompt_tail(prompt_ids)
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if len(self._chunks) > 1:
+            self._chunks[:] = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Feed generated ids; return the text they complete ("" once stopped)."""
+        if self.stopped:
+            return ""
+        data = b"".join(self._tokenizer.token_bytes(i) for i in ids if i not in self._skip_ids)
+        return self._emit(self._pending + self._decoder.decode(data), final=False)
+
+    def flush(self) -> str:
+        """End of output: release held text; an unfinished UTF-8 tail becomes U+FFFD."""
+        if self.stopped:
+            return ""
+        return self._emit(self._pending + self._decoder.decode(b"", final=True), final=True)
+
+    def _emit(self, pending: str, *, final: bool) -> str:
+        if self._stops:
+            found = self._find_stop(pending)
+            if found is not None:
+                start, stop = found
+                self.stopped, self.stop_reason, self._pending = True, stop, ""
+                return self._record(pending[:start])
+        num_held = 0 if final else self._num_held(pending)
+        self._pending = pending[len(pending) - num_held :]
+        return self._record(pending[: len(pending) - num_held])
+
+    def _find_stop(self, pending: str) -> tuple[int, str] | None:
+        """The stop string that completes first in `pending` (ties: the longer one).
+
+        Ordering by end position makes the result independent of how the ids were chunked.
+        """
+        best: tuple[int, int, str] | None = None
+        for stop in self._stops:
+            start = pending.find(stop)
+            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
+                best = (start + len(stop), start, stop)
+        return None if best is None else (best[1], best[2])
+
+    def _num_held(self, pending: str) -> int:
+        """Length of the longest suffix of `pending` that may still grow into a stop string."""
+        for n in range(min(self._max_held, len(pending)), 0, -1):
+            if pending[-n:] in self._stop_prefixes:
+                return n
+        return 0
+
+    def _record(self, text: str) -> str:
+        if text:
+            self._chunks.append(text)
+        return text
+
+    def _carry_prompt_tail(self, prompt_ids: Sequence[int]) -> None:
+        """Prime the decoder with the prompt's unfinished UTF-8 character, if any."""
+        pieces: list[bytes] = []
+        for token_id in reversed(list(prompt_ids)[-4:]):  # 4 tokens hold at least 3 bytes
+            if token_id in self._tokenizer.special_ids:
+                break  # special text ends any character before it
+            pieces.append(self._tokenizer.token_bytes(token_id))
+        tail = b"".join(reversed(pieces))[-3:]
+        for start in range(len(tail) - 1, -1, -1):
+            lead = tail[start]
+            if lead < 0x80:
+                return  # ASCII: the prompt ends on a whole character
+            if lead >= 0xC0:  # the last lead byte: carry it over if its character is unfinished
+                width = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+                if len(tail) - start < width:
+                    self._decoder.decode(tail[start:])  # returns "": the bytes are incomplete
+                return

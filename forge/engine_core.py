@@ -1,0 +1,147 @@
+"""The request side of the batching loop: requests in, step batches out, tokens and stops back.
+
+EngineCore owns the scheduler and each request's stop rules; it never runs the model and never
+owns blocks. One step is propose() -> [allocator] -> build() -> [model runner] -> apply(). The
+offline engine calls the allocator and runner directly; the daemon's scheduler actor sends the
+same messages to the allocator and model worker actors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from forge.errors import InvalidRequest, PromptTooLong
+from forge.messages import (AllocateStep, FinishReason, NewSeq, SampledToken, SeqChunk, StepAllocation,
+                            StepBatch, StepOutput, TokensEmitted)
+from forge.paged_cache import PagedKVCache
+from forge.sampling import SamplingParams
+from forge.scheduler import Scheduler, SchedulerConfig, Sequence
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    seq: Sequence
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    is_known_to_runner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStats:
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+
+
+class EngineCore:
+    def __init__(self, config: SchedulerConfig, cache: PagedKVCache, *, eos_token_id: int | None,
+                 max_model_len: int, vocab_size: int) -> None:
+        self.scheduler = Scheduler(config, cache)
+        self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self._requests: dict[int, _Request] = {}
+        self._seq_of: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._steps = itertools.count()
+        self._to_drop: list[int] = []
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Queue a request; raises a RequestError for one that can never run."""
+        if request_id in self._seq_of:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
+        if not prompt_ids:
+            raise InvalidRequest("the prompt must contain at least one token", param="prompt")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
+            raise InvalidRequest(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
+        params.validate(vocab_size=self.vocab_size)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has {len(prompt_ids)} tokens, leaving no room for the completion.",
+                param="prompt")
+        seq = Sequence(next(self._ids), prompt_ids, min(params.max_tokens, room))
+        self.scheduler.submit(seq)
+        stop_ids = frozenset(params.stop_token_ids)
+        if self.eos_token_id is not None and not params.ignore_eos:
+            stop_ids |= {self.eos_token_id}
+        self._requests[seq.id] = _Request(request_id, seq, params, stop_ids)
+        self._seq_of[request_id] = seq.id
+        return seq.id
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is. Its blocks are freed in the next allocation."""
+        seq_id = self._seq_of.pop(request_id, None)
+        if seq_id is None:
+            return False
+        self.scheduler.abort(seq_id)
+        self._forget(seq_id)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self._to_drop)
+
+    def stats(self) -> CoreStats:
+        s = self.scheduler
+        return CoreStats(s.running_len(), s.waiting_len(), s.num_preemptions)
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        seq_id = self._seq_of.get(request_id)
+        return self._requests[seq_id].seq.num_cached_tokens if seq_id is not None else 0
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def propose(self) -> AllocateStep:
+        asks = self.scheduler.propose()
+        return AllocateStep(frees=tuple(self.scheduler.take_frees()), asks=tuple(asks))
+
+    def build(self, alloc: StepAllocation) -> StepBatch:
+        plan = self.scheduler.commit(alloc)
+        chunks, new_seqs = [], []
+        for s in plan.scheduled:
+            req = self._requests[s.seq_id]
+            seq = req.seq
+            if not req.is_known_to_runner:
+                req.is_known_to_runner = True
+                new_seqs.append(NewSeq(seq_id=seq.id, prompt_ids=tuple(seq.prompt), params=req.params))
+            chunks.append(SeqChunk(seq_id=seq.id, token_ids=tuple(seq.tokens(s.start, s.start + s.num_tokens)),
+                                   start=s.start, block_ids=s.block_ids, samples=s.samples,
+                                   num_output_tokens=len(seq.output)))
+        dropped, self._to_drop = tuple(self._to_drop), []
+        return StepBatch(step_id=next(self._steps), chunks=tuple(chunks), new_seqs=tuple(new_seqs),
+                         dropped=dropped)
+
+    def apply(self, output: StepOutput) -> list[TokensEmitted]:
+        """Record sampled tokens; finish requests that meet a stop rule."""
+        events = []
+        for tok in output.sampled:
+            req = self._requests.get(tok.seq_id)
+            if req is None:            # aborted while its step ran
+                continue
+            seq = req.seq
+            self.scheduler.push_token(seq.id, tok.token_id, False)
+            reason: FinishReason | None = None
+            if tok.token_id in req.stop_ids and len(seq.output) >= req.params.min_tokens:
+                reason = "stop"
+            elif seq.is_complete():
+                reason = "length"
+            logprobs: tuple[SampledToken, ...] = (tok,) if req.params.logprobs is not None else ()
+            events.append(TokensEmitted(request_id=req.request_id, token_ids=(tok.token_id,),
+                                        logprobs=logprobs, finish_reason=reason,
+                                        num_prompt_tokens=len(seq.prompt),
+                                        num_cached_tokens=seq.num_cached_tokens))
+            if reason is not None:
+                self.scheduler.finish(seq.id)
+                del self._seq_of[req.request_id]
+                self._forget(seq.id)
+        return events
+
+    def _forget(self, seq_id: int) -> None:
+        req = self._requests.pop(seq_id)
+        if req.is_known_to_runner:
+            self._to_drop.append(seq_id)

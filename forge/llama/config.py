@@ -1,0 +1,158 @@
+"""LlamaConfig: the hyperparameters of a Llama-family model, read from GGUF metadata.
+
+Owns the metadata keys and their validation; never hard-codes a model's numbers. Reading the
+tensors belongs to weights.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import gguf
+import numpy as np
+
+from forge.errors import ModelLoadError
+
+ARCHITECTURE = "llama"
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    name: str                 # the model file's name, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf"
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float
+    max_position: int         # the trained context length; RoPE tables cover positions below it
+    bos_token_id: int | None
+    eos_token_id: int
+    tied_embeddings: bool     # no output.weight: the head is the token embedding, transposed
+    rope_dim: int             # leading dims of each head that RoPE rotates (== head_dim for Llama)
+    rope_scale: float = 1.0   # linear position scaling; 1.0 means none
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def qkv_size(self) -> int:
+        """Columns of the fused q/k/v projection."""
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayField:
+    """Stands for a metadata array: only its length matters to the config."""
+
+    length: int
+
+
+def field_value(reader: gguf.GGUFReader, key: str) -> Any:
+    """A metadata value as a Python scalar or string, an ArrayField for arrays, None if absent."""
+    field = reader.fields.get(key)
+    if field is None or not field.types:
+        return None
+    types = field.types
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        return ArrayField(len(field.data))
+    if not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(part).decode("utf-8", errors="replace")
+    value = part[0]
+    return bool(value) if types[0] == gguf.GGUFValueType.BOOL else value.item()
+
+
+def _required_int(reader: gguf.GGUFReader, key: str, name: str) -> int:
+    value = field_value(reader, key)
+    if value is None:
+        raise ModelLoadError(f"{name}: metadata key {key!r} is missing")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelLoadError(f"{name}: metadata key {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _optional_number(reader: gguf.GGUFReader, key: str, default: float) -> float:
+    value = field_value(reader, key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ModelLoadError(f"metadata key {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike[str]) -> LlamaConfig:
+    """Build and validate the config; raises ModelLoadError with a one-line message."""
+    name = os.path.basename(os.fspath(path))
+    arch = field_value(reader, "general.architecture")
+    if arch != ARCHITECTURE:
+        raise ModelLoadError(f"{name}: architecture {arch!r} is not supported (only {ARCHITECTURE!r})")
+    a = ARCHITECTURE
+    hidden = _required_int(reader, f"{a}.embedding_length", name)
+    num_heads, num_kv_heads, head_dim, rope_dim = _head_shape(reader, name, hidden)
+    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    if not isinstance(eos, int):
+        raise ModelLoadError(f"{name}: metadata key 'tokenizer.ggml.eos_token_id' is missing")
+    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
+    tokens = field_value(reader, "tokenizer.ggml.tokens")
+    vocab = tokens.length if isinstance(tokens, ArrayField) else field_value(reader, f"{a}.vocab_size")
+    if not isinstance(vocab, int) or vocab <= max(eos, bos or 0):
+        raise ModelLoadError(f"{name}: the token list is missing or shorter than the special token ids")
+    return LlamaConfig(
+        name=name,
+        vocab_size=vocab,
+        num_layers=_required_int(reader, f"{a}.block_count", name),
+        hidden_size=hidden,
+        intermediate_size=_required_int(reader, f"{a}.feed_forward_length", name),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rope_theta=_optional_number(reader, f"{a}.rope.freq_base", 10000.0),
+        rms_eps=_optional_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        max_position=_required_int(reader, f"{a}.context_length", name),
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_id=eos,
+        tied_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        rope_dim=rope_dim,
+        rope_scale=_rope_scale(reader, name),
+    )
+
+
+def _head_shape(reader: gguf.GGUFReader, name: str, hidden: int) -> tuple[int, int, int, int]:
+    """(num_heads, num_kv_heads, head_dim, rope_dim), validated against each other."""
+    a = ARCHITECTURE
+    num_heads = _required_int(reader, f"{a}.attention.head_count", name)
+    num_kv_heads = field_value(reader, f"{a}.attention.head_count_kv") or num_heads
+    if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ModelLoadError(f"{name}: {num_heads} heads cannot be grouped over {num_kv_heads!r} KV heads")
+    head_dim = field_value(reader, f"{a}.attention.key_length")
+    if head_dim is None and hidden % num_heads == 0:
+        head_dim = hidden // num_heads
+    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        raise ModelLoadError(f"{name}: no even head size fits width {hidden} over {num_heads} heads")
+    rope_dim = field_value(reader, f"{a}.rope.dimension_count") or head_dim
+    if not isinstance(rope_dim, int) or rope_dim % 2 or not 0 < rope_dim <= head_dim:
+        raise ModelLoadError(f"{name}: RoPE dimension {rope_dim!r} does not fit head size {head_dim}")
+    return num_heads, num_kv_heads, head_dim, rope_dim
+
+
+def _rope_scale(reader: gguf.GGUFReader, name: str) -> float:
+    """Linear position scaling is supported; other RoPE scaling schemes are refused, not ignored."""
+    kind = field_value(reader, f"{ARCHITECTURE}.rope.scaling.type")
+    if kind in (None, "none"):
+        return 1.0
+    if kind != "linear":
+        raise ModelLoadError(f"{name}: RoPE scaling {kind!r} is not supported")
+    factor = _optional_number(reader, f"{ARCHITECTURE}.rope.scaling.factor", 1.0)
+    if factor <= 0:
+        raise ModelLoadError(f"{name}: RoPE scaling factor must be positive, got {factor}")
+    return factor

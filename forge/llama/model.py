@@ -1,0 +1,177 @@
+"""LlamaModel: one batched forward per engine step over the paged KV cache, in numpy float32.
+
+Owns the transformer arithmetic (RMSNorm, RoPE, grouped-query attention, SwiGLU) and the
+one-sequence Model protocol on top of it. Does no scheduling and no sampling; the only I/O is
+reading the model file in load().
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import NoReturn
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+from forge.batch import ForwardBatch
+from forge.errors import EngineError, InvalidRequest, PromptTooLong
+from forge.llama.attention import KVCache, attend, plan_attention
+from forge.llama.config import LlamaConfig, config_from_reader
+from forge.llama.rope import RopeTables, apply_rope
+from forge.llama.weights import LlamaWeights, load_weights, open_gguf
+
+F32 = npt.NDArray[np.float32]
+
+# Block size of the throwaway cache that forward_context() builds for a full recompute.
+CONTEXT_BLOCK_SIZE = 16
+
+
+def rms_norm(x: F32, weight: F32, eps: float) -> F32:
+    """x * weight / rms(x) over the last axis; x is [T, H]."""
+    mean_sq = np.mean(np.square(x), axis=-1, keepdims=True)    # [T, 1]
+    return x * (1.0 / np.sqrt(mean_sq + eps)) * weight          # [T, H]
+
+
+def swiglu(gate_up: F32) -> F32:
+    """SiLU(gate) * up for gate_up = [gate | up] of shape [T, 2F]; returns [T, F]."""
+    half = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :half], gate_up[:, half:]              # [T, F] views
+    with np.errstate(over="ignore"):                             # exp(-gate) -> inf gives SiLU = -0
+        act = np.exp(-gate)                                      # [T, F]
+    act += 1.0
+    np.divide(gate, act, out=act)
+    act *= up
+    return act
+
+
+class LlamaModel:
+    """A loaded Llama-family model. Immutable after load; forward() writes only into the KVCache."""
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
+        self.config = config
+        self.weights = weights
+        self.rope = RopeTables.build(config, weights.rope_freqs)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LlamaModel:
+        """Read and dequantize a GGUF file; raises ModelLoadError with a one-line message."""
+        return cls.from_reader(open_gguf(path), path)
+
+    @classmethod
+    def from_reader(cls, reader: gguf.GGUFReader, path: str | os.PathLike[str]) -> LlamaModel:
+        """Build from an open reader (parsing a GGUF's metadata takes seconds: share one reader
+        with the tokenizer). Keeps no reference to the reader."""
+        config = config_from_reader(reader, path)
+        return cls(config, load_weights(reader, config))
+
+    # -- the seed's one-sequence Model protocol -------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def eos_token(self) -> int:
+        return self.config.eos_token_id
+
+    def forward_context(self, context: Sequence[int]) -> F32:
+        """Logits [V] for the token after `context`, recomputed from scratch in a temporary cache."""
+        num_tokens = len(context)
+        if num_tokens == 0:
+            raise InvalidRequest("the context must hold at least one token", param="prompt")
+        if num_tokens > self.config.max_position:
+            raise PromptTooLong(
+                f"the context has {num_tokens} tokens; this model allows {self.config.max_position}",
+                param="prompt")
+        token_ids = np.asarray(context, dtype=np.int64)                        # [n]
+        if token_ids.ndim != 1 or token_ids.min() < 0 or token_ids.max() >= self.vocab_size:
+            raise InvalidRequest(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
+        num_blocks = -(-num_tokens // CONTEXT_BLOCK_SIZE)
+        kv = self.new_kv_cache(num_blocks, CONTEXT_BLOCK_SIZE)
+        batch = ForwardBatch(
+            token_ids=token_ids,
+            positions=np.arange(num_tokens, dtype=np.int64),
+            slot_mapping=np.arange(num_tokens, dtype=np.int64),
+            query_start=np.array([0, num_tokens], dtype=np.int64),
+            context_lens=np.array([num_tokens], dtype=np.int64),
+            block_tables=np.arange(num_blocks, dtype=np.int64)[None, :],
+            sample_indices=np.array([num_tokens - 1], dtype=np.int64),
+        )
+        return self.forward(batch, kv)[0]
+
+    # -- the engine's batched interface ---------------------------------------------------------
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        return KVCache(self.config, num_blocks, block_size)
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> F32:
+        """One step: every token of `batch` runs through every layer; its K/V land in `kv` at
+        batch.slot_mapping. Returns float32 logits [len(batch.sample_indices), V], the head
+        computed only on those rows. Raises EngineError for an inconsistent batch."""
+        check_batch(batch, self.config, kv)
+        c, w = self.config, self.weights
+        num_tokens, hd = batch.num_tokens, c.head_dim
+        if num_tokens == 0:
+            return np.empty((0, c.vocab_size), dtype=np.float32)
+        plan = plan_attention(batch, c, kv.block_size)
+        scale = np.float32(1.0 / math.sqrt(hd))
+        last = c.num_layers - 1
+        cos, sin = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2]
+        x = w.embedding[batch.token_ids]                                        # [T, H]
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_eps)                         # [T, H]
+            heads = (h @ layer.wqkv).reshape(num_tokens, -1, hd)                # [T, nh + 2 nkv, hd]
+            apply_rope(heads[:, : c.num_heads + c.num_kv_heads], cos, sin)
+            k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]            # [T, nkv, hd]
+            v = heads[:, c.num_heads + c.num_kv_heads :]                        # [T, nkv, hd]
+            kv.k[i].reshape(-1, c.num_kv_heads, hd)[batch.slot_mapping] = k
+            kv.v[i].reshape(-1, c.num_kv_heads, hd)[batch.slot_mapping] = v
+            q = heads[:, : c.num_heads] * scale                                 # [T, nh, hd]
+            attn = attend(plan, q, kv.k[i], kv.v[i]).reshape(num_tokens, -1)    # [T, nh * hd]
+            if i == last:  # past the last attention only the sampled rows matter
+                x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
+            x += attn @ layer.wo                                                # [T, H]
+            h = rms_norm(x, layer.ffn_norm, c.rms_eps)                          # [T, H]
+            x += swiglu(h @ layer.w_gate_up) @ layer.w_down                     # [T, H]
+        x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
+        return x @ w.head                                                       # [N, V]
+
+
+def check_batch(batch: ForwardBatch, config: LlamaConfig, kv: KVCache) -> None:
+    """Cheap O(T + S * B) consistency checks; a failure is forge's own fault (EngineError)."""
+    num_tokens, num_seqs = batch.num_tokens, batch.num_seqs
+    starts = batch.query_start
+
+    def fail(what: str) -> NoReturn:
+        raise EngineError(f"inconsistent ForwardBatch: {what}")
+
+    if kv.k.shape[0] != config.num_layers or kv.k.shape[3:] != (config.num_kv_heads, config.head_dim):
+        fail(f"the KV cache has shape {kv.k.shape}, built for another model")
+    if batch.positions.shape != (num_tokens,) or batch.slot_mapping.shape != (num_tokens,):
+        fail("token_ids, positions and slot_mapping differ in length")
+    if starts.shape != (num_seqs + 1,) or batch.block_tables.ndim != 2 or batch.block_tables.shape[0] != num_seqs:
+        fail("query_start, context_lens and block_tables disagree on the number of sequences")
+    if starts[0] != 0 or starts[-1] != num_tokens or np.any(np.diff(starts) < 0):
+        fail("query_start is not a cumulative count of the tokens")
+    if num_tokens and (batch.token_ids.min() < 0 or batch.token_ids.max() >= config.vocab_size):
+        fail(f"a token id lies outside [0, {config.vocab_size})")
+    if num_tokens and (batch.positions.min() < 0 or batch.positions.max() >= config.max_position):
+        fail(f"a position lies outside [0, {config.max_position})")
+    if num_tokens and (batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= kv.num_slots):
+        fail(f"a slot lies outside [0, {kv.num_slots})")
+    if batch.block_tables.size and (batch.block_tables.min() < 0 or batch.block_tables.max() >= kv.num_blocks):
+        fail(f"a block id lies outside [0, {kv.num_blocks})")
+    if num_seqs and int(batch.context_lens.max()) > batch.block_tables.shape[1] * kv.block_size:
+        fail("a context is longer than its block table")
+    seq_of_token = np.repeat(np.arange(num_seqs), np.diff(starts))                       # [T]
+    if np.any(batch.positions >= batch.context_lens[seq_of_token]):
+        fail("a query position is not below its sequence's context length")
+    if batch.sample_indices.size and (batch.sample_indices.min() < 0 or batch.sample_indices.max() >= num_tokens):
+        fail("a sample index lies outside the step's tokens")

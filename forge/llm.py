@@ -1,0 +1,186 @@
+"""The offline engine: load a GGUF model, submit prompts, step, collect outputs.
+
+LLMEngine runs one batching loop in the caller's thread (propose -> allocate -> build -> execute
+-> apply), exactly the loop the daemon spreads over its actors. LLM.generate is the convenience
+on top: prompts and sampling params in, finished completions out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from forge.chat import ChatTemplate
+from forge.config import EngineConfig
+from forge.detokenizer import IncrementalDetokenizer
+from forge.engine_core import EngineCore
+from forge.errors import InvalidRequest
+from forge.hub import resolve_model
+from forge.llama.attention import KVCache
+from forge.llama.model import LlamaModel
+from forge.llama.weights import open_gguf
+from forge.messages import SampledToken, StepOutput, TokensEmitted
+from forge.paged_cache import PagedKVCache
+from forge.runner import ModelRunner
+from forge.sampling import SamplingParams
+from forge.scheduler import SchedulerConfig
+from forge.tokenizer import Tokenizer
+
+Progress = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def set_blas_threads(num_threads: int | None) -> None:
+    """Pin the BLAS pool: with 2 cores, oversubscription costs 10x; make it a deliberate choice."""
+    if num_threads is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=num_threads, user_api="blas")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    path: str
+    model: LlamaModel
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, *, progress: Progress = _stderr) -> LoadedModel:
+        resolved = resolve_model(path, progress)
+        reader = open_gguf(resolved)             # parsing the metadata is slow: read it once
+        tokenizer = Tokenizer.from_gguf(reader)
+        model = LlamaModel.from_reader(reader, resolved)
+        eos = tokenizer.token_str(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""
+        bos = tokenizer.token_str(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
+        template = ChatTemplate(tokenizer.chat_template, bos_token=bos, eos_token=eos)
+        return cls(str(resolved), model, tokenizer, template)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path).removesuffix(".gguf")
+
+
+def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
+    """(num_blocks, max_model_len) from the memory budget; one sequence of max length must fit."""
+    per_block = KVCache.bytes_per_block(model.config, config.block_size)
+    num_blocks = config.kv_cache_memory // per_block
+    max_len = min(config.max_model_len or model.config.max_position, model.config.max_position)
+    if num_blocks * config.block_size < max_len:
+        raise ValueError(
+            f"the KV cache budget ({config.kv_cache_memory} bytes, {num_blocks * config.block_size} "
+            f"tokens) cannot hold one sequence of max_model_len {max_len}: raise --kv-cache-memory "
+            f"or lower --max-model-len")
+    return int(num_blocks), int(max_len)
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+        set_blas_threads(config.blas_threads)
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        num_blocks, self.max_model_len = plan_cache(loaded.model, config)
+        self.cache = PagedKVCache(num_blocks, config.block_size,
+                                  enable_prefix_caching=config.enable_prefix_caching)
+        self.core = EngineCore(
+            SchedulerConfig(max_batch_size=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens),
+            self.cache, eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
+            vocab_size=loaded.model.config.vocab_size)
+        self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
+                                  eos_token_id=self.tokenizer.eos_token_id)
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> int:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.core.add_request(request_id, ids, params)
+        return len(ids)
+
+    def abort(self, request_id: str) -> bool:
+        return self.core.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.core.has_work()
+
+    def step(self) -> list[TokensEmitted]:
+        proposal = self.core.propose()
+        for seq_id in proposal.frees:
+            self.cache.free(seq_id)
+        batch = self.core.build(self.cache.allocate_step(proposal.asks))
+        if not batch.chunks and not batch.new_seqs and not batch.dropped:
+            return self.core.apply(StepOutput(step_id=batch.step_id, sampled=()))
+        return self.core.apply(self.runner.execute(batch))
+
+
+@dataclass(slots=True)
+class Completion:
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[SampledToken] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+
+
+class LLM:
+    """Prompts in, completions out. `stream` yields text as it is generated."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, config: EngineConfig = EngineConfig(),
+                 *, progress: Progress = _stderr) -> None:
+        self.loaded = LoadedModel.load(model, progress=progress)
+        self.engine = LLMEngine(self.loaded, config)
+        self.tokenizer = self.loaded.tokenizer
+
+    def chat_prompt(self, messages: list[dict[str, object]]) -> str:
+        return self.loaded.chat_template.render(messages, add_generation_prompt=True)
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[Completion]:
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidRequest("one SamplingParams per prompt, or one for all", param="params")
+        completions: dict[str, Completion] = {}
+        for event in self._run(prompts, params, completions):
+            pass
+        return [completions[f"gen-{i}"] for i in range(len(prompts))]
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams = SamplingParams()) -> Iterator[str]:
+        completions: dict[str, Completion] = {}
+        yield from (text for _, text in self._run([prompt], [params], completions) if text)
+
+    def _run(self, prompts: Sequence[str | Sequence[int]], params: Sequence[SamplingParams],
+             completions: dict[str, Completion]) -> Iterator[tuple[str, str]]:
+        detoks: dict[str, IncrementalDetokenizer] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            rid = f"gen-{i}"
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.engine.core.add_request(rid, ids, p)
+            completions[rid] = Completion(rid, ids)
+            detoks[rid] = IncrementalDetokenizer(self.tokenizer, stop=p.stop,
+                                                 skip_special_tokens=p.skip_special_tokens,
+                                                 prompt_ids=ids)
+        while self.engine.has_work():
+            for ev in self.engine.step():
+                out, detok = completions[ev.request_id], detoks[ev.request_id]
+                if out.finish_reason is not None:
+                    continue
+                out.token_ids.extend(ev.token_ids)
+                out.logprobs.extend(ev.logprobs)
+                out.num_cached_tokens = ev.num_cached_tokens
+                text = detok.push(ev.token_ids)
+                if detok.stopped:
+                    self.engine.abort(ev.request_id)
+                    out.finish_reason = "stop"
+                elif ev.finish_reason is not None:
+                    text += detok.flush()
+                    out.finish_reason = ev.finish_reason
+                out.text += text
+                yield ev.request_id, text

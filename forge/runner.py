@@ -1,0 +1,99 @@
+"""The model runner: turns one StepBatch into arrays, runs the forward, samples.
+
+It owns what the model worker holds: the model, the K/V arrays and each running sequence's
+sampling state (its random generator and token counts). It knows nothing about scheduling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from forge.batch import ForwardBatch
+from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
+from forge.sampling import Sampler, SamplingBatch, SamplingParams, TokenCounts, make_generator
+
+
+class BatchedModel(Protocol):
+    def forward(self, batch: ForwardBatch, kv: object) -> np.ndarray: ...
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> object: ...
+
+
+@dataclass(slots=True)
+class _SeqSampling:
+    params: SamplingParams
+    generator: np.random.Generator
+    counts: TokenCounts | None
+
+
+def build_forward_batch(chunks: tuple[SeqChunk, ...], block_size: int) -> ForwardBatch:
+    """Flatten the chunks of one step; positions and slots come from starts and block tables."""
+    num_seqs = len(chunks)
+    lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, num_seqs)     # [S]
+    starts = np.fromiter((c.start for c in chunks), np.int64, num_seqs)            # [S]
+    query_start = np.zeros(num_seqs + 1, np.int64)                                 # [S + 1]
+    np.cumsum(lens, out=query_start[1:])
+    num_tokens = int(query_start[-1])
+    token_ids = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks),
+                            np.int64, num_tokens)                                  # [T]
+    seq_of_token = np.repeat(np.arange(num_seqs), lens)                            # [T]
+    positions = np.arange(num_tokens) + np.repeat(starts - query_start[:-1], lens)  # [T]
+    max_blocks = max(len(c.block_ids) for c in chunks)
+    block_tables = np.zeros((num_seqs, max_blocks), np.int64)                      # [S, B]
+    for i, c in enumerate(chunks):
+        block_tables[i, : len(c.block_ids)] = c.block_ids
+    slot_mapping = (block_tables[seq_of_token, positions // block_size] * block_size
+                    + positions % block_size)                                      # [T]
+    samples = np.fromiter((c.samples for c in chunks), bool, num_seqs)             # [S]
+    return ForwardBatch(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
+                        query_start=query_start, context_lens=starts + lens,
+                        block_tables=block_tables, sample_indices=query_start[1:][samples] - 1)
+
+
+class ModelRunner:
+    """Executes steps. One thread at a time; every call is synchronous and may take a while."""
+
+    def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
+                 eos_token_id: int | None) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.kv = model.new_kv_cache(num_blocks, block_size)
+        self.sampler = Sampler(eos_token_id=eos_token_id)
+        self._seqs: dict[int, _SeqSampling] = {}
+
+    def num_tracked(self) -> int:
+        return len(self._seqs)
+
+    def execute(self, step: StepBatch) -> StepOutput:
+        t0 = time.perf_counter()
+        for seq_id in step.dropped:
+            self._seqs.pop(seq_id, None)
+        for new in step.new_seqs:
+            p = new.params
+            counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
+            self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts)
+        if not step.chunks:
+            return StepOutput(step_id=step.step_id, sampled=())
+        batch = build_forward_batch(step.chunks, self.block_size)
+        logits = self.model.forward(batch, self.kv)                                # [N, V]
+        rows = [c for c in step.chunks if c.samples]
+        states = [self._seqs[c.seq_id] for c in rows]
+        out = self.sampler.sample(logits, SamplingBatch(
+            params=[s.params for s in states], generators=[s.generator for s in states],
+            counts=[s.counts for s in states],
+            num_output_tokens=[c.num_output_tokens for c in rows]))
+        sampled = []
+        for c, state, token, lp in zip(rows, states, out.token_ids.tolist(), out.logprobs):
+            if state.counts is not None:
+                state.counts.add(token)
+            if lp is None:
+                sampled.append(SampledToken(seq_id=c.seq_id, token_id=token))
+            else:
+                sampled.append(SampledToken(seq_id=c.seq_id, token_id=token, logprob=lp.logprob,
+                                            top_logprobs=lp.top))
+        return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
+                          elapsed_s=time.perf_counter() - t0)

@@ -1,0 +1,422 @@
+"""Sampling: one step's logits [N, V] in, one token per row out.
+
+Owns SamplingParams (a request's knobs and their validation), TokenCounts (a request's token counts,
+grown one token at a time, for penalties) and Sampler (penalties, min_tokens, temperature, top-k/top-p/
+min-p, the draw, logprobs). Pure numpy; it never decides that a sequence stops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from forge.errors import EngineError, InvalidRequest
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+_MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
+_BLOCK = 256                   # the draw walks block sums first, then one block
+_GROUPS = 256                  # strided groups whose maxima give cheap floors under a row's top values
+_POOL = 2048                   # top-p sorts at most this many candidates, else buckets them
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """One request's sampling knobs. Construction checks nothing; call validate() at the edge."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0            # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 or -1 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None         # k: the sampled token's logprob plus the top k
+    skip_special_tokens: bool = True
+
+    @property
+    def is_greedy(self) -> bool:
+        """Argmax with no randomness: temperature 0 (below 1e-5), or top_k 1."""
+        return self.temperature < _MIN_TEMPERATURE or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    def validate(self, *, vocab_size: int) -> None:
+        """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
+        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(0.0 <= self.temperature <= 2.0, "temperature", f"must be in [0, 2], got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
+        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(-2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value}")
+        _require(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
+                 f"must be in (0, 2], got {self.repetition_penalty}")
+        _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+                 f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
+                 f"at most {MAX_STOP_STRINGS} stop sequences, got {len(self.stop)}")
+        _require(all(self.stop), "stop", "stop sequences must not be empty")
+        bad_ids = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
+        _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+                 f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
+                 f"must fit in a signed 64-bit integer, got {self.seed}")
+
+
+def _require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(f"{param} {message}", param=param)
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """A request's own generator: from `seed` (any signed 64-bit int) when given, else fresh entropy."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(seed & 0xFFFF_FFFF_FFFF_FFFF)   # two's complement: negatives are seeds too
+
+
+class TokenCounts:
+    """A request's distinct prompt+output token ids and per-token output counts, grown by add().
+
+    Built once from the prompt; the owner calls add() for each token the request emits. The
+    properties are views into growing buffers, valid until the next add().
+    """
+
+    __slots__ = ("_seen", "_num_seen", "_seen_set", "_out_ids", "_out_counts", "_out_index")
+
+    def __init__(self, prompt_ids: Sequence[int] | I64 = ()) -> None:
+        distinct = np.unique(np.asarray(prompt_ids, dtype=np.int64))          # [P] sorted
+        self._seen_set: set[int] = set(distinct.tolist())
+        self._seen = np.zeros(max(16, 2 * distinct.size), np.int64)
+        self._seen[: distinct.size] = distinct
+        self._num_seen = int(distinct.size)
+        self._out_ids = np.zeros(16, np.int64)
+        self._out_counts = np.zeros(16, np.float32)
+        self._out_index: dict[int, int] = {}                                  # token id -> slot
+
+    def add(self, token_id: int) -> None:
+        slot = self._out_index.get(token_id)
+        if slot is not None:
+            self._out_counts[slot] += 1.0
+            return
+        slot = len(self._out_index)
+        self._out_ids, self._out_counts = _room(self._out_ids, slot), _room(self._out_counts, slot)
+        self._out_ids[slot], self._out_counts[slot] = token_id, 1.0
+        self._out_index[token_id] = slot
+        if token_id not in self._seen_set:
+            self._seen_set.add(token_id)
+            self._seen = _room(self._seen, self._num_seen)
+            self._seen[self._num_seen] = token_id
+            self._num_seen += 1
+
+    @property
+    def seen_ids(self) -> I64:
+        """Distinct ids in the prompt or the output: [S]."""
+        return self._seen[: self._num_seen]
+
+    @property
+    def output_ids(self) -> I64:
+        """Distinct ids in the output, in order of first appearance: [D]."""
+        return self._out_ids[: len(self._out_index)]
+
+    @property
+    def output_counts(self) -> F32:
+        """How often each of output_ids was emitted: [D]."""
+        return self._out_counts[: len(self._out_index)]
+
+
+def _room(buffer: npt.NDArray[np.generic], index: int) -> npt.NDArray[np.generic]:
+    """`buffer`, or a copy twice as long when `index` falls past its end."""
+    if index < buffer.size:
+        return buffer
+    grown = np.zeros(2 * buffer.size, buffer.dtype)
+    grown[: buffer.size] = buffer
+    return grown
+
+
+def apply_penalties(row: F32, params: SamplingParams, counts: TokenCounts) -> None:
+    """Penalise one row of logits [V] in place, touching only tokens the request has seen.
+
+    Repetition first (tokens of prompt or output: positive logits divided by it, negative ones
+    multiplied), then frequency * count + presence subtracted (output tokens only).
+    """
+    if params.repetition_penalty != 1.0:
+        ids = counts.seen_ids                                                 # [S]
+        seen = row[ids]                                                       # [S]
+        penalty = np.float32(params.repetition_penalty)
+        row[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
+        ids, num = counts.output_ids, counts.output_counts                    # [D], [D]
+        row[ids] -= np.float32(params.frequency_penalty) * num + np.float32(params.presence_penalty)
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row inputs for one step; row i goes with logits[i]. Built by the caller each step.
+
+    counts[i] may be None unless params[i].has_penalties. num_output_tokens[i] counts the tokens
+    the row's request has emitted so far (for min_tokens).
+    """
+
+    params: Sequence[SamplingParams]
+    generators: Sequence[np.random.Generator]
+    counts: Sequence[TokenCounts | None]
+    num_output_tokens: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """The sampled token's logprob and the top alternatives, highest first (ties: lower id first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    token_ids: I64                        # [N]
+    logprobs: list[TokenLogprobs | None]  # [N], None where the row did not ask
+
+
+class Sampler:
+    """Draws one token per logits row. Holds the eos id and a scratch buffer; one thread at a time."""
+
+    def __init__(self, *, eos_token_id: int | None = None) -> None:
+        self.eos_token_id = eos_token_id
+        self._scratch: F32 = np.zeros(0, np.float32)
+
+    def sample(self, logits: F32, batch: SamplingBatch) -> SampleOutput:
+        """Row i of logits [N, V] gives token_ids[i]. Never writes to logits.
+
+        Each sampled row takes exactly one uniform from its own generator and greedy rows take
+        none, so a seeded request draws the same tokens whatever else shares its batch.
+        """
+        self._check(logits, batch)
+        token_ids = np.zeros(logits.shape[0], np.int64)                       # [N]
+        sampled = [i for i, p in enumerate(batch.params) if not p.is_greedy]
+        for i, p in enumerate(batch.params):
+            if p.is_greedy:
+                token_ids[i] = self._argmax(logits, batch, i)
+        if sampled:
+            weights = self._weights(logits, batch, sampled)                   # [M, Vp]
+            blocks = weights.reshape(len(sampled), -1, _BLOCK).sum(axis=2)    # [M, Vp / B]
+            for j, i in enumerate(sampled):
+                token_ids[i] = _draw(weights[j], blocks[j], float(batch.generators[i].random()))
+        logprobs = [None if p.logprobs is None else _token_logprobs(logits[i], int(token_ids[i]), p.logprobs)
+                    for i, p in enumerate(batch.params)]
+        return SampleOutput(token_ids=token_ids, logprobs=logprobs)
+
+    def probabilities(self, logits: F32, batch: SamplingBatch) -> F32:
+        """The distributions sample() draws from, [N, V]; greedy rows are one-hot. Draws nothing."""
+        self._check(logits, batch)
+        num_rows, vocab_size = logits.shape
+        probs = np.zeros((num_rows, vocab_size), np.float32)                  # [N, V]
+        sampled = [i for i, p in enumerate(batch.params) if not p.is_greedy]
+        for i, p in enumerate(batch.params):
+            if p.is_greedy:
+                probs[i, self._argmax(logits, batch, i)] = 1.0
+        if sampled:
+            weights = self._weights(logits, batch, sampled)[:, :vocab_size]   # [M, V]
+            probs[sampled] = weights / weights.sum(axis=1, keepdims=True, dtype=np.float64)
+        return probs
+
+    def _check(self, logits: F32, batch: SamplingBatch) -> None:
+        if logits.ndim != 2 or logits.shape[0] != len(batch):
+            raise EngineError(f"logits {logits.shape} do not match a batch of {len(batch)} rows")
+        if not len(batch.generators) == len(batch.counts) == len(batch.num_output_tokens) == len(batch):
+            raise EngineError("sampling batch columns differ in length")
+        for p, counts in zip(batch.params, batch.counts):
+            if p.has_penalties and counts is None:
+                raise EngineError("a row with penalties needs its TokenCounts")
+
+    def _needs_adjust(self, batch: SamplingBatch, i: int) -> bool:
+        p = batch.params[i]
+        return p.has_penalties or batch.num_output_tokens[i] < p.min_tokens
+
+    def _adjust(self, row: F32, batch: SamplingBatch, i: int) -> None:
+        """Penalties, then min_tokens masking (eos and stop_token_ids to -inf), in place on [V]."""
+        p, counts = batch.params[i], batch.counts[i]
+        if p.has_penalties and counts is not None:
+            apply_penalties(row, p, counts)
+        if batch.num_output_tokens[i] < p.min_tokens:
+            if self.eos_token_id is not None:
+                row[self.eos_token_id] = -np.inf
+            row[list(p.stop_token_ids)] = -np.inf
+
+    def _argmax(self, logits: F32, batch: SamplingBatch, i: int) -> int:
+        row = logits[i]                                                       # [V]
+        if self._needs_adjust(batch, i):
+            row = row.astype(np.float32)                                      # a copy: never write logits
+            self._adjust(row, batch, i)
+        token = int(row.argmax())                                             # first maximum: lower id wins ties
+        if not np.isfinite(row[token]):
+            raise EngineError("the model returned non-finite logits")
+        return token
+
+    def _weights(self, logits: F32, batch: SamplingBatch, rows: list[int]) -> F32:
+        """Weights exp((adjusted logits - max) / T) of `rows` after top-k/top-p/min-p: [M, Vp].
+
+        Dropped tokens and the padding up to whole blocks weigh 0; the largest weight is exactly 1.
+        Every operation is elementwise or within one row: a row's weights ignore the other rows.
+        """
+        vocab_size = logits.shape[1]
+        width = -(-vocab_size // _BLOCK) * _BLOCK
+        weights = self._buffer(len(rows), width)                              # [M, Vp]
+        weights[:, vocab_size:] = -np.inf
+        for j, i in enumerate(rows):
+            temperature = batch.params[i].temperature
+            if self._needs_adjust(batch, i):
+                weights[j, :vocab_size] = logits[i]
+                self._adjust(weights[j, :vocab_size], batch, i)
+                weights[j, :vocab_size] /= temperature
+            else:
+                np.divide(logits[i], temperature, out=weights[j, :vocab_size])  # copy and scale in one pass
+        peak = weights.max(axis=1, keepdims=True)                             # [M, 1]
+        if not np.isfinite(peak).all():
+            raise EngineError("the model returned non-finite logits")
+        np.subtract(weights, peak, out=weights)
+        np.exp(weights, out=weights)                                          # [M, Vp]
+        for j, i in enumerate(rows):
+            p = batch.params[i]
+            if 0 < p.top_k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0:
+                row = weights[j, :vocab_size]                                 # [V]
+                np.multiply(row, row >= _keep_threshold(row, p), out=row)
+        return weights
+
+    def _buffer(self, num_rows: int, width: int) -> F32:
+        if self._scratch.size < num_rows * width:
+            self._scratch = np.empty(num_rows * width, np.float32)
+        return self._scratch[: num_rows * width].reshape(num_rows, width)
+
+
+def _keep_threshold(weights: F32, params: SamplingParams) -> float:
+    """The smallest weight that top-k, then top-p, then min-p keep: the row keeps weights >= it.
+
+    weights [V] are exp((logit - max) / T), so the largest is exactly 1. Ties at a cut are all
+    kept (top-k keeps more than k tokens only when weights tie exactly).
+    """
+    floor = params.min_p                          # p_i >= min_p * p_max, and p_max has weight 1
+    if 0 < params.top_k < weights.size:
+        best = _largest(weights, params.top_k)                                # [k] descending
+        floor = max(floor, float(best[-1]))
+        if params.top_p < 1.0:                    # top-p over the top-k set, renormalised
+            floor = max(floor, _cut(best, params.top_p * float(best.sum(dtype=np.float64))))
+    elif params.top_p < 1.0:
+        floor = max(floor, _top_p_floor(weights, params.top_p * float(weights.sum())))
+    return floor
+
+
+def _cut(best: F32, need: float) -> float:
+    """The last of the descending values [C] in the shortest prefix whose sum reaches need."""
+    cumulative = np.cumsum(best, dtype=np.float64)                            # [C]
+    return float(best[min(int(np.searchsorted(cumulative, need)), best.size - 1)])
+
+
+def _largest(weights: F32, k: int) -> F32:
+    """The k largest weights, descending: [k]."""
+    maxima = _group_maxima(weights)                                           # [G] descending
+    floor = maxima[k - 1] if k <= maxima.size else np.partition(weights, weights.size - k)[weights.size - k]
+    pool = weights[weights >= floor]                                          # [C >= k]
+    return np.sort(np.partition(pool, pool.size - k)[pool.size - k:])[::-1]
+
+
+def _group_maxima(values: F32) -> F32:
+    """The maximum of each strided group (ids equal modulo G), descending: [G], or the sorted row when short.
+
+    They are G distinct values of the row, so at least j values reach the j-th of them: a cheap,
+    tight floor under the row's j largest values.
+    """
+    if values.size < 2 * _GROUPS:
+        return np.sort(values)[::-1]
+    full = values.size // _GROUPS * _GROUPS
+    maxima = values[:full].reshape(-1, _GROUPS).max(axis=0)                   # [G]
+    tail = values[full:]                                                      # [< G] joins groups 0..
+    np.maximum(maxima[: tail.size], tail, out=maxima[: tail.size])
+    return np.sort(maxima)[::-1]
+
+
+def _top_p_floor(weights: F32, need: float) -> float:
+    """The smallest weight in the shortest top set of weights [V] whose sum reaches need."""
+    maxima = _group_maxima(weights)                                           # [G] descending
+    reach = int(np.searchsorted(np.cumsum(maxima, dtype=np.float64), need))
+    if reach < maxima.size:               # the weights from maxima[reach] up hold the need
+        above = weights >= maxima[reach]                                      # [V]
+        if np.count_nonzero(above) <= _POOL:
+            return _cut(np.sort(weights[above])[::-1], need)
+    # A flat row: find the bucket (1/8 of an octave) holding the cut, then cut inside it alone.
+    keys = weights.view(np.int32) >> 20                                       # [V] rises with the weight
+    mass = np.bincount(keys, weights=weights)                                 # [K] per bucket
+    from_top = np.cumsum(mass[::-1])[::-1]                                    # [K] mass of buckets >= b
+    bucket = int(np.count_nonzero(from_top >= need)) - 1
+    if bucket < 0:                        # rounding: nothing reaches the need, so keep every token
+        return 0.0
+    higher = float(from_top[bucket + 1]) if bucket + 1 < from_top.size else 0.0
+    return _cut(np.sort(weights[keys == bucket])[::-1], need - higher)
+
+
+def _draw(weights: F32, blocks: F32, u: float) -> int:
+    """Inverse CDF over a row of weights [Vp] given its block sums [Vp / B] and a uniform u in [0, 1).
+
+    Two levels (block, then token within it), so no full-length cumsum: the row's order is its
+    id order, so the token depends only on the row and u.
+    """
+    ends = np.cumsum(blocks, dtype=np.float64)                                # [Vp / B]
+    target = u * float(ends[-1])
+    block = _search(ends, target)
+    start = block * _BLOCK
+    before = float(ends[block - 1]) if block else 0.0
+    inside = before + np.cumsum(weights[start:start + _BLOCK], dtype=np.float64)  # [B]
+    return start + _search(inside, target)
+
+
+def _search(cumulative: F64, target: float) -> int:
+    """The first index whose cumulative weight exceeds target: never a zero weight."""
+    index = int(np.searchsorted(cumulative, target, side="right"))
+    if index == cumulative.size:                                              # rounding reached the total
+        index = int(np.searchsorted(cumulative, cumulative[-1], side="left"))
+    return index
+
+
+def _token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
+    """Logprobs from the log_softmax of the raw logits [V]: before penalties and temperature."""
+    peak = float(raw.max())
+    log_total = peak + math.log(float(np.exp(raw - peak).sum(dtype=np.float64)))
+    top = _top_ids(raw, k)                                              # [k]
+    return TokenLogprobs(token_id=token_id, logprob=float(raw[token_id]) - log_total,
+                         top=tuple((int(t), float(raw[t]) - log_total) for t in top))
+
+
+def _top_ids(raw: F32, k: int) -> I64:
+    """Ids of the k largest logits, descending, ties to the lower id: [k]."""
+    if k == 0:
+        return np.zeros(0, np.int64)
+    ids = np.flatnonzero(raw >= _group_maxima(raw)[k - 1])                   # [C >= k] ascending
+    values = raw[ids]                                                         # [C]
+    if ids.size > k:
+        keep = values >= np.partition(values, ids.size - k)[ids.size - k]     # the k largest and their ties
+        ids, values = ids[keep], values[keep]
+    return ids[np.lexsort((ids, -values))[:k]]

@@ -1,0 +1,300 @@
+"""The text <-> token-id mapping of a GGUF model: byte-level BPE built from the file's metadata.
+
+Owns vocabulary, merges, pre-tokenizer choice, special tokens and the byte-level unicode mapping
+(`token_bytes`). Reads metadata only; it never touches tensors and never does network I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _BpeTokenizer
+
+from forge.errors import ModelLoadError
+
+# GGUF token types (tokenizer.ggml.token_type).
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+# The split regex of Llama-3 style byte-level BPE ("llama-bpe" in GGUF files).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """The byte-level BPE alphabet: every byte value as one printable character."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    num_shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + num_shifted)
+            num_shifted += 1
+    return table
+
+
+_BYTE_TO_CHAR = _byte_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer of one model.
+
+    Invariants:
+    - `encode` never raises on any `str`. Characters whose UTF-8 bytes include a byte value that
+      has no token in the vocabulary (this is possible: byte-level vocabularies may lack rarely
+      used bytes) are dropped whole before encoding, so text never turns into stray fragments of
+      a character. Lone surrogates (not valid Unicode) are encoded as U+FFFD.
+    - `decode(ids)` equals the UTF-8 decoding (invalid sequences -> U+FFFD) of the concatenated
+      `token_bytes` of the non-skipped ids; ids outside [0, vocab_size) raise IndexError.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        merges: Sequence[str],
+        *,
+        token_types: Sequence[int] | None = None,
+        pre: str = "default",
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        add_bos: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
+        self._tokens = list(tokens)
+        self.vocab_size = len(self._tokens)
+        types = list(token_types) if token_types is not None else [TOKEN_TYPE_NORMAL] * self.vocab_size
+        if len(types) != self.vocab_size:
+            raise ModelLoadError(f"tokenizer has {self.vocab_size} tokens but {len(types)} token types")
+        for name, token_id in (("bos", bos_token_id), ("eos", eos_token_id), ("pad", pad_token_id)):
+            if token_id is not None and not 0 <= token_id < self.vocab_size:
+                raise ModelLoadError(f"tokenizer {name} token id {token_id} is outside the vocabulary")
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.pre = pre
+        self.special_ids = frozenset(i for i, t in enumerate(types) if t == TOKEN_TYPE_CONTROL)
+        added_ids = [i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
+        self._added_ids = frozenset(added_ids)
+        self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
+        self._bpe = _build_bpe(self._tokens, merges, pre)
+        self._bpe.add_special_tokens(
+            [AddedToken(self._tokens[i], special=True, normalized=False) for i in added_ids if i in self.special_ids]
+        )
+        user_defined = [i for i in added_ids if i not in self.special_ids]
+        self._bpe.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False) for i in user_defined])
+        self._missing_bytes = _missing_bytes(self._tokens, self._added_ids)
+        self._unencodable = _unencodable_pattern(self._missing_bytes)
+        contents = sorted({self._tokens[i] for i in added_ids}, key=len, reverse=True)  # longest match first
+        self._added_split = re.compile("(" + "|".join(map(re.escape, contents)) + ")") if contents else None
+
+    @classmethod
+    def from_gguf(cls, path_or_reader: str | os.PathLike[str] | Any) -> Tokenizer:
+        """Build from a GGUF file (a path, or an open `gguf.GGUFReader` to avoid re-reading it)."""
+        reader = _open_reader(path_or_reader)
+        meta = _Metadata(reader)
+        model = meta.string("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ModelLoadError(
+                f"unsupported tokenizer {model!r}: forge supports only byte-level BPE (tokenizer.ggml.model = 'gpt2')"
+            )
+        tokens = meta.strings("tokenizer.ggml.tokens")
+        merges = meta.strings("tokenizer.ggml.merges")
+        if tokens is None or merges is None:
+            raise ModelLoadError("the model file has no tokenizer vocabulary or merges")
+        return cls(
+            tokens,
+            merges,
+            token_types=meta.numbers("tokenizer.ggml.token_type"),
+            pre=meta.string("tokenizer.ggml.pre") or "default",
+            bos_token_id=meta.number("tokenizer.ggml.bos_token_id"),
+            eos_token_id=meta.number("tokenizer.ggml.eos_token_id"),
+            pad_token_id=meta.number("tokenizer.ggml.padding_token_id"),
+            add_bos=bool(meta.number("tokenizer.ggml.add_bos_token") or 0),
+            chat_template=meta.string("tokenizer.chat_template"),
+        )
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Text to ids. Special-token text (e.g. "<|im_start|>") becomes its single id.
+
+        With add_special_tokens, a bos id is prepended only if the model file asks for it.
+        """
+        if _SURROGATES.search(text):
+            text = _SURROGATES.sub("\ufffd", text)
+        if self._unencodable is not None and self._unencodable.search(text):
+            text = self._strip_unencodable(text)
+        ids: list[int] = self._bpe.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def _strip_unencodable(self, text: str) -> str:
+        """Drop characters BPE cannot spell, outside the text of added tokens (kept whole)."""
+        assert self._unencodable is not None
+        segments = self._added_split.split(text) if self._added_split is not None else [text]
+        for i in range(0, len(segments), 2):  # even indices: text between added tokens
+            segments[i] = self._unencodable.sub(self._drop_unencodable, segments[i])
+        return "".join(segments)
+
+    def _drop_unencodable(self, match: re.Match[str]) -> str:
+        char = match.group()
+        return "" if self._missing_bytes.intersection(char.encode("utf-8")) else char
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Ids to text; bytes that do not form valid UTF-8 become U+FFFD."""
+        ids = list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+            raise IndexError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return str(self._bpe.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes token `token_id` stands for (for "<|im_end|>": its text as UTF-8)."""
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
+        cached = self._bytes_cache[token_id]
+        if cached is None:
+            piece = self._tokens[token_id]
+            # As the decoder does for every token (special ones too): a character of the byte
+            # alphabet stands for its byte, any other character for its own UTF-8.
+            cached = b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
+            self._bytes_cache[token_id] = cached
+        return cached
+
+    def token_str(self, token_id: int) -> str:
+        """The text of one token; lossy: part of a multi-byte character shows as U+FFFD."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_to_id(self, piece: str) -> int | None:
+        """The id of a vocabulary entry given in its stored (byte-level) spelling."""
+        token_id = self._bpe.token_to_id(piece)
+        return None if token_id is None else int(token_id)
+
+
+def _build_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str) -> _BpeTokenizer:
+    vocab = {piece: i for i, piece in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ModelLoadError("tokenizer vocabulary has duplicate tokens")
+    pairs: list[tuple[str, str]] = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep or not left or not right:
+            raise ModelLoadError(f"malformed tokenizer merge {merge!r}")
+        pairs.append((left, right))
+    try:
+        bpe = _BpeTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as exc:  # the library reports bad merges (unknown pieces) as plain exceptions
+        raise ModelLoadError(f"invalid tokenizer vocabulary or merges: {exc}") from exc
+    bpe.pre_tokenizer = _pre_tokenizer(pre)
+    bpe.decoder = decoders.ByteLevel()
+    return bpe
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The pre-tokenizer named by `tokenizer.ggml.pre`; unknown names get plain byte-level splitting."""
+    if pre == "smollm":
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in ("llama-bpe", "llama3", "llama-v3"):
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _missing_bytes(tokens: Sequence[str], added_ids: frozenset[int]) -> frozenset[int]:
+    """Byte values with no token of their own (BPE cannot spell any text containing them)."""
+    present = {piece for i, piece in enumerate(tokens) if len(piece) == 1 and i not in added_ids}
+    return frozenset(b for b, c in _BYTE_TO_CHAR.items() if c not in present)
+
+
+def _unencodable_pattern(missing: frozenset[int]) -> re.Pattern[str] | None:
+    """A regex matching (a superset of) the characters whose UTF-8 bytes include a missing byte.
+
+    Without it, BPE silently drops such a byte and keeps the rest of the character, which decodes
+    to U+FFFD debris; dropping the whole character is well-defined and loses nothing more.
+    """
+    ranges: list[str] = []
+    for b in sorted(missing):
+        if b < 0x80:
+            lo, hi = b, b
+        elif 0x80 <= b <= 0xBF:  # a continuation byte: spread over many characters; check each
+            lo, hi = 0x80, 0x10FFFF
+        elif 0xC2 <= b <= 0xDF:  # lead byte of a 2-byte sequence
+            lo = (b & 0x1F) << 6
+            hi = lo + 0x3F
+        elif 0xE0 <= b <= 0xEF:  # lead byte of a 3-byte sequence
+            lo = max((b & 0x0F) << 12, 0x800)
+            hi = ((b & 0x0F) << 12) + 0xFFF
+        elif 0xF0 <= b <= 0xF4:  # lead byte of a 4-byte sequence
+            lo = max((b & 0x07) << 18, 0x10000)
+            hi = min(((b & 0x07) << 18) + 0x3FFFF, 0x10FFFF)
+        else:  # 0xC0, 0xC1, 0xF5..0xFF never occur in UTF-8
+            continue
+        ranges.append(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
+    return re.compile(f"[{''.join(ranges)}]") if ranges else None
+
+
+def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> Any:
+    if not isinstance(path_or_reader, (str, os.PathLike)):
+        return path_or_reader
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(os.fspath(path_or_reader), "r")
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"model file not found: {os.fspath(path_or_reader)}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {os.fspath(path_or_reader)}: {exc}") from exc
+
+
+class _Metadata:
+    """Typed access to GGUF key-value fields; missing keys read as None."""
+
+    def __init__(self, reader: Any) -> None:
+        self._fields = reader.fields
+
+    def _parts(self, key: str) -> list[Any] | None:
+        field = self._fields.get(key)
+        return None if field is None else [field.parts[i] for i in field.data]
+
+    def string(self, key: str) -> str | None:
+        parts = self._parts(key)
+        return None if not parts else _utf8(key, parts[0])
+
+    def strings(self, key: str) -> list[str] | None:
+        parts = self._parts(key)
+        return None if parts is None else [_utf8(key, p) for p in parts]
+
+    def number(self, key: str) -> int | None:
+        parts = self._parts(key)
+        return None if not parts else int(parts[0][0])
+
+    def numbers(self, key: str) -> list[int] | None:
+        parts = self._parts(key)
+        return None if parts is None else [int(p[0]) for p in parts]
+
+
+def _utf8(key: str, raw: Any) -> str:
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"GGUF metadata {key} is not valid UTF-8") from exc

@@ -8,19 +8,134 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from forge.errors import ForgeError
 
 
+def _env(name: str, default: str | None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def _progress(message: str) -> None:
+    print(f"forge: {message}", file=sys.stderr, flush=True)
+
+
+def _engine_config(args: argparse.Namespace) -> object:
+    from forge.config import EngineConfig, parse_size
+
+    try:
+        return EngineConfig(block_size=args.block_size, kv_cache_memory=parse_size(args.kv_cache_memory),
+                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            enable_prefix_caching=not args.no_prefix_caching,
+                            blas_threads=args.blas_threads)
+    except ValueError as exc:
+        raise SystemExit(f"forge: {exc}") from None
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=_env("FORGE_MODEL", None),
+                   help="GGUF model file [FORGE_MODEL; default: SmolLM2-135M-Instruct, fetched on first use]")
+    g.add_argument("--max-num-seqs", type=int, default=int(_env("FORGE_MAX_NUM_SEQS", "64")),
+                   help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
+    g.add_argument("--max-num-batched-tokens", type=int,
+                   default=int(_env("FORGE_MAX_NUM_BATCHED_TOKENS", "512")),
+                   help="token budget of one step; long prompts are prefilled in chunks of at most this "
+                        "[FORGE_MAX_NUM_BATCHED_TOKENS; 512]")
+    g.add_argument("--kv-cache-memory", default=_env("FORGE_KV_CACHE_MEMORY", "2GiB"),
+                   help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
+    g.add_argument("--max-model-len", type=int, default=_int_or_none(_env("FORGE_MAX_MODEL_LEN", None)),
+                   help="longest sequence (prompt + completion) [FORGE_MAX_MODEL_LEN; the model's context]")
+    g.add_argument("--block-size", type=int, default=int(_env("FORGE_BLOCK_SIZE", "16")),
+                   help="tokens per KV block [FORGE_BLOCK_SIZE; 16]")
+    g.add_argument("--no-prefix-caching", action="store_true",
+                   default=_env("FORGE_PREFIX_CACHING", "1") == "0",
+                   help="do not reuse cached prompt prefixes [FORGE_PREFIX_CACHING=0]")
+    g.add_argument("--blas-threads", type=int,
+                   default=_int_or_none(_env("FORGE_BLAS_THREADS", str(os.cpu_count() or 1))),
+                   help="BLAS threads for the forward [FORGE_BLAS_THREADS; the number of cores]")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from forge.hub import resolve_model
+
+    print(resolve_model(args.model, _progress))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from forge.llm import LLM
+    from forge.sampling import SamplingParams
+
+    llm = LLM(args.model, _engine_config(args), progress=_progress)
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.chat_prompt([{"role": "user", "content": prompt}])
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            top_p=args.top_p)
+    params.validate(vocab_size=llm.tokenizer.vocab_size)
+    for text in llm.stream(prompt, params):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from actors.gateway import GatewayConfig
+    from actors.logs import configure_logging
+    from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
+    from forge.config import parse_size
+
+    try:
+        configure_logging(args.log_level, args.log_format)
+        body = parse_size(args.max_body_size)
+    except ValueError as exc:
+        raise SystemExit(f"forge: {exc}") from None
+    if args.model is not None and not os.path.isfile(args.model):
+        raise SystemExit(f"forge: model file not found: {args.model}")
+    name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
+                                      else "SmolLM2-135M-Instruct")
+    config = DaemonConfig(
+        engine=_engine_config(args),  # type: ignore[arg-type]
+        gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
+                              max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
+        model=args.model, drain_timeout=args.drain_timeout)
+    daemon = Daemon(config)
+    anyio.run(serve_daemon, daemon, hypercorn_config(args.addr))
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from forge import bench
 
-    result = bench.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len,
-                             max_new=args.max_new, max_batch_size=args.max_batch_size,
-                             num_blocks=args.blocks, block_size=args.block_size,
-                             lookahead=args.lookahead, seed=args.seed)
-    print(json.dumps(result) if args.json else bench.format_toy(result))
+    if args.model is None:
+        result = bench.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
+                                 max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
+                                 num_blocks=args.blocks, block_size=args.block_size,
+                                 lookahead=args.lookahead, seed=args.seed)
+        print(json.dumps(result) if args.json else bench.format_toy(result))
+        return 0
+    try:
+        concurrency = [int(n) for n in args.concurrency.split(",")]
+        result = bench.model_bench(
+            None if args.model == "default" else args.model, concurrency=concurrency,
+            prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
+            max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
+            block_size=args.block_size, seed=args.seed, progress=_progress)
+    except ValueError as exc:
+        raise SystemExit(f"forge: {exc}") from None
+    print(json.dumps(result) if args.json else bench.format_model(result))
     return 0
 
 
@@ -28,14 +143,59 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    bench = sub.add_parser("bench", help="offline benchmark of the engine")
-    bench.add_argument("--requests", type=int, default=64)
-    bench.add_argument("--prompt-len", type=int, default=32)
-    bench.add_argument("--max-new", type=int, default=64)
-    bench.add_argument("--max-batch-size", type=int, default=8)
-    bench.add_argument("--blocks", type=int, default=256)
+    pull = sub.add_parser("pull", help="fetch the default model (or check a model file) and print its path")
+    pull.add_argument("--model", default=_env("FORGE_MODEL", None))
+    pull.set_defaults(func=_cmd_pull)
+
+    gen = sub.add_parser("generate", help="stream a completion of PROMPT to stdout")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="send PROMPT as one user message of a chat")
+    _add_engine_flags(gen)
+    gen.set_defaults(func=_cmd_generate, kv_cache_memory="512MiB", max_num_seqs=1)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--addr", default=_env("FORGE_ADDR", "127.0.0.1:8080"),
+                       help="listen address HOST:PORT [FORGE_ADDR]")
+    serve.add_argument("--api-key", default=_env("FORGE_API_KEY", None),
+                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY]")
+    serve.add_argument("--served-model-name", default=_env("FORGE_SERVED_MODEL_NAME", None),
+                       help="the model id clients send and /v1/models lists [FORGE_SERVED_MODEL_NAME]")
+    serve.add_argument("--log-level", default=_env("FORGE_LOG", "info"), help="[FORGE_LOG]")
+    serve.add_argument("--log-format", choices=["json", "console"], default=_env("FORGE_LOG_FORMAT", None),
+                       help="[FORGE_LOG_FORMAT; console on a terminal, else json]")
+    serve.add_argument("--max-waiting", type=int, default=int(_env("FORGE_MAX_WAITING", "256")),
+                       help="queued requests beyond which new ones get 503 [FORGE_MAX_WAITING]")
+    serve.add_argument("--max-queued-tokens", type=int, default=int(_env("FORGE_MAX_QUEUED_TOKENS", "262144")),
+                       help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS]")
+    serve.add_argument("--max-body-size", default=_env("FORGE_MAX_BODY_SIZE", "1MiB"),
+                       help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE]")
+    serve.add_argument("--drain-timeout", type=float, default=float(_env("FORGE_DRAIN_TIMEOUT", "30")),
+                       help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT]")
+    _add_engine_flags(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    bench = sub.add_parser("bench", help="offline benchmark: the toy engine, or a real model with --model")
+    bench.add_argument("--model", default=None,
+                       help="'default' or a GGUF path: benchmark that model (without it: the toy engine)")
+    bench.add_argument("--concurrency", default="1,8,32,64",
+                       help="model: comma-separated numbers of sequences run at once [1,8,32,64]")
+    bench.add_argument("--blas-threads", type=int, default=None,
+                       help="model: BLAS threads [the BLAS default]")
+    bench.add_argument("--max-num-batched-tokens", type=int, default=512,
+                       help="model: token budget of one step [512]")
+    bench.add_argument("--prefill-len", type=int, default=1000, help="model: prompt tokens of the prefill run")
+    bench.add_argument("--prompt-len", type=int, default=None, help="[toy 32, model 200]")
+    bench.add_argument("--max-new", type=int, default=None, help="[toy 64, model 128]")
+    bench.add_argument("--requests", type=int, default=64, help="toy: number of requests")
+    bench.add_argument("--max-batch-size", type=int, default=8, help="toy")
+    bench.add_argument("--blocks", type=int, default=256, help="toy")
     bench.add_argument("--block-size", type=int, default=16)
-    bench.add_argument("--lookahead", type=int, default=4)
+    bench.add_argument("--lookahead", type=int, default=4, help="toy")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print JSON instead of text")
     bench.set_defaults(func=_cmd_bench)

@@ -45,3 +45,7 @@ class EngineError(ForgeError):
 
 class ModelLoadError(ForgeError):
     """The model file cannot be used; the message is one line, fit for a user."""
+
+
+class ConfigError(ForgeError):
+    """A setting that cannot work (e.g. a KV budget too small for one sequence)."""

@@ -16,7 +16,7 @@ from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.detokenizer import IncrementalDetokenizer
 from forge.engine_core import EngineCore
-from forge.errors import InvalidRequest
+from forge.errors import ConfigError, InvalidRequest
 from forge.hub import resolve_model
 from forge.llama.attention import KVCache
 from forge.llama.model import LlamaModel
@@ -73,7 +73,7 @@ def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
     num_blocks = config.kv_cache_memory // per_block
     max_len = min(config.max_model_len or model.config.max_position, model.config.max_position)
     if num_blocks * config.block_size < max_len:
-        raise ValueError(
+        raise ConfigError(
             f"the KV cache budget ({config.kv_cache_memory} bytes, {num_blocks * config.block_size} "
             f"tokens) cannot hold one sequence of max_model_len {max_len}: raise --kv-cache-memory "
             f"or lower --max-model-len")

@@ -111,3 +111,66 @@ class TokensEmitted(Message):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+
+
+# ---- gateway -> tokeniser -> scheduler ------------------------------------------------------
+
+class Submit(Message):
+    """A request as the gateway accepted it; exactly one of text, token_ids, messages is set."""
+    request_id: str
+    params: SamplingParams
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    add_special_tokens: bool = True
+
+
+class Tokenised(Message):
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+class Abort(Message):
+    """Drop a request: its client went away, or a stop string ended it."""
+    request_id: str
+
+
+# ---- tokeniser -> gateway (one stream per request) ------------------------------------------
+
+class Accepted(Message):
+    """The scheduler queued the request: from here the response is a success."""
+    request_id: str
+    num_prompt_tokens: int
+
+
+class Rejected(Message):
+    request_id: str
+    status: int
+    message: str
+    error_type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+class TokenLogprobInfo(Message):
+    token_id: int
+    text: str
+    token_bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+class TextDelta(Message):
+    """New text of one request; the last one carries finish_reason and the token counts."""
+    request_id: str
+    text: str
+    num_tokens: int                              # tokens behind this text
+    logprobs: tuple[TokenLogprobInfo, ...] = ()
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+DaemonEvent = Accepted | Rejected | TextDelta

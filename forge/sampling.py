@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -56,8 +57,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self, *, vocab_size: int) -> None:
         """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
@@ -66,8 +66,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
         _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
+        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
             _require(-2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value}")
         _require(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
                  f"must be in (0, 2], got {self.repetition_penalty}")
@@ -97,20 +96,16 @@ def make_generator(seed: int | None) -> np.random.Generator:
 
 
 class TokenCounts:
-    """A request's distinct prompt+output token ids and per-token output counts, grown by add().
+    """A request's distinct prompt+output token ids and output counts. Built once from the prompt;
+    the owner add()s each emitted token. Properties are views, valid until the next add()."""
 
-    Built once from the prompt; the owner calls add() for each token the request emits. The
-    properties are views into growing buffers, valid until the next add().
-    """
-
-    __slots__ = ("_seen", "_num_seen", "_seen_set", "_out_ids", "_out_counts", "_out_index")
+    __slots__ = ("_prompt", "_seen", "_num_seen", "_out_ids", "_out_counts", "_out_index")
 
     def __init__(self, prompt_ids: Sequence[int] | I64 = ()) -> None:
-        distinct = np.unique(np.asarray(prompt_ids, dtype=np.int64))          # [P] sorted
-        self._seen_set: set[int] = set(distinct.tolist())
-        self._seen = np.zeros(max(16, 2 * distinct.size), np.int64)
-        self._seen[: distinct.size] = distinct
-        self._num_seen = int(distinct.size)
+        self._prompt = np.unique(np.asarray(prompt_ids, dtype=np.int64))      # [P] sorted, distinct
+        self._seen = np.zeros(self._prompt.size + 16, np.int64)               # prompt, then new output ids
+        self._seen[: self._prompt.size] = self._prompt
+        self._num_seen = int(self._prompt.size)
         self._out_ids = np.zeros(16, np.int64)
         self._out_counts = np.zeros(16, np.float32)
         self._out_index: dict[int, int] = {}                                  # token id -> slot
@@ -124,8 +119,8 @@ class TokenCounts:
         self._out_ids, self._out_counts = _room(self._out_ids, slot), _room(self._out_counts, slot)
         self._out_ids[slot], self._out_counts[slot] = token_id, 1.0
         self._out_index[token_id] = slot
-        if token_id not in self._seen_set:
-            self._seen_set.add(token_id)
+        at = int(np.searchsorted(self._prompt, token_id))
+        if at == self._prompt.size or self._prompt[at] != token_id:          # not in the prompt either
             self._seen = _room(self._seen, self._num_seen)
             self._seen[self._num_seen] = token_id
             self._num_seen += 1
@@ -146,7 +141,7 @@ class TokenCounts:
         return self._out_counts[: len(self._out_index)]
 
 
-def _room(buffer: npt.NDArray[np.generic], index: int) -> npt.NDArray[np.generic]:
+def _room(buffer: npt.NDArray[Any], index: int) -> npt.NDArray[Any]:
     """`buffer`, or a copy twice as long when `index` falls past its end."""
     if index < buffer.size:
         return buffer
@@ -156,11 +151,9 @@ def _room(buffer: npt.NDArray[np.generic], index: int) -> npt.NDArray[np.generic
 
 
 def apply_penalties(row: F32, params: SamplingParams, counts: TokenCounts) -> None:
-    """Penalise one row of logits [V] in place, touching only tokens the request has seen.
-
-    Repetition first (tokens of prompt or output: positive logits divided by it, negative ones
-    multiplied), then frequency * count + presence subtracted (output tokens only).
-    """
+    """Penalise one row of logits [V] in place, touching only tokens the request has seen: repetition
+    first (prompt or output; positive logits divided, negative multiplied), then frequency * count +
+    presence subtracted (output tokens only)."""
     if params.repetition_penalty != 1.0:
         ids = counts.seen_ids                                                 # [S]
         seen = row[ids]                                                       # [S]
@@ -173,11 +166,8 @@ def apply_penalties(row: F32, params: SamplingParams, counts: TokenCounts) -> No
 
 @dataclass(slots=True)
 class SamplingBatch:
-    """Per-row inputs for one step; row i goes with logits[i]. Built by the caller each step.
-
-    counts[i] may be None unless params[i].has_penalties. num_output_tokens[i] counts the tokens
-    the row's request has emitted so far (for min_tokens).
-    """
+    """Per-row inputs for one step, built by the caller; row i goes with logits[i]. counts[i] may be
+    None unless params[i].has_penalties; num_output_tokens[i] is what the request emitted so far."""
 
     params: Sequence[SamplingParams]
     generators: Sequence[np.random.Generator]
@@ -278,11 +268,9 @@ class Sampler:
         return token
 
     def _weights(self, logits: F32, batch: SamplingBatch, rows: list[int]) -> F32:
-        """Weights exp((adjusted logits - max) / T) of `rows` after top-k/top-p/min-p: [M, Vp].
-
-        Dropped tokens and the padding up to whole blocks weigh 0; the largest weight is exactly 1.
-        Every operation is elementwise or within one row: a row's weights ignore the other rows.
-        """
+        """Weights exp((adjusted logits - max) / T) of `rows` after top-k/top-p/min-p: [M, Vp]. Dropped
+        tokens and the padding to whole blocks weigh 0; each row's largest is exactly 1. All work is
+        elementwise or within a row, so a row's weights never depend on the other rows."""
         vocab_size = logits.shape[1]
         width = -(-vocab_size // _BLOCK) * _BLOCK
         weights = self._buffer(len(rows), width)                              # [M, Vp]
@@ -314,11 +302,8 @@ class Sampler:
 
 
 def _keep_threshold(weights: F32, params: SamplingParams) -> float:
-    """The smallest weight that top-k, then top-p, then min-p keep: the row keeps weights >= it.
-
-    weights [V] are exp((logit - max) / T), so the largest is exactly 1. Ties at a cut are all
-    kept (top-k keeps more than k tokens only when weights tie exactly).
-    """
+    """The smallest weight that top-k, then top-p, then min-p keep, for weights [V] whose largest is
+    exactly 1. Ties at a cut are all kept: top-k keeps more than k only where weights tie exactly."""
     floor = params.min_p                          # p_i >= min_p * p_max, and p_max has weight 1
     if 0 < params.top_k < weights.size:
         best = _largest(weights, params.top_k)                                # [k] descending
@@ -345,11 +330,8 @@ def _largest(weights: F32, k: int) -> F32:
 
 
 def _group_maxima(values: F32) -> F32:
-    """The maximum of each strided group (ids equal modulo G), descending: [G], or the sorted row when short.
-
-    They are G distinct values of the row, so at least j values reach the j-th of them: a cheap,
-    tight floor under the row's j largest values.
-    """
+    """Maxima of the strided groups (ids equal modulo G), descending: [G] (a short row: itself, sorted).
+    They are G distinct entries, so j entries reach the j-th: a cheap floor under the j largest."""
     if values.size < 2 * _GROUPS:
         return np.sort(values)[::-1]
     full = values.size // _GROUPS * _GROUPS
@@ -379,11 +361,8 @@ def _top_p_floor(weights: F32, need: float) -> float:
 
 
 def _draw(weights: F32, blocks: F32, u: float) -> int:
-    """Inverse CDF over a row of weights [Vp] given its block sums [Vp / B] and a uniform u in [0, 1).
-
-    Two levels (block, then token within it), so no full-length cumsum: the row's order is its
-    id order, so the token depends only on the row and u.
-    """
+    """Inverse CDF in id order over weights [Vp], given block sums [Vp / B] and a uniform u in [0, 1):
+    the block first, then the token inside it, so no cumsum runs over the whole row."""
     ends = np.cumsum(blocks, dtype=np.float64)                                # [Vp / B]
     target = u * float(ends[-1])
     block = _search(ends, target)
@@ -403,9 +382,10 @@ def _search(cumulative: F64, target: float) -> int:
 
 def _token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
     """Logprobs from the log_softmax of the raw logits [V]: before penalties and temperature."""
+    raw = raw.astype(np.float32, copy=False)
     peak = float(raw.max())
-    log_total = peak + math.log(float(np.exp(raw - peak).sum(dtype=np.float64)))
-    top = _top_ids(raw, k)                                              # [k]
+    log_total = peak + math.log(float(np.exp(raw - peak).sum()))             # pairwise float32 sum
+    top = _top_ids(raw, k)                                                    # [k]
     return TokenLogprobs(token_id=token_id, logprob=float(raw[token_id]) - log_total,
                          top=tuple((int(t), float(raw[t]) - log_total) for t in top))
 

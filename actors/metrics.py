@@ -1,0 +1,47 @@
+"""Prometheus metrics under the `forge:` prefix, with the names serving dashboards already use.
+
+One registry per daemon (not the global one), so several daemons can live in one test process.
+Gauges are read from the actors' statistics() at scrape time; counters and histograms are
+observed where the event happens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.num_requests_running = Gauge("forge:num_requests_running", "Requests in the running batch.", registry=r)
+        self.num_requests_waiting = Gauge("forge:num_requests_waiting", "Requests waiting to run.", registry=r)
+        self.kv_cache_usage_perc = Gauge("forge:kv_cache_usage_perc", "KV-cache usage, 1 = full.", registry=r)
+        self.prompt_tokens = Counter("forge:prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.generation_tokens = Counter("forge:generation_tokens", "Tokens generated.", registry=r)
+        self.request_success = Counter("forge:request_success", "Finished requests.", ["finished_reason"],
+                                       registry=r)
+        self.num_preemptions = Counter("forge:num_preemptions", "Sequences preempted.", registry=r)
+        self.prefix_cache_hit_rate = Gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.",
+                                           registry=r)
+        self.time_to_first_token = Histogram("forge:time_to_first_token_seconds", "Time to first token.",
+                                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram("forge:inter_token_latency_seconds", "Time between tokens.",
+                                             buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
+        self.e2e_request_latency = Histogram("forge:e2e_request_latency_seconds", "Request latency.",
+                                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_queue_time = Histogram("forge:request_queue_time_seconds", "Time queued before running.",
+                                            buckets=_LATENCY_BUCKETS, registry=r)
+        self._refreshers: list[Callable[[], None]] = []
+
+    def on_scrape(self, refresh: Callable[[], None]) -> None:
+        self._refreshers.append(refresh)
+
+    def render(self) -> bytes:
+        for refresh in self._refreshers:
+            refresh()
+        return generate_latest(self.registry)

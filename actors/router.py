@@ -1,0 +1,92 @@
+"""Per-request streams from the pipeline to the gateway, routed by request id.
+
+A response may carry several choices (n > 1, or a list of prompts); each choice is one request in
+the engine, and the response reads them as one ResponseGroup. Delivery never blocks the producer:
+text the reader has not taken yet is coalesced per choice, so a slow or stalled client costs only
+its own output (bounded by max_tokens) and never slows the batching loop or other requests.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from forge.messages import Accepted, DaemonEvent, Rejected, TextDelta
+
+
+def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
+    return TextDelta(request_id=a.request_id, text=a.text + b.text, num_tokens=a.num_tokens + b.num_tokens,
+                     logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason,
+                     num_prompt_tokens=b.num_prompt_tokens or a.num_prompt_tokens,
+                     num_completion_tokens=b.num_completion_tokens or a.num_completion_tokens,
+                     num_cached_tokens=b.num_cached_tokens or a.num_cached_tokens)
+
+
+class ResponseGroup:
+    """The choices of one response, by index. Read by one task (the response's handler)."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self._index = {rid: i for i, rid in enumerate(request_ids)}
+        self._status: list[Accepted | Rejected | None] = [None] * len(request_ids)
+        self._pending: list[TextDelta | None] = [None] * len(request_ids)
+        self._changed = anyio.Event()
+        self.unfinished = set(range(len(request_ids)))
+
+    def put(self, event: DaemonEvent) -> None:
+        i = self._index[event.request_id]
+        match event:
+            case Accepted() | Rejected():
+                self._status[i] = event
+            case TextDelta():
+                pending = self._pending[i]
+                self._pending[i] = event if pending is None else _merge(pending, event)
+        self._changed.set()
+
+    async def _wait(self) -> None:
+        await self._changed.wait()
+        self._changed = anyio.Event()
+
+    async def wait_statuses(self) -> list[Accepted | Rejected]:
+        """Each choice's verdict; returns early with what is known at the first rejection."""
+        while True:
+            rejected = [s for s in self._status if isinstance(s, Rejected)]
+            if rejected or all(s is not None for s in self._status):
+                return [s for s in self._status if s is not None]
+            await self._wait()
+
+    async def next_deltas(self) -> list[tuple[int, TextDelta]]:
+        """All text generated since the last call, one merged delta per choice (waits for some)."""
+        while True:
+            out = [(i, d) for i, d in enumerate(self._pending) if d is not None]
+            if out:
+                for i, d in out:
+                    self._pending[i] = None
+                    if d.finish_reason is not None:
+                        self.unfinished.discard(i)
+                return out
+            await self._wait()
+
+
+class Router:
+    """request id -> the group that reads it. Events nobody listens to any more are dropped."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, ResponseGroup] = {}
+
+    def open(self, request_ids: list[str]) -> ResponseGroup:
+        group = ResponseGroup(request_ids)
+        for rid in request_ids:
+            self._groups[rid] = group
+        return group
+
+    def close(self, group: ResponseGroup) -> None:
+        for rid in group.request_ids:
+            self._groups.pop(rid, None)
+
+    def deliver(self, event: DaemonEvent) -> None:
+        group = self._groups.get(event.request_id)
+        if group is not None:
+            group.put(event)
+
+    def __len__(self) -> int:
+        return len(self._groups)

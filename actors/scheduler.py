@@ -1,0 +1,124 @@
+"""The scheduler actor: the continuous-batching loop, as its own task.
+
+Each iteration drains the inbox (new requests, aborts), asks the allocator for blocks, hands the
+batch to the model worker and routes the sampled tokens to the tokeniser. It parks on its inbox
+only when there is nothing to run, and it never awaits a client.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from actors.metrics import Metrics
+from forge.engine_core import CoreStats, EngineCore
+from forge.errors import ForgeError, RequestError
+from forge.messages import (Abort, Accepted, AllocateStep, Rejected, StepAllocation, StepBatch, StepOutput,
+                            Tokenised, TokensEmitted)
+
+log = structlog.get_logger("forge.scheduler")
+
+SchedulerInbox = Tokenised | Abort
+ToTokeniser = Accepted | Rejected | TokensEmitted
+
+
+class SchedulerActor:
+    def __init__(self, core: EngineCore, metrics: Metrics, *,
+                 inbox: MemoryObjectReceiveStream[SchedulerInbox],
+                 to_allocator: MemoryObjectSendStream[AllocateStep],
+                 from_allocator: MemoryObjectReceiveStream[StepAllocation],
+                 to_worker: MemoryObjectSendStream[StepBatch],
+                 from_worker: MemoryObjectReceiveStream[StepOutput],
+                 to_tokeniser: MemoryObjectSendStream[ToTokeniser]) -> None:
+        self._core = core
+        self._metrics = metrics
+        self._inbox = inbox
+        self._to_allocator, self._from_allocator = to_allocator, from_allocator
+        self._to_worker, self._from_worker = to_worker, from_worker
+        self._to_tokeniser = to_tokeniser
+        self._arrivals: dict[int, float] = {}        # seq id -> arrival, until first scheduled
+        self._rids: dict[str, int] = {}
+        self._num_queued_tokens = 0
+        self._queued: dict[int, int] = {}            # seq id -> prompt tokens, while waiting
+
+    def statistics(self) -> CoreStats:
+        return self._core.stats()
+
+    @property
+    def num_queued_tokens(self) -> int:
+        return self._num_queued_tokens
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with (self._inbox, self._to_allocator, self._from_allocator, self._to_worker,
+                    self._from_worker, self._to_tokeniser):
+            task_status.started()
+            while True:
+                if not self._core.has_work():
+                    try:
+                        await self._handle(await self._inbox.receive())   # idle: park here
+                    except anyio.EndOfStream:
+                        return
+                while True:                                               # requests land between steps
+                    try:
+                        await self._handle(self._inbox.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                    except anyio.EndOfStream:
+                        return
+                if self._core.has_work():
+                    await self._step()
+
+    async def _handle(self, msg: SchedulerInbox) -> None:
+        match msg:
+            case Tokenised(request_id=rid, prompt_ids=ids, params=params):
+                try:
+                    seq_id = self._core.add_request(rid, list(ids), params)
+                except RequestError as exc:
+                    await self._to_tokeniser.send(Rejected(
+                        request_id=rid, status=exc.status, message=exc.message, error_type=exc.type,
+                        param=exc.param, code=exc.code))
+                    return
+                except ForgeError as exc:
+                    await self._to_tokeniser.send(Rejected(request_id=rid, status=503, message=str(exc),
+                                                           error_type="server_error"))
+                    return
+                self._arrivals[seq_id] = time.monotonic()
+                self._rids[rid] = seq_id
+                self._queued[seq_id] = len(ids)
+                self._num_queued_tokens += len(ids)
+                self._metrics.prompt_tokens.inc(len(ids))
+                await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
+            case Abort(request_id=rid):
+                if self._core.abort(rid):
+                    self._dequeue(self._rids.pop(rid, -1))
+                    await self._to_tokeniser.send(TokensEmitted(request_id=rid, token_ids=(),
+                                                                finish_reason="abort"))
+
+    async def _step(self) -> None:
+        await self._to_allocator.send(self._core.propose())
+        batch = self._core.build(await self._from_allocator.receive())
+        now = time.monotonic()
+        for new in batch.new_seqs:
+            arrival = self._arrivals.pop(new.seq_id, None)
+            if arrival is not None:
+                self._metrics.request_queue_time.observe(now - arrival)
+            self._dequeue(new.seq_id)
+        preemptions = self._core.scheduler.num_preemptions
+        await self._to_worker.send(batch)
+        output = await self._from_worker.receive()
+        if output.step_id != batch.step_id:
+            raise RuntimeError(f"step {output.step_id} answered step {batch.step_id}")
+        for event in self._core.apply(output):
+            if event.finish_reason is not None:
+                self._rids.pop(event.request_id, None)
+            await self._to_tokeniser.send(event)
+        self._metrics.num_preemptions.inc(self._core.scheduler.num_preemptions - preemptions)
+        self._metrics.generation_tokens.inc(len(output.sampled))
+
+    def _dequeue(self, seq_id: int) -> None:
+        self._arrivals.pop(seq_id, None)
+        self._num_queued_tokens -= self._queued.pop(seq_id, 0)

@@ -1,0 +1,200 @@
+"""The daemon's lifetime: channels, one task group for the five actors, hypercorn, signals.
+
+The HTTP server comes up first (readiness 503 while the model loads), then the actors start.
+SIGTERM or SIGINT drains: readiness turns 503, new requests get 503, running ones finish within
+the drain timeout, then the process exits 0. An actor that crashes takes the daemon down loudly.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
+from actors.access import AccessLog
+from actors.allocator import AllocatorActor
+from actors.gateway import Gateway, GatewayConfig, Pipeline
+from actors.metrics import Metrics
+from actors.router import Router
+from actors.scheduler import SchedulerActor
+from actors.tokeniser import TokeniserActor
+from actors.worker import ModelWorkerActor
+from forge.config import EngineConfig
+from forge.engine_core import EngineCore
+from forge.llm import LoadedModel, plan_cache, set_blas_threads
+from forge.messages import AllocateStep, FreeSeqs, StepAllocation, StepBatch, StepOutput
+from forge.paged_cache import PagedKVCache
+from forge.runner import ModelRunner
+from forge.scheduler import SchedulerConfig
+
+log = structlog.get_logger("forge.supervisor")
+
+
+@dataclass(slots=True)
+class DaemonConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    model: str | None = None                  # a GGUF path; None: the default model
+    drain_timeout: float = 30.0
+
+
+class Daemon:
+    """Owns the gateway and, once loaded, the actors. `run` serves until drained or crashed."""
+
+    def __init__(self, config: DaemonConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.gateway = Gateway(config.gateway, self.metrics)
+        self.loaded = loaded
+        self.cache: PagedKVCache | None = None
+        self.scheduler: SchedulerActor | None = None
+        self.allocator: AllocatorActor | None = None
+        self._stop = anyio.Event()
+        self.is_started = anyio.Event()
+
+    def app(self) -> Any:
+        return AccessLog(self.gateway.app())
+
+    def request_drain(self) -> None:
+        """Begin a graceful stop (what SIGTERM does)."""
+        if not self.gateway.is_draining:
+            log.info("draining", inflight=self.gateway.num_inflight)
+            self.gateway.is_draining = True
+        self._stop.set()
+
+    async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load the model (off the loop), wire the five actors, serve until the channels close."""
+        if self.loaded is None:
+            self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(self.config.model,
+                                                                                  progress=_progress))
+        loaded, cfg = self.loaded, self.config.engine
+        set_blas_threads(cfg.blas_threads)
+        num_blocks, max_model_len = plan_cache(loaded.model, cfg)
+        self.cache = cache = PagedKVCache(num_blocks, cfg.block_size,
+                                          enable_prefix_caching=cfg.enable_prefix_caching)
+        eos = loaded.tokenizer.eos_token_id
+        core = EngineCore(SchedulerConfig(max_batch_size=cfg.max_num_seqs,
+                                          max_num_batched_tokens=cfg.max_num_batched_tokens),
+                          cache, eos_token_id=eos, max_model_len=max_model_len,
+                          vocab_size=loaded.model.config.vocab_size)
+        runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
+            loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos))
+        # Inboxes fed by several producers are unbounded: requests are bounded by admission
+        # control at the gateway, and a bounded ring of actors could deadlock on itself.
+        to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
+        to_sched, sched_in = anyio.create_memory_object_stream[Any](math.inf)
+        to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep | FreeSeqs](1)
+        alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
+        to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
+        worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
+        router = Router()
+        self.allocator = AllocatorActor(cache, alloc_in, alloc_out)
+        worker = ModelWorkerActor(runner, worker_in, worker_out)
+        self.scheduler = SchedulerActor(core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
+                                        from_allocator=from_alloc, to_worker=to_worker,
+                                        from_worker=from_worker, to_tokeniser=to_tok.clone())
+        tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
+                                   inbox=tok_in, to_scheduler=to_sched.clone())
+        self._register_gauges()
+        async with anyio.create_task_group() as tg:
+            for actor in (self.allocator, worker, self.scheduler, tokeniser):
+                await tg.start(actor.run)
+            scheduler = self.scheduler
+            self.gateway.pipeline = Pipeline(
+                router=router, to_tokeniser=to_tok, to_scheduler=to_sched, tokenizer=loaded.tokenizer,
+                template=loaded.chat_template, max_model_len=max_model_len,
+                load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
+            log.info("ready", model=loaded.path, num_blocks=num_blocks, block_size=cfg.block_size,
+                     max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
+            task_status.started()
+            self.is_started.set()
+            await self._stop.wait()
+            await self._drain()
+            self.gateway.pipeline = None
+            log.info("stopped", inflight=self.gateway.num_inflight)
+            tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+
+    async def _drain(self) -> None:
+        with anyio.move_on_after(self.config.drain_timeout) as scope:
+            await self.gateway.wait_idle()
+        if scope.cancelled_caught:
+            log.warning("drain_timeout", inflight=self.gateway.num_inflight)
+
+    def _register_gauges(self) -> None:
+        m = self.metrics
+
+        def refresh() -> None:
+            if self.scheduler is not None and self.allocator is not None:
+                stats, cache = self.scheduler.statistics(), self.allocator.statistics()
+                m.num_requests_running.set(stats.num_running)
+                m.num_requests_waiting.set(stats.num_waiting)
+                used = cache.num_total_blocks - cache.num_free_blocks
+                m.kv_cache_usage_perc.set(used / cache.num_total_blocks if cache.num_total_blocks else 0.0)
+                m.prefix_cache_hit_rate.set(cache.prefix_hit_rate)
+
+        m.on_scrape(refresh)
+
+
+def _progress(message: str) -> None:
+    log.info("model", message=message)
+
+
+def hypercorn_config(bind: str | None = None, fd: int | None = None) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"fd://{fd}"] if fd is not None else [bind or "127.0.0.1:8080"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 75
+    config.graceful_timeout = 5
+    return config
+
+
+async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signals: bool = True) -> None:
+    """Serve HTTP and run the actors until drained. Raises if an actor crashes."""
+    http_stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        if handle_signals:
+            tg.start_soon(_watch_signals, daemon)
+
+        async def http() -> None:
+            await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)  # type: ignore[arg-type]
+
+        tg.start_soon(http)
+        try:
+            await daemon.run_actors()
+        finally:
+            http_stop.set()
+        tg.cancel_scope.cancel()
+
+
+async def _watch_signals(daemon: Daemon) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal", signal=signal.Signals(signum).name)
+            daemon.request_drain()
+
+
+@asynccontextmanager
+async def running_daemon(daemon: Daemon) -> AsyncIterator[str]:
+    """For tests and embedding: serve on a free loopback port; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.set_inheritable(True)
+    config = hypercorn_config(fd=sock.detach())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: serve_daemon(daemon, config, handle_signals=False))
+        await daemon.is_started.wait()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            daemon.request_drain()

@@ -1,0 +1,117 @@
+"""The tokeniser actor: prompts to token ids, sampled ids back to text, stop strings.
+
+Prompt text, token ids or chat messages become ids under the model's chat template. Sampled ids
+become text incrementally (never half a UTF-8 character, never the start of a stop string); a
+stop string ends the request here and tells the scheduler to drop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from actors.metrics import Metrics
+from actors.router import Router
+from forge.chat import ChatTemplate
+from forge.detokenizer import IncrementalDetokenizer
+from forge.errors import RequestError
+from forge.messages import (Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokenLogprobInfo,
+                            TokensEmitted)
+from forge.tokenizer import Tokenizer
+
+log = structlog.get_logger("forge.tokeniser")
+
+TokeniserInbox = Submit | Accepted | Rejected | TokensEmitted
+
+
+@dataclass(slots=True)
+class _Stream:
+    detok: IncrementalDetokenizer
+    num_prompt_tokens: int
+    num_tokens: int = 0
+
+
+class TokeniserActor:
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: Metrics, *,
+                 inbox: MemoryObjectReceiveStream[TokeniserInbox],
+                 to_scheduler: MemoryObjectSendStream[Tokenised | Abort]) -> None:
+        self._tok = tokenizer
+        self._template = template
+        self._router = router
+        self._metrics = metrics
+        self._inbox = inbox
+        self._to_scheduler = to_scheduler
+        self._streams: dict[str, _Stream] = {}
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._to_scheduler:
+            task_status.started()
+            async for msg in self._inbox:
+                match msg:
+                    case Submit():
+                        await self._submit(msg)
+                    case Accepted():
+                        self._router.deliver(msg)
+                    case Rejected():
+                        self._streams.pop(msg.request_id, None)
+                        self._router.deliver(msg)
+                    case TokensEmitted():
+                        await self._emitted(msg)
+
+    def encode(self, msg: Submit) -> list[int]:
+        """The prompt's token ids. Raises RequestError for a prompt that cannot be encoded."""
+        if msg.token_ids is not None:
+            return list(msg.token_ids)
+        if msg.messages is not None:
+            text = self._template.render(list(msg.messages), add_generation_prompt=True)
+            return self._tok.encode(text, add_special_tokens=False)
+        return self._tok.encode(msg.text or "", add_special_tokens=msg.add_special_tokens)
+
+    async def _submit(self, msg: Submit) -> None:
+        try:
+            ids = self.encode(msg)
+        except RequestError as exc:
+            self._router.deliver(Rejected(request_id=msg.request_id, status=exc.status, message=exc.message,
+                                          error_type=exc.type, param=exc.param, code=exc.code))
+            return
+        p = msg.params
+        detok = IncrementalDetokenizer(self._tok, stop=p.stop, skip_special_tokens=p.skip_special_tokens,
+                                       prompt_ids=ids)
+        self._streams[msg.request_id] = _Stream(detok, len(ids))
+        await self._to_scheduler.send(Tokenised(request_id=msg.request_id, prompt_ids=tuple(ids), params=p))
+
+    async def _emitted(self, msg: TokensEmitted) -> None:
+        stream = self._streams.get(msg.request_id)
+        if stream is None:                       # ended here already (stop string) or rejected
+            return
+        if msg.finish_reason == "abort":
+            del self._streams[msg.request_id]
+            return
+        text = stream.detok.push(msg.token_ids)
+        stream.num_tokens += len(msg.token_ids)
+        reason = msg.finish_reason
+        if stream.detok.stopped:
+            reason = "stop"
+            await self._to_scheduler.send(Abort(request_id=msg.request_id))
+        elif reason is not None:
+            text += stream.detok.flush()
+        if reason is not None:
+            del self._streams[msg.request_id]
+            self._metrics.request_success.labels(finished_reason=reason).inc()
+        self._router.deliver(TextDelta(
+            request_id=msg.request_id, text=text, num_tokens=len(msg.token_ids),
+            logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in msg.logprobs),
+            finish_reason=reason, num_prompt_tokens=stream.num_prompt_tokens,
+            num_completion_tokens=stream.num_tokens, num_cached_tokens=msg.num_cached_tokens))
+
+    def _logprob_info(self, token_id: int, logprob: float | None,
+                      top: tuple[tuple[int, float], ...]) -> TokenLogprobInfo:
+        tok = self._tok
+        return TokenLogprobInfo(
+            token_id=token_id, text=tok.token_str(token_id), token_bytes=tok.token_bytes(token_id),
+            logprob=logprob if logprob is not None else 0.0,
+            top=tuple((tok.token_str(i), tok.token_bytes(i), lp) for i, lp in top))

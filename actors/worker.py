@@ -1,0 +1,34 @@
+"""The model worker actor: holds the weights and K/V arrays; runs each step off the event loop.
+
+The forward runs in a worker thread, so health checks, streams and new requests stay
+responsive while numpy works. One step at a time: the runner is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from forge.messages import StepBatch, StepOutput
+from forge.runner import ModelRunner
+
+
+class ModelWorkerActor:
+    def __init__(self, runner: ModelRunner, inbox: MemoryObjectReceiveStream[StepBatch],
+                 outbox: MemoryObjectSendStream[StepOutput]) -> None:
+        self._runner = runner
+        self._inbox = inbox
+        self._outbox = outbox
+        self._limiter = anyio.CapacityLimiter(1)
+        self.num_steps = 0
+        self.busy_s = 0.0
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._outbox:
+            task_status.started()
+            async for batch in self._inbox:
+                out = await anyio.to_thread.run_sync(self._runner.execute, batch, limiter=self._limiter)
+                self.num_steps += 1
+                self.busy_s += out.elapsed_s
+                await self._outbox.send(out)

@@ -139,6 +139,7 @@ def test_filters_match_a_brute_force_reference(vocab_size: int, scale: float) ->
         dict(top_k=5), dict(top_k=50), dict(top_k=3000), dict(top_p=0.5), dict(top_p=0.9), dict(top_p=0.99),
         dict(min_p=0.05), dict(min_p=0.001), dict(top_k=40, top_p=0.8), dict(top_p=0.9, min_p=0.1),
         dict(top_k=100, top_p=0.95, min_p=0.01), dict(top_k=vocab_size + 5), dict(top_k=-1, top_p=0.7),
+        dict(top_p=1.0 - 1e-4), dict(min_p=1.0),
     ]
     params = [SamplingParams(temperature=t, **c) for c in combos for t in (0.6, 1.3)]
     logits = random_logits(vocab_size, len(params), vocab_size, scale)
@@ -147,6 +148,16 @@ def test_filters_match_a_brute_force_reference(vocab_size: int, scale: float) ->
         want = reference_probs(row, p)
         np.testing.assert_array_equal(got > 0, want > 0, err_msg=str(p))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9, err_msg=str(p))
+
+
+def test_probabilities_of_a_mixed_batch() -> None:
+    logits = random_logits(6, 3, 100, scale=1.0)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0), SamplingParams(top_k=2, seed=1)]
+    probs = Sampler().probabilities(logits, make_batch(params))
+    assert probs[0].tolist() == np.eye(100)[logits[0].argmax()].tolist()
+    np.testing.assert_allclose(probs[1], softmax(logits[1]), rtol=1e-5)
+    assert np.count_nonzero(probs[2]) == 2
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
 
 
 # ---- the draw ----------------------------------------------------------------------------------
@@ -180,6 +191,25 @@ def _run_steps(steps: list[np.ndarray], mine: SamplingParams, others: list[Sampl
                 c.add(int(out.token_ids[i]))
         tokens.append(int(out.token_ids[position]))
     return tokens
+
+
+class FixedUniform:
+    """Stands in for a generator: always the same uniform."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize(("u", "want"), [(0.0, 5), (np.nextafter(1.0, 0.0), 590), (1.0, 590)])
+def test_the_draw_never_lands_on_a_dropped_token(u: float, want: int) -> None:
+    logits = np.full((1, 600), -1.0, np.float32)                       # 600: a padded last block
+    logits[0, [5, 300, 590]] = 5.0
+    for params in (SamplingParams(top_k=3), SamplingParams(min_p=0.5), SamplingParams(top_p=0.99, temperature=0.1)):
+        batch = make_batch([params], generators=[FixedUniform(u)])  # type: ignore[list-item]
+        assert Sampler().sample(logits, batch).token_ids.tolist() == [want], params
 
 
 def test_unseeded_rows_vary() -> None:
@@ -388,6 +418,9 @@ def test_non_finite_logits_are_an_engine_error() -> None:
 def test_mismatched_batch_is_an_engine_error() -> None:
     with pytest.raises(EngineError):
         Sampler().sample(np.zeros((2, 10), np.float32), make_batch([SamplingParams()]))
+    batch = make_batch([SamplingParams()] * 2, num_output_tokens=[0])
+    with pytest.raises(EngineError):
+        Sampler().sample(np.zeros((2, 10), np.float32), batch)
 
 
 # ---- speed (printed, never asserted) -----------------------------------------------------------

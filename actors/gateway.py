@@ -98,6 +98,10 @@ class Gateway:
         self._idle = anyio.Event()
         self._idle.set()
         self._counter = 0
+        # Admitted but not yet queued by the scheduler (the scheduler takes new requests only
+        # between steps): counted against the waiting bounds, or a burst would pass them all.
+        self._num_admitting = 0
+        self._num_admitting_tokens = 0
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -156,15 +160,22 @@ class Gateway:
 
     async def _body(self, request: Request) -> bytes:
         limit = self.config.max_body_size
+        too_large = HttpError(413, f"request body over {limit} bytes", code="body_too_large")
+        # Up to max_drain bytes are read and dropped before the 413: closing a connection with
+        # unread data resets it, and the client would see a reset instead of the 413.
+        max_drain = 4 * limit
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HttpError(413, f"request body over {limit} bytes", code="body_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > max_drain:
+            raise too_large
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"request body over {limit} bytes", code="body_too_large")
-            chunks.append(chunk)
+            if size > max_drain:
+                raise too_large
+            if size <= limit:
+                chunks.append(chunk)
+        if size > limit:
+            raise too_large
         return b"".join(chunks)
 
     def _check_model(self, model: str | None) -> None:
@@ -172,10 +183,10 @@ class Gateway:
             raise HttpError(404, f"the model '{model}' does not exist", "invalid_request_error",
                             param="model", code="model_not_found")
 
-    def _admit(self, pipe: Pipeline, num_new: int, num_bytes: int) -> None:
+    def _admit(self, pipe: Pipeline, num_new: int, num_tokens_guess: int) -> None:
         num_waiting, num_tokens = pipe.load_stats()
-        if (num_waiting + num_new > self.config.max_waiting
-                or num_tokens + num_bytes // 4 > self.config.max_queued_tokens):
+        if (num_waiting + self._num_admitting + num_new > self.config.max_waiting
+                or num_tokens + self._num_admitting_tokens + num_tokens_guess > self.config.max_queued_tokens):
             raise HttpError(503, "the server is overloaded; retry later", "server_error", code="overloaded",
                             headers={"Retry-After": str(self.config.retry_after_s)})
 
@@ -233,8 +244,12 @@ class Gateway:
         return [f"{base}-{i}" for i in range(count)]
 
     async def _start(self, request: Request, pipe: Pipeline, base: str,
-                     submits: list[Submit]) -> ResponseGroup:
-        """Open the response's streams, submit its choices, wait for the verdicts."""
+                     submits: list[Submit], num_bytes: int) -> ResponseGroup:
+        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
+        num_tokens_guess = num_bytes // 4
+        self._admit(pipe, len(submits), num_tokens_guess)
+        self._num_admitting += len(submits)
+        self._num_admitting_tokens += num_tokens_guess
         group = pipe.router.open([s.request_id for s in submits])
         try:
             for s in submits:
@@ -243,6 +258,9 @@ class Gateway:
         except BaseException:
             self._abort(pipe, group)
             raise
+        finally:
+            self._num_admitting -= len(submits)
+            self._num_admitting_tokens -= num_tokens_guess
         rejected = next((s for s in statuses if isinstance(s, Rejected)), None)
         if rejected is not None:
             self._abort(pipe, group)
@@ -253,7 +271,10 @@ class Gateway:
     def _abort(self, pipe: Pipeline, group: ResponseGroup) -> None:
         pipe.router.close(group)
         for i in sorted(group.unfinished):
-            pipe.to_scheduler.send_nowait(Abort(request_id=group.request_ids[i]))
+            try:
+                pipe.to_scheduler.send_nowait(Abort(request_id=group.request_ids[i]))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return                        # the daemon stopped (drain timed out): nothing to free
 
     def _enter(self) -> None:
         self.num_inflight += 1
@@ -339,10 +360,9 @@ class Gateway:
         req = self._decode(api.decode_generate, body)
         params = self._decode(lambda _: api.to_sampling_params(req, default_max_tokens=32), body)
         params = msgspec.structs.replace(params, temperature=0.0)
-        self._admit(pipe, 1, len(body))
         base = api.new_request_id("cmpl")
         group = await self._start(request, pipe, base, [Submit(request_id=f"{base}-0", params=params,
-                                                               text=req.prompt)])
+                                                               text=req.prompt)], len(body))
         return await self._finish_plain(request, pipe, group, arrival, lambda c: {
             "text": c[0].text, "prompt_tokens": c[0].num_prompt_tokens,
             "completion_tokens": c[0].num_completion_tokens})
@@ -363,7 +383,6 @@ class Gateway:
         params = self._decode(lambda _: api.to_sampling_params(req, default_max_tokens=16), body)
         prompts = api.completion_prompts(req)
         n = req.n
-        self._admit(pipe, len(prompts) * n, len(body))
         base = api.new_request_id("cmpl")
         submits = []
         for i, prompt in enumerate(prompts):
@@ -374,7 +393,7 @@ class Gateway:
                     submits.append(Submit(request_id=rid, params=p, text=prompt))
                 else:
                     submits.append(Submit(request_id=rid, params=p, token_ids=tuple(prompt)))
-        group = await self._start(request, pipe, base, submits)
+        group = await self._start(request, pipe, base, submits, len(body))
         header = ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
                                 include_usage=req.include_usage)
         echoes = [self._echo_text(pipe, prompts[k // n]) if req.echo else "" for k in range(len(submits))]
@@ -397,6 +416,7 @@ class Gateway:
             return await self._finish_plain(request, pipe, group, arrival, build)
 
         async def frames(choices: list[_Choice]) -> AsyncIterator[bytes]:
+            offsets = [len(echo) for echo in echoes]     # where each choice's next token starts
             for k, echo in enumerate(echoes):
                 if echo:
                     yield api.sse_frame(api.completion_chunk(header, index=k, text=echo))
@@ -405,12 +425,17 @@ class Gateway:
                     yield api.SSE_PING
                     continue
                 k, delta, choice = item
-                if not delta.text and delta.finish_reason is None:
+                # Text held back (half a character, a possible stop string) still sends its logprobs.
+                if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.logprobs):
                     continue
                 lp = None
                 if want_logprobs:
-                    lp = api.completion_logprobs(choice.logprobs[-len(delta.logprobs):] if delta.logprobs else [],
-                                                 [])
+                    entries = choice.logprobs[-len(delta.logprobs):] if delta.logprobs else []
+                    starts = []
+                    for entry in entries:
+                        starts.append(offsets[k])
+                        offsets[k] += len(entry.text)
+                    lp = api.completion_logprobs(entries, starts)
                 yield api.sse_frame(api.completion_chunk(header, index=k, text=delta.text,
                                                          finish_reason=choice.finish_reason, logprobs=lp))
             if req.include_usage:
@@ -425,11 +450,10 @@ class Gateway:
         params = self._decode(lambda _: api.to_sampling_params(req, default_max_tokens=max_default), body)
         messages = tuple(api.chat_template_messages(req.messages))
         n = req.n
-        self._admit(pipe, n, len(body))
         base = api.new_request_id("chatcmpl")
         submits = [Submit(request_id=f"{base}-{j}", params=self._params_for(params, j), messages=messages)
                    for j in range(n)]
-        group = await self._start(request, pipe, base, submits)
+        group = await self._start(request, pipe, base, submits, len(body))
         header = ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
                                 include_usage=req.include_usage)
         want_logprobs = params.logprobs is not None

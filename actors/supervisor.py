@@ -105,23 +105,24 @@ class Daemon:
         tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
                                    inbox=tok_in, to_scheduler=to_sched.clone())
         self._register_gauges()
-        async with anyio.create_task_group() as tg:
-            for actor in (self.allocator, worker, self.scheduler, tokeniser):
-                await tg.start(actor.run)
-            scheduler = self.scheduler
-            self.gateway.pipeline = Pipeline(
-                router=router, to_tokeniser=to_tok, to_scheduler=to_sched, tokenizer=loaded.tokenizer,
-                template=loaded.chat_template, max_model_len=max_model_len,
-                load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
-            log.info("ready", model=loaded.path, num_blocks=num_blocks, block_size=cfg.block_size,
-                     max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
-            task_status.started()
-            self.is_started.set()
-            await self._stop.wait()
-            await self._drain()
-            self.gateway.pipeline = None
-            log.info("stopped", inflight=self.gateway.num_inflight)
-            tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+        with to_tok, to_sched:                  # the gateway's ends: closed when the daemon stops
+            async with anyio.create_task_group() as tg:
+                for actor in (self.allocator, worker, self.scheduler, tokeniser):
+                    await tg.start(actor.run)
+                scheduler = self.scheduler
+                self.gateway.pipeline = Pipeline(
+                    router=router, to_tokeniser=to_tok, to_scheduler=to_sched, tokenizer=loaded.tokenizer,
+                    template=loaded.chat_template, max_model_len=max_model_len,
+                    load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
+                log.info("ready", model=loaded.path, num_blocks=num_blocks, block_size=cfg.block_size,
+                         max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
+                task_status.started()
+                self.is_started.set()
+                await self._stop.wait()
+                await self._drain()
+                self.gateway.pipeline = None
+                log.info("stopped", inflight=self.gateway.num_inflight)
+                tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.drain_timeout) as scope:
@@ -162,18 +163,20 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
     """Serve HTTP and run the actors until drained. Raises if an actor crashes."""
     http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        if handle_signals:
-            tg.start_soon(_watch_signals, daemon)
-
         async def http() -> None:
             await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)  # type: ignore[arg-type]
 
         tg.start_soon(http)
-        try:
-            await daemon.run_actors()
-        finally:
-            http_stop.set()
-        tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as signals:
+            if handle_signals:
+                signals.start_soon(_watch_signals, daemon)
+            try:
+                await daemon.run_actors()
+            finally:
+                http_stop.set()
+            signals.cancel_scope.cancel()
+        # hypercorn now closes its connections on its own (graceful_timeout); cancelling it
+        # in the middle of that breaks its shutdown with an InvalidStateError.
 
 
 async def _watch_signals(daemon: Daemon) -> None:
@@ -188,6 +191,7 @@ async def running_daemon(daemon: Daemon) -> AsyncIterator[str]:
     """For tests and embedding: serve on a free loopback port; yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen()                    # connections queue from now on, even before hypercorn runs
     port = sock.getsockname()[1]
     sock.set_inheritable(True)
     config = hypercorn_config(fd=sock.detach())

@@ -18,7 +18,7 @@ from actors.metrics import Metrics
 from actors.router import Router
 from forge.chat import ChatTemplate
 from forge.detokenizer import IncrementalDetokenizer
-from forge.errors import RequestError
+from forge.errors import InvalidRequest, RequestError
 from forge.messages import (Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokenLogprobInfo,
                             TokensEmitted)
 from forge.tokenizer import Tokenizer
@@ -65,6 +65,9 @@ class TokeniserActor:
     def encode(self, msg: Submit) -> list[int]:
         """The prompt's token ids. Raises RequestError for a prompt that cannot be encoded."""
         if msg.token_ids is not None:
+            vocab = self._tok.vocab_size
+            if any(t < 0 or t >= vocab for t in msg.token_ids):
+                raise InvalidRequest(f"token ids must lie in [0, {vocab})", param="prompt")
             return list(msg.token_ids)
         if msg.messages is not None:
             text = self._template.render(list(msg.messages), add_generation_prompt=True)

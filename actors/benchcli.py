@@ -1,0 +1,275 @@
+"""`forge bench serve` and `forge bench compare`: serving benchmarks over HTTP.
+
+serve: drive any OpenAI-compatible server at closed-loop concurrency levels (and optionally an
+open-loop Poisson rate) and print or save the figures.
+compare: start forge and llama.cpp's llama-server on the same GGUF with equivalent settings, one at
+a time (A B A B, never both at once: each needs the whole machine), run the same workload against
+each, and write a table of forge / llama-server ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from actors import loadgen
+
+LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-repack", "--no-webui"]
+
+
+def _levels(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _tokenizer(model: str | None) -> Any:
+    from forge.hub import resolve_model
+    from forge.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(resolve_model(model, lambda m: print(f"forge: {m}", file=sys.stderr)))
+
+
+def _requests_for(concurrency: int, args: argparse.Namespace) -> int:
+    return max(args.min_requests, args.requests_per_stream * concurrency)
+
+
+async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: argparse.Namespace,
+                      model: str | None) -> list[dict[str, Any]]:
+    records = []
+    for c in _levels(args.concurrency):
+        results, wall = await loadgen.run_closed_loop(base, workload, c, _requests_for(c, args), model=model,
+                                                      progress=not args.quiet)
+        records.append(loadgen.level_record(server, c, results, wall, args.ttft_slo, args.tpot_slo))
+    if args.rate:
+        n = args.rate_requests
+        results, wall = await loadgen.run_open_loop(base, workload, args.rate, n, seed=args.seed, model=model,
+                                                    progress=not args.quiet)
+        rec = loadgen.level_record(server, 0, results, wall, args.ttft_slo, args.tpot_slo)
+        rec["rate"] = args.rate
+        records.append(rec)
+    return records
+
+
+def _table(records: list[dict[str, Any]]) -> str:
+    head = ("| server | streams | output tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | ITL p99 "
+            "| e2e p50 | errors |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [f"| {r['server']} | {r['concurrency'] or 'rate ' + str(r.get('rate'))} | {r['output_tok_s']} "
+            f"| {r['req_s']} | {r['ttft_p50']} | {r['ttft_p99']} | {r['tpot_p50']} | {r['itl_p99']} "
+            f"| {r['e2e_p50']} | {r['errors']} |" for r in records]
+    return "\n".join([head, *rows])
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    workload = loadgen.build_workload(_tokenizer(args.tokenizer_model), num_requests=args.workload_size,
+                                      max_tokens=args.max_tokens, seed=args.seed)
+    records = anyio.run(_run_levels, args.base.rstrip("/"), args.label, workload, args, args.model)
+    print(json.dumps(records, indent=1) if args.json else _table(records))
+    if args.output:
+        Path(args.output).write_text(json.dumps(records, indent=1))
+    if args.plot:
+        loadgen.plot(records, args.plot)
+    return 0
+
+
+# ---- compare -------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("server did not become healthy")
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _find_llama_server(given: str | None) -> str:
+    if given:
+        return given
+    found = shutil.which("llama-server")
+    if found:
+        return found
+    raise SystemExit("forge: llama-server not found; pass --llama-server PATH (see docs/benchmarks.md)")
+
+
+def _start(server: str, args: argparse.Namespace, model_path: str, max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = dict(os.environ)
+    if server == "forge":
+        cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", model_path,
+               "--max-num-seqs", str(max(max_streams, 1)), "--blas-threads", "2", "--log-level", "warning",
+               *args.forge_args.split()]
+        health = "/healthz"
+    else:
+        ctx = args.context_per_stream * max_streams
+        cmd = [_find_llama_server(args.llama_server), "-m", model_path, "--host", "127.0.0.1", "--port", str(port),
+               "-c", str(ctx), "-np", str(max(max_streams, 1)), *LLAMA_FLAGS, *args.llama_args.split()]
+        health = "/health"
+    base = f"http://127.0.0.1:{port}"
+    log = open(Path(args.logs) / f"{server}-{port}.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_healthy(base + health, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, base
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from forge.hub import resolve_model
+
+    model_path = str(resolve_model(args.model, lambda m: print(f"forge: {m}", file=sys.stderr)))
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    workload = loadgen.build_workload(_tokenizer(model_path), num_requests=args.workload_size,
+                                      max_tokens=args.max_tokens, seed=args.seed)
+    max_streams = max(_levels(args.concurrency))
+    records: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        for server in ("forge", "llama-server"):
+            print(f"round {rnd + 1}: {server}", file=sys.stderr)
+            proc, base = _start(server, args, model_path, max_streams)
+            try:
+                for rec in anyio.run(_run_levels, base, server, workload, args, None):
+                    rec["round"] = rnd + 1
+                    records.append(rec)
+                rss = _peak_rss_mib(proc.pid)
+                for rec in records:
+                    if rec["server"] == server and rec["round"] == rnd + 1:
+                        rec["peak_rss_mib"] = rss
+            finally:
+                _stop(proc)
+    report = compare_report(records, args)
+    print(report)
+    Path(args.output).write_text(json.dumps(records, indent=1))
+    if args.plot:
+        loadgen.plot(records, args.plot)
+    if args.write:
+        _write_section(Path(args.write), report)
+    return 0
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
+
+def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = ["| streams | metric | forge | llama-server | forge / llama-server |", "|---|---|---|---|---|"]
+    metrics = [("output_tok_s", "output tok/s"), ("ttft_p50", "TTFT p50 s"), ("tpot_p50", "TPOT p50 s"),
+               ("e2e_p50", "e2e p50 s"), ("errors", "errors"), ("peak_rss_mib", "peak RSS MiB")]
+    for c in _levels(args.concurrency):
+        for key, label in metrics:
+            f = _median([r.get(key) for r in records if r["server"] == "forge" and r["concurrency"] == c])
+            l = _median([r.get(key) for r in records if r["server"] == "llama-server" and r["concurrency"] == c])
+            ratio = f"{f / l:.2f}" if f is not None and l else "n/a"
+            lines.append(f"| {c} | {label} | {f} | {l} | {ratio} |")
+        grounded = [(r["server"], r["by_kind"].get("grounded", {}).get("output_tok_s")) for r in records
+                    if r["concurrency"] == c]
+        f = _median([v for s, v in grounded if s == "forge"])
+        l = _median([v for s, v in grounded if s == "llama-server"])
+        if f is not None and l:
+            lines.append(f"| {c} | output tok/s, input-grounded prompts | {f} | {l} | {f / l:.2f} |")
+    machine = f"{platform.node() and 'host'}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    return "\n".join([
+        f"Command: `forge bench compare --concurrency {args.concurrency} --rounds {args.rounds} "
+        f"--max-tokens {args.max_tokens}`  ",
+        f"Machine: {machine}; medians over {args.rounds} rounds, servers run one at a time (A B A B).",
+        "", *lines])
+
+
+def _write_section(path: Path, report: str) -> None:
+    begin, end = "<!-- compare:begin -->", "<!-- compare:end -->"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{report}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n## forge vs llama-server\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge bench", description="serving benchmarks over HTTP")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--concurrency", default="1,4,16,32,64", help="closed-loop stream counts")
+    common.add_argument("--requests-per-stream", type=int, default=2)
+    common.add_argument("--min-requests", type=int, default=8)
+    common.add_argument("--workload-size", type=int, default=96, help="distinct prompts in the workload")
+    common.add_argument("--max-tokens", type=int, default=128)
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--rate", type=float, default=None, help="also run an open-loop Poisson rate (req/s)")
+    common.add_argument("--rate-requests", type=int, default=32)
+    common.add_argument("--ttft-slo", type=float, default=10.0, help="goodput: TTFT target in seconds")
+    common.add_argument("--tpot-slo", type=float, default=0.5, help="goodput: TPOT target in seconds")
+    common.add_argument("--plot", default=None, help="write a PNG of throughput and latency")
+    common.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    serve = sub.add_parser("serve", parents=[common], help="benchmark a running server")
+    serve.add_argument("--base", required=True, help="server URL, e.g. http://127.0.0.1:8080")
+    serve.add_argument("--model", default=None, help="model name to send")
+    serve.add_argument("--label", default="server")
+    serve.add_argument("--tokenizer-model", default=None, help="GGUF whose tokenizer sizes the prompts")
+    serve.add_argument("--json", action="store_true")
+    serve.add_argument("--output", default=None, help="also save the records as JSON")
+    serve.set_defaults(func=cmd_serve)
+
+    cmp = sub.add_parser("compare", parents=[common], help="forge vs llama-server, same GGUF, same workload")
+    cmp.add_argument("--model", default=None, help="GGUF file (default: the default model)")
+    cmp.add_argument("--llama-server", default=None, help="path of the llama-server binary")
+    cmp.add_argument("--rounds", type=int, default=2)
+    cmp.add_argument("--context-per-stream", type=int, default=1536)
+    cmp.add_argument("--forge-args", default="", help="extra flags for forge serve")
+    cmp.add_argument("--llama-args", default="", help="extra flags for llama-server")
+    cmp.add_argument("--logs", default=".bench", help="server logs go here")
+    cmp.add_argument("--output", default=".bench/compare.json")
+    cmp.add_argument("--write", default=None, help="replace the comparison section of this markdown file")
+    cmp.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

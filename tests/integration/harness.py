@@ -1,0 +1,120 @@
+"""Helpers for the integration tests: small daemon configs, polling, SSE parsing, free ports.
+
+Every wait here polls without a deadline of its own; each test bounds its whole body with
+anyio.fail_after, which is a hang guard and never a timed assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import httpx
+
+from actors.supervisor import Daemon
+from forge.config import EngineConfig
+
+MODEL_PATH = Path(os.environ.get("FORGE_TEST_MODEL",
+                                 "/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+SERVED_MODEL = "forge-test"
+HANG_GUARD_S = 120.0                 # bounds a test body; generous for 2 shared, busy cores
+PROMPT = "The capital of France is"
+
+MakeDaemon = Callable[..., Daemon]         # the make_daemon fixture
+
+
+def engine_config(**overrides: Any) -> EngineConfig:
+    """A small engine: 256 MiB of K/V, 1024-token context, one BLAS thread."""
+    fields: dict[str, Any] = dict(kv_cache_memory=256 * 2**20, max_model_len=1024, max_num_seqs=8,
+                                  max_num_batched_tokens=256, blas_threads=1)
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def long_prompt(num_words: int) -> str:
+    """A prompt of about 2 * num_words tokens (" apple" and a digit per word)."""
+    return "Count with me:" + "".join(f" apple{i % 10}" for i in range(num_words))
+
+
+async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:
+    while not predicate():
+        await anyio.sleep(interval)
+
+
+def is_idle(daemon: Daemon) -> bool:
+    """Every block back in the free pool and nothing running or waiting."""
+    assert daemon.cache is not None and daemon.scheduler is not None
+    stats = daemon.scheduler.statistics()
+    return (daemon.cache.free_blocks() == daemon.cache.total_blocks()
+            and stats.num_running == 0 and stats.num_waiting == 0)
+
+
+def sample(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> float:
+    value = daemon.metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def generated_tokens(daemon: Daemon) -> float:
+    return sample(daemon, "forge:generation_tokens_total")
+
+
+async def wait_idle(daemon: Daemon, *, max_generated: float | None = None) -> None:
+    """Poll until the daemon is idle. With max_generated, fail as soon as the engine has generated
+    more tokens than that in total: an abort that never lands shows up as runaway generation."""
+    while not is_idle(daemon):
+        if max_generated is not None:
+            assert generated_tokens(daemon) <= max_generated, "the aborted request kept generating"
+        await anyio.sleep(0.01)
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    """The events of an SSE body, without their terminating blank line. Asserts the framing."""
+    assert raw.endswith(b"\n\n"), raw[-80:]
+    events = raw[:-2].split(b"\n\n")
+    assert all(events), "empty event"
+    return events
+
+
+def data_payloads(raw: bytes) -> list[Any]:
+    """The JSON payloads of every `data:` event (comments skipped); the last must be [DONE]."""
+    events = [e for e in sse_events(raw) if not e.startswith(b":")]
+    assert events and events[-1] == b"data: [DONE]", events[-3:]
+    out = []
+    for event in events[:-1]:
+        assert event.startswith(b"data: ") and b"\n" not in event, event
+        out.append(json.loads(event[len(b"data: "):]))
+    return out
+
+
+def completion_text(payloads: list[Any], index: int = 0) -> str:
+    return "".join(c["text"] for p in payloads for c in p["choices"] if c["index"] == index)
+
+
+def assert_error(resp: httpx.Response, status: int, *, param: str | None = None,
+                 code: str | None = None, type: str | None = None) -> dict[str, Any]:
+    """The response is an OpenAI error envelope with this status (and param/code/type when given)."""
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["type"], str) and err["type"]
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    if type is not None:
+        assert err["type"] == type, err
+    return err  # type: ignore[no-any-return]

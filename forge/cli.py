@@ -1,4 +1,4 @@
-"""The `forge` command: pull, generate, serve and bench.
+"""The core's command line: pull, generate and the offline bench (the daemon adds `serve`).
 
 Only the completion text goes to stdout; progress and logs go to stderr. A user error (a missing
 model, a bad flag value) is one line on stderr and exit status 2, never a traceback.
@@ -10,11 +10,12 @@ import argparse
 import json
 import os
 import sys
+from typing import Any, Callable
 
 from forge.errors import ForgeError
 
 
-def _env(name: str, default: str | None) -> str | None:
+def env(name: str, default: str | None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 
@@ -23,7 +24,7 @@ def _progress(message: str) -> None:
     print(f"forge: {message}", file=sys.stderr, flush=True)
 
 
-def _engine_config(args: argparse.Namespace) -> object:
+def engine_config(args: argparse.Namespace) -> object:
     from forge.config import EngineConfig, parse_size
 
     try:
@@ -36,27 +37,27 @@ def _engine_config(args: argparse.Namespace) -> object:
         raise SystemExit(f"forge: {exc}") from None
 
 
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=_env("FORGE_MODEL", None),
+    g.add_argument("--model", default=env("FORGE_MODEL", None),
                    help="GGUF model file [FORGE_MODEL; default: SmolLM2-135M-Instruct, fetched on first use]")
-    g.add_argument("--max-num-seqs", type=int, default=int(_env("FORGE_MAX_NUM_SEQS", "64")),
+    g.add_argument("--max-num-seqs", type=int, default=int(env("FORGE_MAX_NUM_SEQS", "64")),
                    help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
     g.add_argument("--max-num-batched-tokens", type=int,
-                   default=int(_env("FORGE_MAX_NUM_BATCHED_TOKENS", "512")),
+                   default=int(env("FORGE_MAX_NUM_BATCHED_TOKENS", "512")),
                    help="token budget of one step; long prompts are prefilled in chunks of at most this "
                         "[FORGE_MAX_NUM_BATCHED_TOKENS; 512]")
-    g.add_argument("--kv-cache-memory", default=_env("FORGE_KV_CACHE_MEMORY", "2GiB"),
+    g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
                    help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
-    g.add_argument("--max-model-len", type=int, default=_int_or_none(_env("FORGE_MAX_MODEL_LEN", None)),
+    g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),
                    help="longest sequence (prompt + completion) [FORGE_MAX_MODEL_LEN; the model's context]")
-    g.add_argument("--block-size", type=int, default=int(_env("FORGE_BLOCK_SIZE", "16")),
+    g.add_argument("--block-size", type=int, default=int(env("FORGE_BLOCK_SIZE", "16")),
                    help="tokens per KV block [FORGE_BLOCK_SIZE; 16]")
     g.add_argument("--no-prefix-caching", action="store_true",
-                   default=_env("FORGE_PREFIX_CACHING", "1") == "0",
+                   default=env("FORGE_PREFIX_CACHING", "1") == "0",
                    help="do not reuse cached prompt prefixes [FORGE_PREFIX_CACHING=0]")
     g.add_argument("--blas-threads", type=int,
-                   default=_int_or_none(_env("FORGE_BLAS_THREADS", str(os.cpu_count() or 1))),
+                   default=_int_or_none(env("FORGE_BLAS_THREADS", str(os.cpu_count() or 1))),
                    help="BLAS threads for the forward [FORGE_BLAS_THREADS; the number of cores]")
 
 
@@ -75,7 +76,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from forge.llm import LLM
     from forge.sampling import SamplingParams
 
-    llm = LLM(args.model, _engine_config(args), progress=_progress)
+    llm = LLM(args.model, engine_config(args), progress=_progress)
     prompt = args.prompt
     if args.chat:
         prompt = llm.chat_prompt([{"role": "user", "content": prompt}])
@@ -86,33 +87,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    return 0
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import anyio
-
-    from actors.gateway import GatewayConfig
-    from actors.logs import configure_logging
-    from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
-    from forge.config import parse_size
-
-    try:
-        configure_logging(args.log_level, args.log_format)
-        body = parse_size(args.max_body_size)
-    except ValueError as exc:
-        raise SystemExit(f"forge: {exc}") from None
-    if args.model is not None and not os.path.isfile(args.model):
-        raise SystemExit(f"forge: model file not found: {args.model}")
-    name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
-                                      else "SmolLM2-135M-Instruct")
-    config = DaemonConfig(
-        engine=_engine_config(args),  # type: ignore[arg-type]
-        gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
-                              max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
-        model=args.model, drain_timeout=args.drain_timeout)
-    daemon = Daemon(config)
-    anyio.run(serve_daemon, daemon, hypercorn_config(args.addr))
     return 0
 
 
@@ -139,12 +113,36 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="forge", description=__doc__.split("\n")[0])
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from forge import bench
+
+    if args.model is None:
+        result = bench.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
+                                 max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
+                                 num_blocks=args.blocks, block_size=args.block_size,
+                                 lookahead=args.lookahead, seed=args.seed)
+        print(json.dumps(result) if args.json else bench.format_toy(result))
+        return 0
+    try:
+        concurrency = [int(n) for n in args.concurrency.split(",")]
+        result = bench.model_bench(
+            None if args.model == "default" else args.model, concurrency=concurrency,
+            prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
+            max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
+            block_size=args.block_size, seed=args.seed, progress=_progress)
+    except ValueError as exc:
+        raise SystemExit(f"forge: {exc}") from None
+    print(json.dumps(result) if args.json else bench.format_model(result))
+    return 0
+
+
+def build_parser(register: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
+    """The command line; `register` adds subcommands that live outside the core (serve)."""
+    parser = argparse.ArgumentParser(prog="forge", description="forge: serve GGUF language models over an OpenAI-compatible HTTP API")
     sub = parser.add_subparsers(dest="command", required=True)
 
     pull = sub.add_parser("pull", help="fetch the default model (or check a model file) and print its path")
-    pull.add_argument("--model", default=_env("FORGE_MODEL", None))
+    pull.add_argument("--model", default=env("FORGE_MODEL", None))
     pull.set_defaults(func=_cmd_pull)
 
     gen = sub.add_parser("generate", help="stream a completion of PROMPT to stdout")
@@ -154,30 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="send PROMPT as one user message of a chat")
-    _add_engine_flags(gen)
+    add_engine_flags(gen)
     gen.set_defaults(func=_cmd_generate, kv_cache_memory="512MiB", max_num_seqs=1)
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    serve.add_argument("--addr", default=_env("FORGE_ADDR", "127.0.0.1:8080"),
-                       help="listen address HOST:PORT [FORGE_ADDR]")
-    serve.add_argument("--api-key", default=_env("FORGE_API_KEY", None),
-                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY]")
-    serve.add_argument("--served-model-name", default=_env("FORGE_SERVED_MODEL_NAME", None),
-                       help="the model id clients send and /v1/models lists [FORGE_SERVED_MODEL_NAME]")
-    serve.add_argument("--log-level", default=_env("FORGE_LOG", "info"), help="[FORGE_LOG]")
-    serve.add_argument("--log-format", choices=["json", "console"], default=_env("FORGE_LOG_FORMAT", None),
-                       help="[FORGE_LOG_FORMAT; console on a terminal, else json]")
-    serve.add_argument("--max-waiting", type=int, default=int(_env("FORGE_MAX_WAITING", "256")),
-                       help="queued requests beyond which new ones get 503 [FORGE_MAX_WAITING]")
-    serve.add_argument("--max-queued-tokens", type=int, default=int(_env("FORGE_MAX_QUEUED_TOKENS", "262144")),
-                       help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS]")
-    serve.add_argument("--max-body-size", default=_env("FORGE_MAX_BODY_SIZE", "1MiB"),
-                       help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE]")
-    serve.add_argument("--drain-timeout", type=float, default=float(_env("FORGE_DRAIN_TIMEOUT", "30")),
-                       help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT]")
-    _add_engine_flags(serve)
-    serve.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="offline benchmark: the toy engine, or a real model with --model")
     bench.add_argument("--model", default=None,
@@ -199,11 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print JSON instead of text")
     bench.set_defaults(func=_cmd_bench)
+    if register is not None:
+        register(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, register: Callable[[Any], None] | None = None) -> int:
+    args = build_parser(register).parse_args(argv)
     try:
         return int(args.func(args))
     except ForgeError as exc:

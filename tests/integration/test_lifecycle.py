@@ -157,7 +157,7 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
         pytest.skip(f"the real model is not at {MODEL_PATH}")
     port = free_port()
     log = tmp_path / "forge.log"
-    command = [sys.executable, "-m", "forge", "serve", "--addr", f"127.0.0.1:{port}", "--model", str(MODEL_PATH),
+    command = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", str(MODEL_PATH),
                "--served-model-name", SERVED_MODEL, "--kv-cache-memory", "256MiB", "--max-model-len", "1024",
                "--blas-threads", "1", "--log-format", "json"]
     body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 48, "ignore_eos": True}

@@ -1,5 +1,5 @@
 import sys
 
-from forge.cli import main
+from actors.cli import main
 
 sys.exit(main())

@@ -1,0 +1,75 @@
+"""The `forge` command as installed: the core's commands plus `serve` and the HTTP benchmarks.
+
+`forge serve` runs the daemon; `forge bench serve|compare` drive servers over HTTP. Everything
+else (pull, generate, the offline bench) is the core's own command line, forge.cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from forge import cli as core_cli
+from forge.cli import add_engine_flags, engine_config, env
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from actors.gateway import GatewayConfig
+    from actors.logs import configure_logging
+    from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
+    from forge.config import parse_size
+
+    try:
+        configure_logging(args.log_level, args.log_format)
+        body = parse_size(args.max_body_size)
+    except ValueError as exc:
+        raise SystemExit(f"forge: {exc}") from None
+    if args.model is not None and not os.path.isfile(args.model):
+        raise SystemExit(f"forge: model file not found: {args.model}")
+    name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
+                                      else "SmolLM2-135M-Instruct")
+    config = DaemonConfig(
+        engine=engine_config(args),  # type: ignore[arg-type]
+        gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
+                              max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
+        model=args.model, drain_timeout=args.drain_timeout)
+    anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
+    return 0
+
+
+def register(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--addr", default=env("FORGE_ADDR", "127.0.0.1:8080"),
+                       help="listen address HOST:PORT [FORGE_ADDR]")
+    serve.add_argument("--api-key", default=env("FORGE_API_KEY", None),
+                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY]")
+    serve.add_argument("--served-model-name", default=env("FORGE_SERVED_MODEL_NAME", None),
+                       help="the model id clients send and /v1/models lists [FORGE_SERVED_MODEL_NAME]")
+    serve.add_argument("--log-level", default=env("FORGE_LOG", "info"), help="[FORGE_LOG]")
+    serve.add_argument("--log-format", choices=["json", "console"], default=env("FORGE_LOG_FORMAT", None),
+                       help="[FORGE_LOG_FORMAT; console on a terminal, else json]")
+    serve.add_argument("--max-waiting", type=int, default=int(env("FORGE_MAX_WAITING", "256") or 256),
+                       help="queued requests beyond which new ones get 503 [FORGE_MAX_WAITING]")
+    serve.add_argument("--max-queued-tokens", type=int,
+                       default=int(env("FORGE_MAX_QUEUED_TOKENS", "262144") or 262144),
+                       help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS]")
+    serve.add_argument("--max-body-size", default=env("FORGE_MAX_BODY_SIZE", "1MiB"),
+                       help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE]")
+    serve.add_argument("--drain-timeout", type=float, default=float(env("FORGE_DRAIN_TIMEOUT", "30") or 30),
+                       help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT]")
+    add_engine_flags(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] in (["bench", "serve"], ["bench", "compare"]):
+        from actors import benchcli
+
+        return benchcli.main(argv[1:])
+    return core_cli.main(argv, register)

@@ -1,8 +1,9 @@
 """Paged attention over the K/V arrays: the KVCache storage and one step's attention plan.
 
 Owns the K/V arrays ([num_layers, num_blocks, block_size, num_kv_heads, head_dim], preallocated
-once) and reading them through block tables. Which blocks a sequence owns is the allocator's
-business; this module trusts the block tables it is given.
+once), reading them through block tables, and the scratch buffers that attention reuses across
+layers and steps. Which blocks a sequence owns is the allocator's business; this module trusts
+the block tables it is given.
 
     decode rows (query length 1): grouped, gathered into [S, L, nkv, hd], one batched matmul
     prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores
@@ -23,9 +24,36 @@ I64 = npt.NDArray[np.int64]
 
 # Upper bound on the floats of one temporary (gathered keys, or one tile of scores): 16 MiB.
 MAX_TEMP_FLOATS = 1 << 22
+# Decode groups gather at most this many floats of keys (and as many of values): 1 MiB each, so a
+# group's gathered keys, values and scores stay in a core's L2 cache between the gather and the
+# two matmuls that read them. Measured at 32-64 sequences: a little faster than 16 MiB groups.
+MAX_DECODE_GATHER_FLOATS = 1 << 18
 # Query rows per prefill tile: small enough that a tile skips the keys that lie after all its
 # queries (about half of a causal prefill), large enough to keep the matmuls efficient.
 MAX_PREFILL_TILE_ROWS = 128
+
+
+class Scratch:
+    """Reusable float32 buffers for attention's temporaries (gathered keys/values, scores), grown
+    on demand and kept across layers and steps, so a step allocates no large arrays."""
+
+    def __init__(self) -> None:
+        self._buffers: list[F32] = [np.empty(0, np.float32) for _ in range(3)]
+
+    def get(self, slot: int, shape: tuple[int, ...]) -> F32:
+        """A C-contiguous [shape] view of buffer `slot` (0: keys, 1: values, 2: scores); its
+        contents are garbage until written, and the next get() of the same slot reuses them."""
+        size = int(np.prod(shape))
+        if self._buffers[slot].size < size:
+            self._buffers[slot] = np.empty(size, np.float32)
+        return self._buffers[slot][:size].reshape(shape)
+
+    def gather(self, slot: int, cache: F32, block_ids: I64) -> F32:
+        """cache[block_ids] copied into buffer `slot`: [*block_ids.shape, *cache.shape[1:]].
+        mode="clip" lets take write straight into `out` (mode="raise" buffers a second copy);
+        the block ids were checked against the cache before the step."""
+        out = self.get(slot, (*block_ids.shape, *cache.shape[1:]))
+        return np.take(cache, block_ids, axis=0, out=out, mode="clip")
 
 
 class KVCache:
@@ -40,6 +68,15 @@ class KVCache:
         self.v: F32 = np.zeros(shape, dtype=np.float32)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.scratch = Scratch()
+        flat = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self._k_slots = self.k.reshape(flat)                     # [layers, slots, nkv, hd] views
+        self._v_slots = self.v.reshape(flat)
+
+    def write(self, layer: int, slot_mapping: I64, k: F32, v: F32) -> None:
+        """Store one layer's new keys and values [T, nkv, hd] at their flat slots."""
+        self._k_slots[layer, slot_mapping] = k
+        self._v_slots[layer, slot_mapping] = v
 
     @staticmethod
     def bytes_per_block(config: LlamaConfig, block_size: int) -> int:
@@ -94,6 +131,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int) ->
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
     kv_width = config.num_kv_heads * config.head_dim
+    group_budget = min(MAX_TEMP_FLOATS, MAX_DECODE_GATHER_FLOATS)
 
     decode_seqs = np.flatnonzero(lengths == 1)
     decode_seqs = decode_seqs[np.argsort(batch.context_lens[decode_seqs], kind="stable")]  # by length
@@ -103,7 +141,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int) ->
         end = begin + 1  # grow while the gathered keys stay under the budget (lengths ascend)
         while end < len(decode_seqs):
             num_keys = int(num_blocks_needed[decode_seqs[end]]) * block_size
-            if (end + 1 - begin) * num_keys * max(kv_width, config.num_heads) > MAX_TEMP_FLOATS:
+            if (end + 1 - begin) * num_keys * max(kv_width, config.num_heads) > group_budget:
                 break
             end += 1
         seqs = decode_seqs[begin:end]
@@ -128,46 +166,62 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int) ->
     return AttentionPlan(groups, prefills)
 
 
-def _softmax_(scores: F32) -> None:
-    """In place over the last axis; every row has at least one finite entry."""
+def _exp_shifted_(scores: F32) -> F32:
+    """In place over the last axis: scores <- exp(scores - row max); returns the row sums
+    [..., 1]. Every row has at least one finite entry. The caller divides the (much smaller)
+    product with the values by these sums instead of normalising every score."""
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores.sum(axis=-1, keepdims=True)
 
 
-def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32) -> F32:
+def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
     already written. Returns [T, nh, hd]."""
+    scratch = scratch if scratch is not None else Scratch()
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = np.empty_like(q)                                                               # [T, nh, hd]
     for g in plan.decode_groups:
         num_seqs = len(g.rows)
-        keys = k_cache[g.block_ids].reshape(num_seqs, -1, num_kv_heads, head_dim)        # [S, L, nkv, hd]
-        values = v_cache[g.block_ids].reshape(num_seqs, -1, num_kv_heads, head_dim)      # [S, L, nkv, hd]
+        keys = scratch.gather(0, k_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)    # [S, L, nkv, hd]
+        values = scratch.gather(1, v_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)  # [S, L, nkv, hd]
         qg = q[g.rows].reshape(num_seqs, num_kv_heads, group, head_dim)                  # [S, nkv, g, hd]
-        scores = np.matmul(qg, keys.transpose(0, 2, 3, 1))                               # [S, nkv, g, L]
+        # transposed views, not copies: numpy hands each [g, hd] x [hd, L] product to BLAS
+        scores = scratch.get(2, (num_seqs, num_kv_heads, group, keys.shape[1]))          # [S, nkv, g, L]
+        np.matmul(qg, keys.transpose(0, 2, 3, 1), out=scores)
         scores += g.bias
-        _softmax_(scores)
+        sums = _exp_shifted_(scores)                                                     # [S, nkv, g, 1]
         o = np.matmul(scores, values.transpose(0, 2, 1, 3))                              # [S, nkv, g, hd]
+        o /= sums
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
     for p in plan.prefills:
-        flat_k = k_cache[p.block_ids].reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
-        flat_v = v_cache[p.block_ids].reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
-        keys_t = flat_k.transpose(1, 2, 0)                                               # [nkv, hd, C]
-        values = np.ascontiguousarray(flat_v.transpose(1, 0, 2))                         # [nkv, C, hd]
-        for t in p.tiles:
-            n = t.hi - t.lo
-            # fold the GQA group into the rows of each KV head's matmul: rows ordered (token, group)
-            qt = q[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
-            qt = qt.reshape(num_kv_heads, n * group, head_dim)                           # [nkv, n*g, hd]
-            scores = np.matmul(qt, keys_t[..., : t.num_keys])                             # [nkv, n*g, K]
-            scores = scores.reshape(num_kv_heads, n, group, t.num_keys)                  # [nkv, n, g, K]
-            scores[..., t.mask_from:] += t.bias[None, :, None, :]
-            _softmax_(scores)
-            o = np.matmul(scores.reshape(num_kv_heads, n * group, -1), values[:, : t.num_keys])  # [nkv, n*g, hd]
-            out_tile = out[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim)          # view of out
-            out_tile[...] = o.reshape(num_kv_heads, n, group, head_dim).transpose(1, 0, 2, 3)
+        _prefill(p, q, k_cache, v_cache, scratch, out)
     return out
+
+
+def _prefill(p: PrefillSeq, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:
+    """Causal attention of one sequence's chunk, tile by tile; writes its rows of out [T, nh, hd]."""
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    flat_k = scratch.gather(0, k_cache, p.block_ids).reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
+    flat_v = scratch.gather(1, v_cache, p.block_ids).reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
+    keys_t = np.ascontiguousarray(flat_k.transpose(1, 2, 0))                             # [nkv, hd, C]
+    values = np.ascontiguousarray(flat_v.transpose(1, 0, 2))                             # [nkv, C, hd]
+    for t in p.tiles:
+        n = t.hi - t.lo
+        # fold the GQA group into the rows of each KV head's matmul: rows ordered (token, group)
+        qt = q[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
+        qt = qt.reshape(num_kv_heads, n * group, head_dim)                               # [nkv, n*g, hd]
+        scores = scratch.get(2, (num_kv_heads, n * group, t.num_keys))                  # [nkv, n*g, K]
+        np.matmul(qt, keys_t[..., : t.num_keys], out=scores)
+        scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]
+        scores4[..., t.mask_from:] += t.bias[None, :, None, :]
+        sums = _exp_shifted_(scores)                                                     # [nkv, n*g, 1]
+        o = np.matmul(scores, values[:, : t.num_keys])                                   # [nkv, n*g, hd]
+        o /= sums
+        out_tile = out[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim)              # view of out
+        out_tile[...] = o.reshape(num_kv_heads, n, group, head_dim).transpose(1, 0, 2, 3)

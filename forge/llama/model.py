@@ -31,8 +31,11 @@ CONTEXT_BLOCK_SIZE = 16
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     """x * weight / rms(x) over the last axis; x is [T, H]."""
-    mean_sq = np.mean(np.square(x), axis=-1, keepdims=True)    # [T, 1]
-    return x * (1.0 / np.sqrt(mean_sq + eps)) * weight          # [T, H]
+    sum_sq = np.einsum("th,th->t", x, x)                         # [T] one pass, no [T, H] temporary
+    inv_rms = 1.0 / np.sqrt(sum_sq * np.float32(1.0 / x.shape[-1]) + np.float32(eps))  # [T]
+    out = x * inv_rms[:, None]                                   # [T, H]
+    out *= weight
+    return out
 
 
 def swiglu(gate_up: F32) -> F32:
@@ -123,18 +126,17 @@ class LlamaModel:
         plan = plan_attention(batch, c, kv.block_size)
         scale = np.float32(1.0 / math.sqrt(hd))
         last = c.num_layers - 1
-        cos, sin = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2]
+        rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         x = w.embedding[batch.token_ids]                                        # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)                         # [T, H]
             heads = (h @ layer.wqkv).reshape(num_tokens, -1, hd)                # [T, nh + 2 nkv, hd]
-            apply_rope(heads[:, : c.num_heads + c.num_kv_heads], cos, sin)
+            apply_rope(heads[:, : c.num_heads + c.num_kv_heads], rotation)
             k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]            # [T, nkv, hd]
             v = heads[:, c.num_heads + c.num_kv_heads :]                        # [T, nkv, hd]
-            kv.k[i].reshape(-1, c.num_kv_heads, hd)[batch.slot_mapping] = k
-            kv.v[i].reshape(-1, c.num_kv_heads, hd)[batch.slot_mapping] = v
+            kv.write(i, batch.slot_mapping, k, v)
             q = heads[:, : c.num_heads] * scale                                 # [T, nh, hd]
-            attn = attend(plan, q, kv.k[i], kv.v[i]).reshape(num_tokens, -1)    # [T, nh * hd]
+            attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
             x += attn @ layer.wo                                                # [T, H]

@@ -213,8 +213,10 @@ async def run_open_loop(base_url: str, workload: Workload, rate: float, num_requ
 
 def plot(levels: list[dict[str, Any]], path: str) -> None:
     """Throughput and latency against concurrency, as a PNG (needs matplotlib)."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("forge: --plot needs matplotlib (pip install 'forge[bench]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -315,33 +315,3 @@ def test_real_model_says_paris(real: tuple[LlamaModel, float, list[str]]) -> Non
     prompt = [ids[t] for t in ("The", "Ġcapital", "Ġof", "ĠFrance", "Ġis")]
     best = int(np.argmax(model.forward_context(prompt)))
     assert tokens[best].replace("Ġ", " ") == " Paris"
-
-
-@needs_real_model
-@pytest.mark.skipif(not os.environ.get("FORGE_LLAMA_TIMINGS"), reason="set FORGE_LLAMA_TIMINGS=1 to print timings")
-def test_real_model_timings(real: tuple[LlamaModel, float, list[str]]) -> None:
-    from threadpoolctl import threadpool_limits
-
-    model, load_s, _ = real
-    print(f"\nload {load_s:.2f} s, weights {model.weights.nbytes / 1e6:.0f} MB")
-    ctx, bs = 200, 16
-    blocks_per_seq = -(-ctx // bs)
-    for num_seqs in (1, 32):
-        tables = np.arange(num_seqs * blocks_per_seq).reshape(num_seqs, blocks_per_seq)
-        batch = ForwardBatch(
-            token_ids=np.arange(num_seqs) + 100, positions=np.full(num_seqs, ctx - 1),
-            slot_mapping=tables[:, -1] * bs + (ctx - 1) % bs, query_start=np.arange(num_seqs + 1),
-            context_lens=np.full(num_seqs, ctx), block_tables=tables, sample_indices=np.arange(num_seqs),
-        )
-        kv = model.new_kv_cache(num_seqs * blocks_per_seq, bs)
-        for threads in (1, 2):
-            with threadpool_limits(limits=threads, user_api="blas"):
-                model.forward(batch, kv)
-                times = []
-                for _ in range(5):
-                    started = time.perf_counter()
-                    model.forward(batch, kv)
-                    times.append(time.perf_counter() - started)
-            print(f"{num_seqs} decode tokens (context {ctx}), {threads} BLAS threads: "
-                  f"min {min(times) * 1e3:.0f} ms, median {np.median(times) * 1e3:.0f} ms, "
-                  f"{num_seqs / min(times):.0f} tok/s")

@@ -113,29 +113,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from forge import bench
-
-    if args.model is None:
-        result = bench.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
-                                 max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
-                                 num_blocks=args.blocks, block_size=args.block_size,
-                                 lookahead=args.lookahead, seed=args.seed)
-        print(json.dumps(result) if args.json else bench.format_toy(result))
-        return 0
-    try:
-        concurrency = [int(n) for n in args.concurrency.split(",")]
-        result = bench.model_bench(
-            None if args.model == "default" else args.model, concurrency=concurrency,
-            prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
-            max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
-            block_size=args.block_size, seed=args.seed, progress=_progress)
-    except ValueError as exc:
-        raise SystemExit(f"forge: {exc}") from None
-    print(json.dumps(result) if args.json else bench.format_model(result))
-    return 0
-
-
 def build_parser(register: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     """The command line; `register` adds subcommands that live outside the core (serve)."""
     parser = argparse.ArgumentParser(prog="forge", description="forge: serve GGUF language models over an OpenAI-compatible HTTP API")

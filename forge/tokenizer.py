@@ -49,10 +49,10 @@ class Tokenizer:
     """Byte-level BPE tokenizer of one model.
 
     Invariants:
-    - `encode` never raises on any `str`. Characters whose UTF-8 bytes include a byte value that
-      has no token in the vocabulary (this is possible: byte-level vocabularies may lack rarely
-      used bytes) are dropped whole before encoding, so text never turns into stray fragments of
-      a character. Lone surrogates (not valid Unicode) are encoded as U+FFFD.
+    - `encode` never raises on any `str`, and gives the ids the model's own tokenizer gives. A byte
+      value with no token in the vocabulary (byte-level vocabularies may lack rarely used bytes:
+      see `missing_bytes`) is dropped on its own, the other bytes of its character are kept, as
+      the model was trained. Lone surrogates (not valid Unicode) are encoded as U+FFFD.
     - `decode(ids)` equals the UTF-8 decoding (invalid sequences -> U+FFFD) of the concatenated
       `token_bytes` of the non-skipped ids; ids outside [0, vocab_size) raise IndexError.
     """
@@ -94,10 +94,9 @@ class Tokenizer:
         )
         user_defined = [i for i in added_ids if i not in self.special_ids]
         self._bpe.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False) for i in user_defined])
-        self._missing_bytes = _missing_bytes(self._tokens, self._added_ids)
-        self._unencodable = _unencodable_pattern(self._missing_bytes)
-        contents = sorted({self._tokens[i] for i in added_ids}, key=len, reverse=True)  # longest match first
-        self._added_split = re.compile("(" + "|".join(map(re.escape, contents)) + ")") if contents else None
+        # Bytes no token spells are dropped by BPE, each alone (the rest of the text, even the
+        # other bytes of the same character, is kept): exactly what the model's own tokenizer does.
+        self.missing_bytes = _missing_bytes(self._tokens, self._added_ids)
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | Any) -> Tokenizer:
@@ -132,24 +131,10 @@ class Tokenizer:
         """
         if _SURROGATES.search(text):
             text = _SURROGATES.sub("\ufffd", text)
-        if self._unencodable is not None and self._unencodable.search(text):
-            text = self._strip_unencodable(text)
         ids: list[int] = self._bpe.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         return ids
-
-    def _strip_unencodable(self, text: str) -> str:
-        """Drop characters BPE cannot spell, outside the text of added tokens (kept whole)."""
-        assert self._unencodable is not None
-        segments = self._added_split.split(text) if self._added_split is not None else [text]
-        for i in range(0, len(segments), 2):  # even indices: text between added tokens
-            segments[i] = self._unencodable.sub(self._drop_unencodable, segments[i])
-        return "".join(segments)
-
-    def _drop_unencodable(self, match: re.Match[str]) -> str:
-        char = match.group()
-        return "" if self._missing_bytes.intersection(char.encode("utf-8")) else char
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Ids to text; bytes that do not form valid UTF-8 become U+FFFD."""
@@ -224,33 +209,6 @@ def _missing_bytes(tokens: Sequence[str], added_ids: frozenset[int]) -> frozense
     """Byte values with no token of their own (BPE cannot spell any text containing them)."""
     present = {piece for i, piece in enumerate(tokens) if len(piece) == 1 and i not in added_ids}
     return frozenset(b for b, c in _BYTE_TO_CHAR.items() if c not in present)
-
-
-def _unencodable_pattern(missing: frozenset[int]) -> re.Pattern[str] | None:
-    """A regex matching (a superset of) the characters whose UTF-8 bytes include a missing byte.
-
-    Without it, BPE silently drops such a byte and keeps the rest of the character, which decodes
-    to U+FFFD debris; dropping the whole character is well-defined and loses nothing more.
-    """
-    ranges: list[str] = []
-    for b in sorted(missing):
-        if b < 0x80:
-            lo, hi = b, b
-        elif 0x80 <= b <= 0xBF:  # a continuation byte: spread over many characters; check each
-            lo, hi = 0x80, 0x10FFFF
-        elif 0xC2 <= b <= 0xDF:  # lead byte of a 2-byte sequence
-            lo = (b & 0x1F) << 6
-            hi = lo + 0x3F
-        elif 0xE0 <= b <= 0xEF:  # lead byte of a 3-byte sequence
-            lo = max((b & 0x0F) << 12, 0x800)
-            hi = ((b & 0x0F) << 12) + 0xFFF
-        elif 0xF0 <= b <= 0xF4:  # lead byte of a 4-byte sequence
-            lo = max((b & 0x07) << 18, 0x10000)
-            hi = min(((b & 0x07) << 18) + 0x3FFFF, 0x10FFFF)
-        else:  # 0xC0, 0xC1, 0xF5..0xFF never occur in UTF-8
-            continue
-        ranges.append(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
-    return re.compile(f"[{''.join(ranges)}]") if ranges else None
 
 
 def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> Any:

@@ -1,0 +1,413 @@
+"""Engine-level correctness of forge.llm: LLMEngine and LLM over the paged cache, end to end.
+
+A tiny random GGUF checks paged decode against a full recompute; the real default model (skipped
+when its file is absent) checks batch independence under chunked prefill, preemption and prefix
+caching, seeded sampling, stop rules, logprobs, request errors and abort.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from forge.chat import ChatTemplate
+from forge.config import EngineConfig
+from forge.errors import InvalidRequest, PromptTooLong
+from forge.llama import KVCache, LlamaModel
+from forge.llm import LLM, LLMEngine, LoadedModel
+from forge.messages import SampledToken
+from forge.sampling import SamplingParams
+from forge.tokenizer import Tokenizer
+from tests.tiny_gguf import BOS_ID, EOS_ID, write_tiny_llama
+
+REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+TIE_GAP = 1e-3          # a top-2 logit gap below this is a near-tie: float noise may flip the argmax
+LOGPROB_TOL = 1e-3
+
+
+def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)  # type: ignore[arg-type]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)                                            # [V]
+    peak = x.max()
+    return x - peak - np.log(np.exp(x - peak).sum())                         # [V]
+
+
+@dataclass
+class Result:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[SampledToken] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def top2_gaps(self) -> list[float]:
+        return [t.top_logprobs[0][1] - t.top_logprobs[1][1] for t in self.logprobs]
+
+
+def run(engine: LLMEngine, requests: Mapping[str, tuple[list[int], SamplingParams]]) -> dict[str, Result]:
+    """Submit every request at once, step until the engine is idle, collect each request's events."""
+    results = {rid: Result() for rid in requests}
+    for rid, (ids, params) in requests.items():
+        engine.add_request(rid, ids, params)
+    while engine.has_work():
+        for ev in engine.step():
+            out = results[ev.request_id]
+            assert out.finish_reason is None, "an event after the request finished"
+            out.token_ids.extend(ev.token_ids)
+            out.logprobs.extend(ev.logprobs)
+            out.finish_reason = ev.finish_reason
+    return results
+
+
+def assert_same_greedy(reference: Result, other: Result, what: str) -> None:
+    """Equal tokens up to the reference's first near-tie (where float noise may pick either)."""
+    gaps = reference.top2_gaps()
+    cut = next((i for i, gap in enumerate(gaps) if gap < TIE_GAP), len(reference.token_ids))
+    assert other.token_ids[:cut] == reference.token_ids[:cut], what
+    assert len(other.token_ids) == len(reference.token_ids), what
+
+
+def assert_idle_and_empty(engine: LLMEngine) -> None:
+    assert not engine.has_work()
+    assert engine.cache.free_blocks() == engine.cache.total_blocks()
+    assert engine.runner.num_tracked() == 0
+
+
+# ---- the tiny random model: paged decode against a full recompute ---------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A random 2-layer model (F32) with a hand-built tokenizer: the tiny file's single merge
+    names a piece outside its vocabulary, so Tokenizer.from_gguf rejects it on purpose."""
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab=64, hidden=32, layers=2,
+                            heads=4, kv_heads=2, ffn=48, seed=11, context=128)
+    reader = gguf.GGUFReader(path)
+    tokenizer = Tokenizer(reader.fields["tokenizer.ggml.tokens"].contents(), [],
+                          token_types=reader.fields["tokenizer.ggml.token_type"].contents(),
+                          bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    return LoadedModel(str(path), LlamaModel.load(path), tokenizer, ChatTemplate(None))
+
+
+def tiny_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int = 64, max_model_len: int = 64,
+                **kwargs: object) -> LLMEngine:
+    per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
+    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
+                          **kwargs)  # type: ignore[arg-type]
+    return LLMEngine(loaded, config)
+
+
+TINY_PROMPTS = {
+    "a": [5, 17, 3, 42, 8, 8, 29, 60, 1, 33, 12],
+    "b": [7],
+    "c": [5, 17, 3, 42, 8, 8, 29, 60, 9, 9, 50, 4, 4, 20, 31],   # shares two blocks with "a"
+    "d": [40, 41, 42, 43, 44, 45],
+    "e": [5, 17, 3, 42, 8, 8, 29, 60, 1, 33, 12],                 # the same as "a"
+}
+
+
+def recompute_greedy(model: LlamaModel, prompt: list[int], num_tokens: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens from a full forward over the whole context at every step (no paged cache)."""
+    context, out, logprobs = list(prompt), [], []
+    for _ in range(num_tokens):
+        lp = log_softmax(model.forward_context(context))                     # [V]
+        token = int(np.argmax(lp))
+        out.append(token)
+        logprobs.append(lp)
+        context.append(token)
+    return out, logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny: LoadedModel) -> dict[str, tuple[list[int], list[np.ndarray]]]:
+    return {rid: recompute_greedy(tiny.model, ids, 20) for rid, ids in TINY_PROMPTS.items()}
+
+
+@pytest.mark.parametrize("budget", [512, 5, 1])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+@pytest.mark.parametrize("num_blocks", [64, 12])
+def test_paged_decode_equals_full_recompute(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]],
+                                            budget: int, prefix_caching: bool, num_blocks: int) -> None:
+    engine = tiny_engine(tiny, num_blocks=num_blocks, max_model_len=min(64, 4 * num_blocks),
+                         max_num_batched_tokens=budget,
+                         enable_prefix_caching=prefix_caching)
+    params = greedy(20, ignore_eos=True, logprobs=2)
+    results = run(engine, {rid: (ids, params) for rid, ids in TINY_PROMPTS.items()})
+    for rid, (expected, ref_logprobs) in tiny_reference.items():
+        got = results[rid]
+        assert got.token_ids == expected, rid
+        assert got.finish_reason == "length"
+        for tok, ref in zip(got.logprobs, ref_logprobs):
+            assert tok.logprob == pytest.approx(ref[tok.token_id], abs=1e-4)
+    if num_blocks == 12 and budget > 1:    # 5 sequences of up to 35 tokens in 12 blocks of 4 cannot
+                                           # all stay (a budget of 1 runs them one after the other)
+        assert engine.core.stats().num_preemptions > 0
+    assert_idle_and_empty(engine)
+
+
+def test_tiny_prefix_cache_hits_reuse_blocks(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]]) -> None:
+    engine = tiny_engine(tiny, enable_prefix_caching=True)
+    params = greedy(20, ignore_eos=True)
+    first = run(engine, {"a": (TINY_PROMPTS["a"], params)})
+    second = run(engine, {"c": (TINY_PROMPTS["c"], params), "a2": (TINY_PROMPTS["a"], params)})
+    assert engine.core.num_cached_tokens("a2") == 0          # finished: the core forgot it
+    assert first["a"].token_ids == second["a2"].token_ids == tiny_reference["a"][0]
+    assert second["c"].token_ids == tiny_reference["c"][0]
+    assert engine.cache.num_prefix_hits > 0
+    assert_idle_and_empty(engine)
+
+
+# ---- request errors and abort (tiny model) --------------------------------------------------
+
+def test_prompt_longer_than_max_model_len_raises(tiny: LoadedModel) -> None:
+    engine = tiny_engine(tiny)
+    assert engine.max_model_len == 64
+    with pytest.raises(PromptTooLong):
+        engine.add_request("long", [5] * 64, greedy(4))     # no room left for one new token
+    with pytest.raises(PromptTooLong):
+        engine.add_request("longer", [5] * 200, greedy(4))
+    engine.add_request("fits", [5] * 63, greedy(4))
+    assert engine.has_work()
+
+
+def test_empty_prompt_raises(tiny: LoadedModel) -> None:
+    engine = tiny_engine(tiny)
+    with pytest.raises(InvalidRequest):
+        engine.add_request("empty-ids", [], greedy(4))
+    with pytest.raises(InvalidRequest):
+        engine.add_request("empty-text", "", greedy(4))
+    assert not engine.has_work()
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+@pytest.mark.parametrize("num_steps", [1, 3, 8])
+def test_abort_frees_every_block(tiny: LoadedModel, prefix_caching: bool, num_steps: int) -> None:
+    engine = tiny_engine(tiny, max_num_batched_tokens=6, enable_prefix_caching=prefix_caching)
+    for rid, ids in TINY_PROMPTS.items():
+        engine.add_request(rid, ids, greedy(30, ignore_eos=True))
+    for _ in range(num_steps):                 # some mid-prefill (budget 6), some decoding
+        engine.step()
+    assert engine.cache.free_blocks() < engine.cache.total_blocks()
+    for rid in TINY_PROMPTS:
+        assert engine.abort(rid)
+    assert not engine.abort("a")               # already gone
+    events = engine.step()                     # the step after the abort gives the blocks back
+    assert events == []
+    assert_idle_and_empty(engine)
+
+
+def test_abort_one_leaves_the_others_intact(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]]) -> None:
+    engine = tiny_engine(tiny, max_num_batched_tokens=8)
+    for rid, ids in TINY_PROMPTS.items():
+        engine.add_request(rid, ids, greedy(20, ignore_eos=True))
+    results = {rid: Result() for rid in TINY_PROMPTS}
+    for step in range(40):
+        if step == 4:
+            engine.abort("c")
+        for ev in engine.step():
+            results[ev.request_id].token_ids.extend(ev.token_ids)
+            results[ev.request_id].finish_reason = ev.finish_reason
+    assert results["c"].finish_reason is None
+    for rid in ("a", "b", "d", "e"):
+        assert results[rid].token_ids == tiny_reference[rid][0]
+    assert_idle_and_empty(engine)
+
+
+# ---- the real model --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real() -> LoadedModel:
+    if not REAL_MODEL.is_file():
+        pytest.skip(f"the default model is not at {REAL_MODEL}")
+    return LoadedModel.load(REAL_MODEL, progress=lambda message: None)
+
+
+def real_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int | None = None,
+                **kwargs: object) -> LLMEngine:
+    """An engine with max_model_len 128; num_blocks None gives plenty."""
+    per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
+    num_blocks = num_blocks if num_blocks is not None else 2048 // block_size
+    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=128,
+                          **kwargs)  # type: ignore[arg-type]
+    return LLMEngine(loaded, config)
+
+
+MIXED_TEXTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n",
+    "The three primary colors are",
+    "Water boils at",
+    "Shopping list:\n1. apples\n2.",
+    "The capital of France is",                               # a duplicate
+    "The capital of France is a city where",                  # shares a prefix
+    "SELECT name FROM users WHERE",
+    "Hi",
+    "La capitale de l'Allemagne est",
+    "Once upon a time, in a small village by the sea, there lived",
+    "2 + 2 = 4\n3 + 5 =",
+    "import numpy as np\n",
+    "In 1969, Neil Armstrong",
+    "Steps to make tea:\n-",
+]
+ALONE = (0, 1, 2, 9, 13)               # indices run one at a time as the reference
+NUM_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def mixed_ids(real: LoadedModel) -> list[list[int]]:
+    return [real.tokenizer.encode(text) for text in MIXED_TEXTS]
+
+
+@pytest.fixture(scope="module")
+def alone(real: LoadedModel, mixed_ids: list[list[int]]) -> dict[int, Result]:
+    out = {}
+    for i in ALONE:
+        engine = real_engine(real)
+        out[i] = run(engine, {"alone": (mixed_ids[i], greedy(NUM_NEW, ignore_eos=True, logprobs=2))})["alone"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def batched_reference(real: LoadedModel, mixed_ids: list[list[int]]) -> dict[str, Result]:
+    """All 16 together with a large budget and prefix caching off: what the other layouts must match."""
+    engine = real_engine(real, max_num_batched_tokens=4096, enable_prefix_caching=False)
+    params = greedy(NUM_NEW, ignore_eos=True, logprobs=2)
+    return run(engine, {f"r{i}": (ids, params) for i, ids in enumerate(mixed_ids)})
+
+
+def test_batch_of_16_matches_each_prompt_alone(alone: dict[int, Result], batched_reference: dict[str, Result]) -> None:
+    for i, result in alone.items():
+        assert result.finish_reason == "length"
+        assert_same_greedy(result, batched_reference[f"r{i}"], MIXED_TEXTS[i])
+    assert batched_reference["r0"].token_ids == batched_reference["r6"].token_ids   # the duplicate prompt
+
+
+LAYOUTS = {
+    "large-budget": dict(max_num_batched_tokens=4096),
+    "chunked-prefill": dict(max_num_batched_tokens=16),
+    "preemption": dict(max_num_batched_tokens=4096, num_blocks=56),   # 16 x ~6 blocks wanted, 56 held
+}
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-on", "prefix-off"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_batch_layout_does_not_change_greedy_tokens(real: LoadedModel, mixed_ids: list[list[int]],
+                                                    alone: dict[int, Result], batched_reference: dict[str, Result],
+                                                    layout: str, prefix_caching: bool) -> None:
+    if layout == "large-budget" and not prefix_caching:
+        pytest.skip("this is the batched reference itself")
+    engine = real_engine(real, enable_prefix_caching=prefix_caching, **LAYOUTS[layout])  # type: ignore[arg-type]
+    params = greedy(NUM_NEW, ignore_eos=True, logprobs=2)
+    results = run(engine, {f"r{i}": (ids, params) for i, ids in enumerate(mixed_ids)})
+    for i in range(len(mixed_ids)):
+        reference = alone.get(i, batched_reference[f"r{i}"])
+        assert_same_greedy(reference, results[f"r{i}"], f"{layout}: {MIXED_TEXTS[i]!r}")
+        assert results[f"r{i}"].finish_reason == "length"
+    if layout == "preemption":
+        assert engine.core.stats().num_preemptions > 0
+    if prefix_caching and layout == "chunked-prefill":     # admitted over several steps: the shared
+        assert engine.cache.num_prefix_hits > 0                # prefixes are found in the cache
+    assert_idle_and_empty(engine)
+
+
+def test_seeded_sampling_is_batch_independent(real: LoadedModel, mixed_ids: list[list[int]]) -> None:
+    seeded = SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
+    prompt = mixed_ids[1]
+    alone = run(real_engine(real), {"s": (prompt, seeded)})["s"]
+    batched = run(real_engine(real), {
+        "o-seeded": (mixed_ids[0], SamplingParams(max_tokens=12, temperature=1.0, seed=1, ignore_eos=True)),
+        "o-unseeded": (mixed_ids[2], SamplingParams(max_tokens=9, temperature=0.9, ignore_eos=True)),
+        "o-topp": (mixed_ids[3], SamplingParams(max_tokens=12, temperature=1.2, top_p=0.9, top_k=40)),
+        "o-greedy": (mixed_ids[4], greedy(5)),
+        "s": (prompt, seeded),
+        "s-again": (prompt, seeded),
+        "s-seed-8": (prompt, SamplingParams(max_tokens=12, temperature=0.8, seed=8, ignore_eos=True)),
+    })
+    assert batched["s"].token_ids == alone.token_ids
+    assert batched["s-again"].token_ids == alone.token_ids
+    assert batched["s-seed-8"].token_ids != alone.token_ids    # the seed matters (12 draws at T=0.8)
+
+
+@pytest.fixture
+def llm(real: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[LLM]:
+    """An LLM around the module's loaded model (LLM() would load the file again)."""
+    monkeypatch.setattr(LoadedModel, "load", classmethod(lambda cls, path=None, *, progress=None: real))
+    yield LLM(None, EngineConfig(block_size=4, kv_cache_memory=64 * 2**20, max_model_len=256))
+
+
+def test_stop_string_ends_with_stop_and_is_not_in_text(llm: LLM) -> None:
+    prompt = "Once upon a time, in a small village by the sea,"
+    full = llm.generate([prompt], greedy(16, ignore_eos=True))[0]
+    assert full.finish_reason == "length"
+    assert len(full.token_ids) == 16
+    words = full.text.split()
+    stop = " " + words[len(words) // 2]                      # a word from the middle, with its space
+    assert stop in full.text
+    stopped = llm.generate([prompt], greedy(16, ignore_eos=True, stop=(stop, "never-appears")))[0]
+    assert stopped.finish_reason == "stop"
+    assert stop not in stopped.text
+    assert stopped.text == full.text[: full.text.index(stop)]
+    assert len(stopped.token_ids) < 16
+    streamed = list(llm.stream(prompt, greedy(16, ignore_eos=True, stop=(stop,))))
+    assert "".join(streamed) == stopped.text
+    assert not llm.engine.has_work()
+    assert llm.engine.cache.free_blocks() == llm.engine.cache.total_blocks()
+
+
+def test_max_tokens_gives_length(llm: LLM) -> None:
+    out = llm.generate(["Water boils at", "Hi"], greedy(5, ignore_eos=True))
+    assert [c.finish_reason for c in out] == ["length", "length"]
+    assert [len(c.token_ids) for c in out] == [5, 5]
+
+
+def test_min_tokens_and_ignore_eos(llm: LLM) -> None:
+    eos = llm.tokenizer.eos_token_id
+    prompt = llm.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
+    natural = llm.generate([prompt], greedy(64))[0]
+    assert natural.finish_reason == "stop"                  # the model ends its answer with eos
+    assert natural.token_ids[-1] == eos
+    num = len(natural.token_ids)
+
+    held, ignored, by_id = llm.generate([prompt] * 3, [
+        greedy(64, min_tokens=num + 3),
+        greedy(num + 4, ignore_eos=True),
+        greedy(64, stop_token_ids=(natural.token_ids[1],)),
+    ])
+    assert eos not in held.token_ids[: num + 3]             # eos was not allowed before min_tokens
+    assert len(held.token_ids) >= num + 3
+    assert held.token_ids[: num - 1] == natural.token_ids[: num - 1]
+
+    assert ignored.finish_reason == "length"
+    assert len(ignored.token_ids) == num + 4
+    assert ignored.token_ids[:num] == natural.token_ids      # eos itself is emitted, then it goes on
+
+    assert by_id.finish_reason == "stop"
+    assert by_id.token_ids == natural.token_ids[:2]
+
+
+def test_logprobs_match_log_softmax_of_a_full_forward(llm: LLM) -> None:
+    model = llm.loaded.model
+    params = [greedy(6, logprobs=5, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0.8, seed=3, logprobs=3, ignore_eos=True)]
+    for out, p in zip(llm.generate(["The capital of France is"] * 2, params), params):
+        assert len(out.logprobs) == len(out.token_ids) == 6
+        context = list(out.prompt_token_ids)
+        for token, lp in zip(out.token_ids, out.logprobs):
+            ref = log_softmax(model.forward_context(context))                # [V]
+            assert lp.token_id == token
+            assert lp.logprob == pytest.approx(ref[token], abs=LOGPROB_TOL)
+            assert len(lp.top_logprobs) == p.logprobs
+            for top_id, top_lp in lp.top_logprobs:
+                assert top_lp == pytest.approx(ref[top_id], abs=LOGPROB_TOL)
+            values = [v for _, v in lp.top_logprobs]
+            assert values == sorted(values, reverse=True)
+            assert values[-1] >= np.sort(ref)[-len(values)] - LOGPROB_TOL  # no better token was left out
+            if p.is_greedy:
+                assert token == int(np.argmax(ref))
+            context.append(token)

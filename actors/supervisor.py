@@ -77,7 +77,7 @@ class Daemon:
             self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(self.config.model,
                                                                                   progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
-        set_blas_threads(cfg.blas_threads)
+        set_blas_threads(cfg.blas_threads, cfg.matmul_strategy)
         num_blocks, max_model_len = plan_cache(loaded.model, cfg)
         self.cache = cache = PagedKVCache(num_blocks, cfg.block_size,
                                           enable_prefix_caching=cfg.enable_prefix_caching)

@@ -32,7 +32,7 @@ def engine_config(args: argparse.Namespace) -> object:
                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
-                            blas_threads=args.blas_threads)
+                            blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -58,7 +58,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="do not reuse cached prompt prefixes [FORGE_PREFIX_CACHING=0]")
     g.add_argument("--blas-threads", type=int,
                    default=_int_or_none(env("FORGE_BLAS_THREADS", str(os.cpu_count() or 1))),
-                   help="BLAS threads for the forward [FORGE_BLAS_THREADS; the number of cores]")
+                   help="threads for the forward's matmuls: the pool of EngineConfig.matmul_strategy 'split' "
+                        "(the default; BLAS pinned to 1), or BLAS's own under 'blas' "
+                        "[FORGE_BLAS_THREADS; the number of cores]")
+    g.add_argument("--matmul-strategy", choices=["split", "blas"], default=env("FORGE_MATMUL_STRATEGY", "split"),
+                   help="split: each matmul's columns over a pool of 1-thread-BLAS threads (robust when "
+                        "other work shares the cores); blas: BLAS's own threads [FORGE_MATMUL_STRATEGY; split]")
 
 
 def _int_or_none(text: str | None) -> int | None:

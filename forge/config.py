@@ -5,6 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
+# BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
+# each on 1-thread BLAS, whose idle threads sleep instead of spinning.
+MATMUL_STRATEGIES = ("blas", "split")
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
 
@@ -27,11 +32,20 @@ class EngineConfig:
     max_num_seqs: int = 64                   # sequences running at once
     max_num_batched_tokens: int = 512        # token budget of one step (chunked prefill)
     enable_prefix_caching: bool = True
-    blas_threads: int | None = None          # None: leave the BLAS default
+    # Threads for the forward's matmuls. Under "split", the pool's threads (None: the usable cores),
+    # BLAS pinned to 1. Under "blas", the BLAS pool's threads (None: leave the BLAS default). "split"
+    # is the default: on 2 cores, 2 spinning BLAS threads run 2-10x slower whenever another thread
+    # (the daemon's event loop, another process) wants a core, while "split" degrades gracefully.
+    blas_threads: int | None = None
+    matmul_strategy: str = "split"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.blas_threads is not None and self.blas_threads < 1:
+            raise ValueError("blas_threads must be positive")
+        if self.matmul_strategy not in MATMUL_STRATEGIES:
+            raise ValueError(f"matmul_strategy must be one of {', '.join(MATMUL_STRATEGIES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

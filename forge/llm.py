@@ -19,6 +19,7 @@ from forge.engine_core import EngineCore
 from forge.errors import ConfigError, InvalidRequest
 from forge.hub import resolve_model
 from forge.llama.attention import KVCache
+from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
 from forge.llama.weights import open_gguf
 from forge.messages import SampledToken, StepOutput, TokensEmitted
@@ -35,13 +36,10 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def set_blas_threads(num_threads: int | None) -> None:
-    """Pin the BLAS pool: with 2 cores, oversubscription costs 10x; make it a deliberate choice."""
-    if num_threads is None:
-        return
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=num_threads, user_api="blas")
+def set_blas_threads(num_threads: int | None, strategy: str = "split") -> None:
+    """Set how the forward's matmuls use the cores, process-wide (see EngineConfig.blas_threads and
+    matmul_strategy): with 2 cores, oversubscription costs 10x; make it a deliberate choice."""
+    configure_matmul(strategy, num_threads)
 
 
 @dataclass(slots=True)
@@ -82,7 +80,7 @@ def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
-        set_blas_threads(config.blas_threads)
+        set_blas_threads(config.blas_threads, config.matmul_strategy)
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer

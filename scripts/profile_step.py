@@ -5,11 +5,13 @@ decoding at about --context tokens) and prefill steps, split into matmuls, atten
 activation, sampling, batch building and the rest; then times the same matmuls alone for the same
 token count. Not part of forge and not run by tests: a measuring tool.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/profile_step.py --threads 1 2 --seqs 1 8 32 64
+    .venv/bin/python scripts/profile_step.py --matmul blas:1 blas:2 split:2 --seqs 1 8 32 64
+    .venv/bin/python scripts/profile_step.py --matmul blas:2 split:2 --spinners 1   # under a competing load
 
 The decode set-up skips the real prefill (it would take minutes): a stub forward fills the K/V
 slots with random values, then the real model decodes. Other jobs on the machine skew every
-figure: the load average is printed, and each figure is the median over --steps steps.
+figure: the load average is printed, and each figure is the median over --steps steps. --spinners N
+starts N busy-looping processes for the run (killed at the end) to measure under a competing load.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import functools
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -26,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,6 +37,7 @@ import forge.llama.rope as rope_mod  # noqa: E402
 import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
 from forge.llama.attention import KVCache  # noqa: E402
+from forge.llama.linear import linear  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
 from forge.sampling import SamplingParams  # noqa: E402
 
@@ -123,12 +126,13 @@ class StubForward:
         return self.rng.standard_normal((len(batch.sample_indices), self.vocab_size)).astype(np.float32)
 
 
-def make_engine(loaded: LoadedModel, threads: int, num_seqs: int, tokens_per_seq: int, budget: int) -> LLMEngine:
+def make_engine(loaded: LoadedModel, mode: tuple[str, int], num_seqs: int, tokens_per_seq: int,
+                budget: int) -> LLMEngine:
     mc = loaded.model.config
     block_size = 16
     blocks = num_seqs * (-(-tokens_per_seq // block_size) + 1) + 4
     config = EngineConfig(block_size=block_size, max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=budget,
-                          enable_prefix_caching=False, blas_threads=threads,
+                          enable_prefix_caching=False, matmul_strategy=mode[0], blas_threads=mode[1],
                           kv_cache_memory=max(blocks, -(-mc.max_position // block_size))
                           * KVCache.bytes_per_block(mc, block_size))
     return LLMEngine(loaded, config)
@@ -139,10 +143,10 @@ def sampling_params(args: argparse.Namespace, max_tokens: int) -> SamplingParams
                           top_p=args.top_p)
 
 
-def decode_case(loaded: LoadedModel, args: argparse.Namespace, threads: int, num_seqs: int,
+def decode_case(loaded: LoadedModel, args: argparse.Namespace, mode: tuple[str, int], num_seqs: int,
                 rng: np.random.Generator) -> tuple[float, dict[str, float]]:
     steps = args.steps + 1
-    engine = make_engine(loaded, threads, num_seqs, args.context + steps + 2, num_seqs * args.context + 16)
+    engine = make_engine(loaded, mode, num_seqs, args.context + steps + 2, num_seqs * args.context + 16)
     vocab = loaded.model.config.vocab_size
     for i in range(num_seqs):
         prompt = rng.integers(3, vocab, args.context - 1).tolist()
@@ -168,9 +172,9 @@ def decode_case(loaded: LoadedModel, args: argparse.Namespace, threads: int, num
     return statistics.median(totals), {k: statistics.median(v) for k, v in parts.items()}
 
 
-def prefill_case(loaded: LoadedModel, args: argparse.Namespace, threads: int, num_prompts: int,
+def prefill_case(loaded: LoadedModel, args: argparse.Namespace, mode: tuple[str, int], num_prompts: int,
                  prompt_len: int, rng: np.random.Generator) -> tuple[float, dict[str, float]]:
-    engine = make_engine(loaded, threads, num_prompts, prompt_len + 2, num_prompts * prompt_len)
+    engine = make_engine(loaded, mode, num_prompts, prompt_len + 2, num_prompts * prompt_len)
     timers = Timers()
     install(engine, timers)
     vocab = loaded.model.config.vocab_size
@@ -208,7 +212,8 @@ def restore() -> None:
 
 
 def matmul_only(loaded: LoadedModel, num_tokens: int, num_sampled: int, repeats: int) -> float:
-    """Median seconds of the step's matmuls alone (every layer plus the head), plain `@`."""
+    """Median seconds of the step's matmuls alone (every layer plus the head), with forge's linear()
+    under the strategy the last engine set."""
     w, c = loaded.model.weights, loaded.model.config
     rng = np.random.default_rng(1)
     x = rng.standard_normal((num_tokens, c.hidden_size)).astype(np.float32)                 # [T, H]
@@ -218,11 +223,11 @@ def matmul_only(loaded: LoadedModel, num_tokens: int, num_sampled: int, repeats:
     for _ in range(repeats + 1):
         started = clock()
         for layer in w.layers:
-            x @ layer.wqkv
-            a @ layer.wo
-            x @ layer.w_gate_up
-            f @ layer.w_down
-        x[:num_sampled] @ w.head
+            linear(x, layer.wqkv)
+            linear(a, layer.wo)
+            linear(x, layer.w_gate_up)
+            linear(f, layer.w_down)
+        linear(x[:num_sampled], w.head)
         times.append(clock() - started)
     return statistics.median(times[1:])
 
@@ -241,7 +246,9 @@ def row(label: str, step_s: float, parts: dict[str, float], num_tokens: int, mm_
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--matmul", nargs="+", default=["blas:1", "blas:2", "split:2"],
+                    help="matmul modes STRATEGY:THREADS (EngineConfig.matmul_strategy, blas_threads)")
+    ap.add_argument("--spinners", type=int, default=0, help="busy-looping processes to run alongside")
     ap.add_argument("--seqs", type=int, nargs="*", default=[1, 8, 32, 64])
     ap.add_argument("--context", type=int, default=200, help="context length of the decoding sequences")
     ap.add_argument("--steps", type=int, default=5, help="timed decode steps per case")
@@ -255,31 +262,39 @@ def main() -> None:
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
+    modes = [(m.split(":")[0], int(m.split(":")[1])) for m in args.matmul]
     loaded = LoadedModel.load(args.model, progress=lambda _m: None)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
+    try:
+        run_cases(loaded, args, modes)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+
+
+def run_cases(loaded: LoadedModel, args: argparse.Namespace, modes: list[tuple[str, int]]) -> None:
     remember()
     rng = np.random.default_rng(0)
     print(f"model {loaded.name}; clock {args.clock}; context {args.context}; "
-          f"temperature {args.temperature}; load average at start {load_average()}")
+          f"temperature {args.temperature}; spinners {args.spinners}; load average at start {load_average()}")
     head = " ".join(f"{c:>9}" for c in COLUMNS)
     print(f"{'case':>12} {'step ms':>9} {'tok/s':>7} {head} {'!mm':>6} {'mm-only':>8} {'mm tok/s':>7} {'ratio':>6}")
     print(f"{'':>12} {'':>9} {'':>7} " + " ".join(f"{'ms':>9}" for _ in COLUMNS))
-    for threads in args.threads:
-        print(f"--- {threads} BLAS thread(s) (load {load_average()})")
-        with threadpool_limits(limits=threads, user_api="blas"):
-            for num_seqs in args.seqs:
-                step_s, parts = decode_case(loaded, args, threads, num_seqs, rng)
-                threadpool_limits(limits=threads, user_api="blas")
-                mm_s = matmul_only(loaded, num_seqs, num_seqs, args.steps)
-                print(row(f"decode {num_seqs}", step_s, parts, num_seqs, mm_s), flush=True)
-            for case in args.prefill:
-                num_prompts, prompt_len = (int(v) for v in case.split("x"))
-                step_s, parts = prefill_case(loaded, args, threads, num_prompts, prompt_len, rng)
-                threadpool_limits(limits=threads, user_api="blas")
-                mm_s = matmul_only(loaded, num_prompts * prompt_len, num_prompts, 1)
-                print(row(f"prefill {case}", step_s, parts, num_prompts * prompt_len, mm_s), flush=True)
+    for mode in modes:
+        print(f"--- matmul {mode[0]}, {mode[1]} thread(s) (load {load_average()})")
+        for num_seqs in args.seqs:
+            step_s, parts = decode_case(loaded, args, mode, num_seqs, rng)
+            mm_s = matmul_only(loaded, num_seqs, num_seqs, args.steps)
+            print(row(f"decode {num_seqs}", step_s, parts, num_seqs, mm_s), flush=True)
+        for case in args.prefill:
+            num_prompts, prompt_len = (int(v) for v in case.split("x"))
+            step_s, parts = prefill_case(loaded, args, mode, num_prompts, prompt_len, rng)
+            mm_s = matmul_only(loaded, num_prompts * prompt_len, num_prompts, 1)
+            print(row(f"prefill {case}", step_s, parts, num_prompts * prompt_len, mm_s), flush=True)
     print(f"load average at end {load_average()}")
     print("columns: per-step medians; !mm = share of the step outside the matmuls; mm-only = the same "
-          "matmuls alone (plain @); ratio = mm-only / step (the engine's rate as a share of its matmuls')")
+          "matmuls alone (forge's linear); ratio = mm-only / step (the engine's rate as a share of its matmuls')")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
+from forge.llama.linear import linear
 from forge.llama.rope import RopeTables, apply_rope
 from forge.llama.weights import LlamaWeights, load_weights, open_gguf
 
@@ -130,7 +131,7 @@ class LlamaModel:
         x = w.embedding[batch.token_ids]                                        # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)                         # [T, H]
-            heads = (h @ layer.wqkv).reshape(num_tokens, -1, hd)                # [T, nh + 2 nkv, hd]
+            heads = linear(h, layer.wqkv).reshape(num_tokens, -1, hd)                # [T, nh + 2 nkv, hd]
             apply_rope(heads[:, : c.num_heads + c.num_kv_heads], rotation)
             k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]            # [T, nkv, hd]
             v = heads[:, c.num_heads + c.num_kv_heads :]                        # [T, nkv, hd]
@@ -139,11 +140,11 @@ class LlamaModel:
             attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
-            x += attn @ layer.wo                                                # [T, H]
+            x += linear(attn, layer.wo)                                         # [T, H]
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)                          # [T, H]
-            x += swiglu(h @ layer.w_gate_up) @ layer.w_down                     # [T, H]
+            x += linear(swiglu(linear(h, layer.w_gate_up)), layer.w_down)       # [T, H]
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
-        return x @ w.head                                                       # [N, V]
+        return linear(x, w.head)                                                # [N, V]
 
 
 def check_batch(batch: ForwardBatch, config: LlamaConfig, kv: KVCache) -> None:

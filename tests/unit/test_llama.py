@@ -154,6 +154,8 @@ def test_tiny_config_comes_from_metadata(tiny: LlamaModel) -> None:
     layer = tiny.weights.layers[0]
     assert layer.wqkv.shape == (32, (4 + 2 * 2) * 8) and layer.wqkv.flags.c_contiguous
     assert layer.w_gate_up.shape == (32, 96) and layer.w_down.shape == (48, 32)
+    assert layer.w_down.T.flags.c_contiguous                            # down stored [out, in]
+    assert tiny.weights.head.shape == (32, 64) and tiny.weights.head.flags.c_contiguous
     assert np.shares_memory(tiny.weights.head, tiny.weights.embedding)  # tied: no second copy
 
 

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forge.llama import linear as linear_mod
+from forge.llama.linear import Matmul, _column_cuts
+
+
+@pytest.fixture
+def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_mod, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(linear_mod, "MIN_SPLIT_ROWS", 1)
+
+
+@pytest.mark.parametrize("num_threads", [2, 3])
+@pytest.mark.parametrize("rows", [1, 5, 70])
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_split_products_equal_one_product(always_split: None, num_threads: int, rows: int, layout: str) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, 48), dtype=np.float32)
+    w = rng.standard_normal((48, 100), dtype=np.float32)
+    if layout == "out_in":
+        w = np.ascontiguousarray(w.T).T                  # an F-ordered view of an [out, in] array
+    matmul = Matmul("split", num_threads)
+    try:
+        y = matmul(x, w)
+    finally:
+        matmul.close()
+    assert y.flags.c_contiguous and y.shape == (rows, 100)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_column_cuts_cover_every_column_once() -> None:
+    for num_cols in (1, 15, 16, 100, 49152):
+        for parts in (1, 2, 3, 7):
+            cuts = _column_cuts(num_cols, parts)
+            assert cuts[0][0] == 0 and cuts[-1][1] == num_cols
+            assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+
+
+def test_bad_strategy_or_threads_are_refused() -> None:
+    with pytest.raises(ValueError):
+        Matmul("fast", 2)
+    with pytest.raises(ValueError):
+        Matmul("split", 0)

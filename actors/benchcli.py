@@ -210,7 +210,7 @@ def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> s
         f = _median([v for s, v in grounded if s == "forge"])
         l = _median([v for s, v in grounded if s == "llama-server"])
         if f is not None and l:
-            lines.append(f"| {c} | output tok/s, input-grounded prompts | {f} | {l} | {f / l:.2f} |")
+            lines.append(f"| {c} | output tok/s of the input-grounded third | {f} | {l} | {f / l:.2f} |")
     machine = f"{platform.node() and 'host'}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
     return "\n".join([
         f"Command: `forge bench compare --concurrency {args.concurrency} --rounds {args.rounds} "

@@ -84,6 +84,16 @@ class RequestResult:
 
 async def _one(client: httpx.AsyncClient, model: str | None, item: WorkItem, max_tokens: int,
                extra: dict[str, Any]) -> RequestResult:
+    """One streamed request. A keep-alive connection the server closed while idle is retried once
+    on a fresh connection: that is the client's artefact, not a failure of the server."""
+    res = await _attempt(client, model, item, max_tokens, extra)
+    if res.error is not None and res.error.startswith("RemoteProtocolError") and res.ttft_s is None:
+        res = await _attempt(client, model, item, max_tokens, extra)
+    return res
+
+
+async def _attempt(client: httpx.AsyncClient, model: str | None, item: WorkItem, max_tokens: int,
+                   extra: dict[str, Any]) -> RequestResult:
     body: dict[str, Any] = {"prompt": item.prompt, "max_tokens": max_tokens, "temperature": 0,
                             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
                             **extra}

@@ -5,7 +5,8 @@ once), reading them through block tables, and the scratch buffers that attention
 layers and steps. Which blocks a sequence owns is the allocator's business; this module trusts
 the block tables it is given.
 
-    decode rows (query length 1): grouped, gathered into [S, L, nkv, hd], one batched matmul
+    decode rows (query length 1): split into one part per thread of the process's matmul pool,
+                                  each part grouped, gathered into [S, L, nkv, hd], one batched matmul
     prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores
 """
 
@@ -18,6 +19,7 @@ import numpy.typing as npt
 
 from forge.batch import ForwardBatch
 from forge.llama.config import LlamaConfig
+from forge.llama.linear import active_matmul
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -31,6 +33,9 @@ MAX_DECODE_GATHER_FLOATS = 1 << 18
 # Query rows per prefill tile: small enough that a tile skips the keys that lie after all its
 # queries (about half of a causal prefill), large enough to keep the matmuls efficient.
 MAX_PREFILL_TILE_ROWS = 128
+# Decode sequences are split across the matmul pool's threads from this many on (each thread runs
+# its own part's groups, on its own scratch buffers; rows are independent, so results match).
+MIN_PARALLEL_DECODE_SEQS = 2
 
 
 class Scratch:
@@ -39,6 +44,14 @@ class Scratch:
 
     def __init__(self) -> None:
         self._buffers: list[F32] = [np.empty(0, np.float32) for _ in range(3)]
+        self._parts: list[Scratch] = [self]
+
+    def part(self, index: int) -> Scratch:
+        """The scratch of decode part `index` (0: this one): parts run on different threads, so
+        each has its own buffers. Call from the thread that hands out the parts."""
+        while len(self._parts) <= index:
+            self._parts.append(Scratch())
+        return self._parts[index]
 
     def get(self, slot: int, shape: tuple[int, ...]) -> F32:
         """A C-contiguous [shape] view of buffer `slot` (0: keys, 1: values, 2: scores); its
@@ -115,8 +128,12 @@ class PrefillSeq:
 class AttentionPlan:
     """Everything about a step's attention that does not depend on the layer: built once."""
 
-    decode_groups: list[DecodeGroup]
+    decode_parts: list[list[DecodeGroup]]  # one list of groups per thread; parts own disjoint rows
     prefills: list[PrefillSeq]
+
+    @property
+    def decode_groups(self) -> list[DecodeGroup]:
+        return [g for part in self.decode_parts for g in part]
 
 
 def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0) -> F32:
@@ -125,15 +142,54 @@ def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0) -> F32
     return np.where(visible, np.float32(0.0), np.float32(-np.inf))                     # [n, K]
 
 
-def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int) -> AttentionPlan:
-    """Split the step into decode groups and prefill sequences; the batch is assumed validated."""
+def _split_decodes(decode_seqs: I64, num_blocks_needed: I64, num_parts: int) -> list[I64]:
+    """Deal the decode sequences into num_parts parts of about equal keys: longest first, each to
+    the part with the fewest keys so far (ties to the lower part); deterministic."""
+    loads = [0] * num_parts
+    members: list[list[int]] = [[] for _ in range(num_parts)]
+    for s in decode_seqs[np.argsort(-num_blocks_needed[decode_seqs], kind="stable")]:
+        part = loads.index(min(loads))
+        loads[part] += int(num_blocks_needed[s])
+        members[part].append(int(s))
+    return [np.array(m, dtype=np.int64) for m in members if m]
+
+
+def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
+                   num_parts: int | None = None) -> AttentionPlan:
+    """Split the step into decode parts (num_parts at most; None: one per thread of the active
+    matmul's pool) of decode groups, and prefill sequences; the batch is assumed validated."""
     starts = batch.query_start
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
-    kv_width = config.num_kv_heads * config.head_dim
-    group_budget = min(MAX_TEMP_FLOATS, MAX_DECODE_GATHER_FLOATS)
 
     decode_seqs = np.flatnonzero(lengths == 1)
+    num_parts = active_matmul().num_parts if num_parts is None else num_parts
+    if len(decode_seqs) < MIN_PARALLEL_DECODE_SEQS:
+        num_parts = 1
+    parts = _split_decodes(decode_seqs, num_blocks_needed, max(1, num_parts))
+    decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed) for seqs in parts]
+
+    prefills: list[PrefillSeq] = []
+    for s in np.flatnonzero(lengths > 1):
+        ctx = int(batch.context_lens[s])
+        lo, hi = int(starts[s]), int(starts[s + 1])
+        tile_rows = max(1, min(MAX_PREFILL_TILE_ROWS, MAX_TEMP_FLOATS // (config.num_heads * ctx)))
+        tiles: list[PrefillTile] = []
+        for t in range(lo, hi, tile_rows):
+            positions = batch.positions[t:min(t + tile_rows, hi)]                      # [n]
+            num_keys, mask_from = int(positions.max()) + 1, int(positions.min()) + 1
+            bias = _causal_bias(positions, num_keys, mask_from)                          # [n, K - mask_from]
+            tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
+        prefills.append(PrefillSeq(batch.block_tables[s, : int(num_blocks_needed[s])], ctx, tiles))
+    return AttentionPlan(decode_parts, prefills)
+
+
+def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,
+                   num_blocks_needed: I64) -> list[DecodeGroup]:
+    """Group one part's decode sequences by length, each group's gathered keys under the budget."""
+    starts = batch.query_start
+    kv_width = config.num_kv_heads * config.head_dim
+    group_budget = min(MAX_TEMP_FLOATS, MAX_DECODE_GATHER_FLOATS)
     decode_seqs = decode_seqs[np.argsort(batch.context_lens[decode_seqs], kind="stable")]  # by length
     groups: list[DecodeGroup] = []
     begin = 0
@@ -150,20 +206,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int) ->
         bias = _causal_bias(batch.positions[rows], nb * block_size)                      # [S, L]
         groups.append(DecodeGroup(rows, batch.block_tables[seqs, :nb], bias[:, None, None, :]))
         begin = end
-
-    prefills: list[PrefillSeq] = []
-    for s in np.flatnonzero(lengths > 1):
-        ctx = int(batch.context_lens[s])
-        lo, hi = int(starts[s]), int(starts[s + 1])
-        tile_rows = max(1, min(MAX_PREFILL_TILE_ROWS, MAX_TEMP_FLOATS // (config.num_heads * ctx)))
-        tiles: list[PrefillTile] = []
-        for t in range(lo, hi, tile_rows):
-            positions = batch.positions[t:min(t + tile_rows, hi)]                      # [n]
-            num_keys, mask_from = int(positions.max()) + 1, int(positions.min()) + 1
-            bias = _causal_bias(positions, num_keys, mask_from)                          # [n, K - mask_from]
-            tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
-        prefills.append(PrefillSeq(batch.block_tables[s, : int(num_blocks_needed[s])], ctx, tiles))
-    return AttentionPlan(groups, prefills)
+    return groups
 
 
 def _exp_shifted_(scores: F32) -> F32:
@@ -178,13 +221,23 @@ def _exp_shifted_(scores: F32) -> F32:
 def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
-    already written. Returns [T, nh, hd]."""
+    already written. Returns [T, nh, hd]. The decode parts run on the active matmul's pool, the
+    calling thread taking the first; the prefills run here, after them."""
     scratch = scratch if scratch is not None else Scratch()
-    num_tokens, num_heads, head_dim = q.shape
+    out = np.empty_like(q)                                                               # [T, nh, hd]
+    jobs = [(part, scratch.part(i)) for i, part in enumerate(plan.decode_parts)]
+    active_matmul().run_parts(lambda job: _decode(job[0], q, k_cache, v_cache, job[1], out), jobs)
+    for p in plan.prefills:
+        _prefill(p, q, k_cache, v_cache, scratch, out)
+    return out
+
+
+def _decode(groups: list[DecodeGroup], q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:
+    """Attention of one part's decode groups; writes their rows of out [T, nh, hd]."""
+    num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = np.empty_like(q)                                                               # [T, nh, hd]
-    for g in plan.decode_groups:
+    for g in groups:
         num_seqs = len(g.rows)
         keys = scratch.gather(0, k_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)    # [S, L, nkv, hd]
         values = scratch.gather(1, v_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)  # [S, L, nkv, hd]
@@ -197,9 +250,6 @@ def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scr
         o = np.matmul(scores, values.transpose(0, 2, 1, 3))                              # [S, nkv, g, hd]
         o /= sums
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
-    for p in plan.prefills:
-        _prefill(p, q, k_cache, v_cache, scratch, out)
-    return out
 
 
 def _prefill(p: PrefillSeq, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:

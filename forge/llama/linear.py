@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +20,7 @@ from threadpoolctl import threadpool_limits
 from forge.config import MATMUL_STRATEGIES
 
 F32 = npt.NDArray[np.float32]
+T = TypeVar("T")
 
 # Output columns of a slice are a multiple of this (one 64-byte cache line of float32).
 COLUMN_ALIGN = 16
@@ -80,6 +83,27 @@ class Matmul:
             for future in futures:
                 future.result()
         return out
+
+    @property
+    def num_parts(self) -> int:
+        """How many pieces of work run_parts runs at once: the threads under "split", else 1."""
+        return self.num_threads if self._pool is not None else 1
+
+    def run_parts(self, fn: Callable[[T], None], parts: Sequence[T]) -> None:
+        """fn(part) for every part: parts[1:] on the pool (when there is one), parts[0] on the
+        calling thread; returns once all are done, raising the first failure. The parts must
+        write disjoint memory; fn should spend its time in numpy calls that release the GIL."""
+        pool = self._pool
+        if pool is None or len(parts) < 2:
+            for part in parts:
+                fn(part)
+            return
+        futures = [pool.submit(fn, part) for part in parts[1:]]
+        try:
+            fn(parts[0])
+        finally:
+            for future in futures:
+                future.result()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -44,3 +44,18 @@ def test_bad_strategy_or_threads_are_refused() -> None:
         Matmul("fast", 2)
     with pytest.raises(ValueError):
         Matmul("split", 0)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_run_parts_runs_every_part_once(num_threads: int) -> None:
+    matmul = Matmul("split", num_threads)
+    assert matmul.num_parts == num_threads
+    seen: list[int] = []
+    try:
+        matmul.run_parts(seen.append, list(range(5)))
+        with pytest.raises(ZeroDivisionError):
+            matmul.run_parts(lambda i: seen.append(1 // i), [1, 0])
+    finally:
+        matmul.close()
+    assert sorted(seen) == [0, 1, 1, 2, 3, 4]
+    assert Matmul("blas", 4).num_parts == 1

@@ -16,6 +16,8 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
 from forge.llama import KVCache, LlamaConfig, LlamaModel
 from forge.llama import attention
+from forge.llama import linear as linear_mod
+from forge.llama import model as model_mod
 from tests.tiny_gguf import write_tiny_llama
 
 REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -206,6 +208,42 @@ def test_small_temporaries_split_the_work(tiny: LlamaModel, reference: np.ndarra
     second = pager.step([("a", [PROMPT[7]]), ("b", [PROMPT[3]]), ("c", [PROMPT[5]])])
     for seq, n in (("a", 7), ("b", 3), ("c", 5)):
         close(second[seq], reference[n:n + 1])
+
+
+@pytest.mark.parametrize("num_threads", [2, 3])
+@pytest.mark.parametrize("max_temp", [attention.MAX_TEMP_FLOATS, 1])
+def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       num_threads: int, max_temp: int) -> None:
+    """Decode parts on a split pool give the serial forward's logits; max_temp 1: a group per sequence."""
+    monkeypatch.setattr(attention, "MAX_TEMP_FLOATS", max_temp)
+    plans: list[attention.AttentionPlan] = []
+
+    def spy(*args: object, **kwargs: object) -> attention.AttentionPlan:
+        plans.append(attention.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
+        return plans[-1]
+
+    monkeypatch.setattr(model_mod, "plan_attention", spy)
+    histories = {"a": PROMPT[:6], "b": PROMPT[:9], "c": [7, 7, 7], "d": PROMPT[2:], "e": PROMPT[:2]}
+    new = {"a": [11], "b": [4], "c": [13], "d": [6, 1, 40], "e": [9]}  # four decodes and a prefill chunk
+    got = {}
+    matmul = linear_mod.Matmul("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", matmul)
+    try:
+        for parallel in (True, False):
+            monkeypatch.setattr(attention, "MIN_PARALLEL_DECODE_SEQS", 2 if parallel else 1 << 30)
+            pager = Pager(tiny, seed=7)
+            pager.step(list(histories.items()))
+            got[parallel] = pager.step(list(new.items()))
+            parts = plans[-1].decode_parts
+            assert len(parts) == (min(num_threads, 4) if parallel else 1)
+            rows = np.concatenate([g.rows for part in parts for g in part])
+            assert sorted(rows.tolist()) == [0, 1, 2, 6]              # every decode row once
+    finally:
+        matmul.close()
+    for seq in histories:
+        # groups pad to different key counts, so sums may round differently in the last bit
+        np.testing.assert_allclose(got[True][seq], got[False][seq], atol=1e-5, rtol=1e-6)
+        close(got[True][seq], reference_logits(tiny_path, histories[seq] + new[seq])[-len(new[seq]):])
 
 
 def test_only_sampled_rows_are_returned(tiny: LlamaModel, reference: np.ndarray) -> None:

@@ -16,6 +16,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -190,9 +191,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if values else None
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
 
 
 def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> str:

@@ -19,17 +19,18 @@ from anyio.streams.memory import MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.metrics import Metrics
 from actors.router import ResponseGroup, Router
+from actors.sse import SSEResponse
 from forge import api
 from forge.api_responses import ResponseHeader, TokenLogprob, Usage
-from forge.errors import InvalidRequest, RequestError
+from forge.errors import RequestError
 from forge.messages import Abort, Accepted, Rejected, Submit, TextDelta
-from forge.sampling import SamplingParams
 from forge.chat import ChatTemplate
+from forge.sampling import SamplingParams
 from forge.tokenizer import Tokenizer
 
 log = structlog.get_logger("forge.gateway")
@@ -97,7 +98,6 @@ class Gateway:
         self.num_inflight = 0
         self._idle = anyio.Event()
         self._idle.set()
-        self._counter = 0
         # Admitted but not yet queued by the scheduler (the scheduler takes new requests only
         # between steps): counted against the waiting bounds, or a burst would pass them all.
         self._num_admitting = 0
@@ -240,9 +240,6 @@ class Gateway:
 
     # ---- generation -------------------------------------------------------------------------
 
-    def _new_ids(self, base: str, count: int) -> list[str]:
-        return [f"{base}-{i}" for i in range(count)]
-
     async def _start(self, request: Request, pipe: Pipeline, base: str,
                      submits: list[Submit], num_bytes: int) -> ResponseGroup:
         """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
@@ -336,7 +333,7 @@ class Gateway:
             return params
         return msgspec.structs.replace(params, seed=params.seed + j)
 
-    async def _run(self, request: Request, kind: str, handler: Callable[..., Any]) -> Response:
+    async def _run(self, request: Request, handler: Callable[..., Any]) -> Response:
         pipe = self._ready(request)
         body = await self._body(request)
         arrival = time.monotonic()
@@ -348,13 +345,13 @@ class Gateway:
             raise
 
     async def generate(self, request: Request) -> Response:
-        return await self._run(request, "generate", self._generate)
+        return await self._run(request, self._generate)
 
     async def completions(self, request: Request) -> Response:
-        return await self._run(request, "cmpl", self._completions)
+        return await self._run(request, self._completions)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._run(request, "chatcmpl", self._chat)
+        return await self._run(request, self._chat)
 
     async def _generate(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         req = self._decode(api.decode_generate, body)
@@ -517,33 +514,3 @@ class Gateway:
             self._leave()
 
         return SSEResponse(body(), cleanup)
-
-
-class SSEResponse(StreamingResponse):
-    """An event stream that always watches for the client going away, in every phase, and runs
-    `cleanup` exactly once however the stream ends (finished, disconnected, cancelled)."""
-
-    def __init__(self, frames: AsyncIterator[bytes], cleanup: Callable[[], None]) -> None:
-        super().__init__(frames, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._cleanup = cleanup
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                async def stream() -> None:
-                    try:
-                        await self.stream_response(send)
-                    except OSError:
-                        pass                      # the client is gone
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(stream)
-                await self.listen_for_disconnect(receive)
-                tg.cancel_scope.cancel()
-        finally:
-            self._cleanup()
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()

@@ -8,6 +8,7 @@ only when there is nothing to run, and it never awaits a client.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import anyio
 import structlog
@@ -23,6 +24,7 @@ from forge.messages import (Abort, Accepted, AllocateStep, Rejected, StepAllocat
 log = structlog.get_logger("forge.scheduler")
 
 SchedulerInbox = Tokenised | Abort
+MAX_EARLY_ABORTS = 4096
 ToTokeniser = Accepted | Rejected | TokensEmitted
 
 
@@ -44,6 +46,9 @@ class SchedulerActor:
         self._rids: dict[str, int] = {}
         self._num_queued_tokens = 0
         self._queued: dict[int, int] = {}            # seq id -> prompt tokens, while waiting
+        # Aborts that overtook their request (the client left while it was being tokenised): the
+        # request is dropped when it arrives. Bounded: ids of requests that never come are forgotten.
+        self._early_aborts: OrderedDict[str, None] = OrderedDict()
 
     def statistics(self) -> CoreStats:
         return self._core.stats()
@@ -75,6 +80,10 @@ class SchedulerActor:
     async def _handle(self, msg: SchedulerInbox) -> None:
         match msg:
             case Tokenised(request_id=rid, prompt_ids=ids, params=params):
+                if self._early_aborts.pop(rid, 0) is None:
+                    await self._to_tokeniser.send(TokensEmitted(request_id=rid, token_ids=(),
+                                                                finish_reason="abort"))
+                    return
                 try:
                     seq_id = self._core.add_request(rid, list(ids), params)
                 except RequestError as exc:
@@ -97,6 +106,10 @@ class SchedulerActor:
                     self._dequeue(self._rids.pop(rid, -1))
                     await self._to_tokeniser.send(TokensEmitted(request_id=rid, token_ids=(),
                                                                 finish_reason="abort"))
+                elif rid not in self._rids:
+                    self._early_aborts[rid] = None
+                    if len(self._early_aborts) > MAX_EARLY_ABORTS:
+                        self._early_aborts.popitem(last=False)
 
     async def _step(self) -> None:
         await self._to_allocator.send(self._core.propose())

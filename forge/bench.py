@@ -18,6 +18,7 @@ import numpy as np
 from forge.config import EngineConfig
 from forge.engine import Engine
 from forge.llama import KVCache
+from forge.llama.linear import linear
 from forge.llama.weights import LlamaWeights
 from forge.llm import LLMEngine, LoadedModel, set_blas_threads
 from forge.messages import StepBatch, StepOutput
@@ -143,7 +144,8 @@ def _run_requests(engine: LLMEngine, prompts: list[list[int]], params: SamplingP
 def matmul_seconds(weights: LlamaWeights, num_tokens: int, *, num_head_rows: int, min_time_s: float = 0.5,
                    min_reps: int = 3) -> float:
     """Median time of one step's matmuls alone: x @ W for every layer's four matrices over
-    `num_tokens` rows, and the head over `num_head_rows` rows. No attention, norms or sampling."""
+    `num_tokens` rows, and the head over `num_head_rows` rows, through the engine's own matmul
+    (forge.llama.linear: same strategy and threads). No attention, norms or sampling."""
     rng = np.random.default_rng(0)
     hidden = weights.embedding.shape[1]
     ffn = weights.layers[0].w_down.shape[0]
@@ -155,11 +157,11 @@ def matmul_seconds(weights: LlamaWeights, num_tokens: int, *, num_head_rows: int
     def once() -> float:
         t0 = time.perf_counter()
         for layer in weights.layers:
-            x @ layer.wqkv                                                   # [T, (nh + 2 nkv) * hd]
-            attn @ layer.wo                                                  # [T, H]
-            x @ layer.w_gate_up                                              # [T, 2F]
-            act @ layer.w_down                                               # [T, H]
-        rows @ weights.head                                                  # [N, V]
+            linear(x, layer.wqkv)                                            # [T, (nh + 2 nkv) * hd]
+            linear(attn, layer.wo)                                           # [T, H]
+            linear(x, layer.w_gate_up)                                       # [T, 2F]
+            linear(act, layer.w_down)                                        # [T, H]
+        linear(rows, weights.head)                                           # [N, V]
         return time.perf_counter() - t0
 
     once()                                                                   # warm the BLAS pool

@@ -1,0 +1,86 @@
+"""The scheduler actor with real channels, a real allocator and a real model worker (tiny GGUF)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.allocator import AllocatorActor
+from actors.metrics import Metrics
+from actors.scheduler import SchedulerActor
+from actors.worker import ModelWorkerActor
+from forge.engine_core import EngineCore
+from forge.llama.model import LlamaModel
+from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
+from forge.paged_cache import PagedKVCache
+from forge.runner import ModelRunner
+from forge.sampling import SamplingParams
+from forge.scheduler import SchedulerConfig
+from tests.tiny_gguf import EOS_ID, write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    return LlamaModel.load(write_tiny_llama(Path(tmp_path_factory.mktemp("m")) / "tiny.gguf"))
+
+
+async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], PagedKVCache]:
+    """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser."""
+    cache = PagedKVCache(32, 4, enable_prefix_caching=True)
+    core = EngineCore(SchedulerConfig(max_batch_size=4, max_num_batched_tokens=16), cache, eos_token_id=EOS_ID,
+                      max_model_len=64, vocab_size=model.config.vocab_size)
+    runner = ModelRunner(model, num_blocks=32, block_size=4, eos_token_id=EOS_ID)
+    to_sched, sched_in = anyio.create_memory_object_stream[Any](math.inf)
+    to_alloc, alloc_in = anyio.create_memory_object_stream[Any](1)
+    alloc_out, from_alloc = anyio.create_memory_object_stream[Any](1)
+    to_worker, worker_in = anyio.create_memory_object_stream[Any](1)
+    worker_out, from_worker = anyio.create_memory_object_stream[Any](1)
+    to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
+    scheduler = SchedulerActor(core, Metrics(), inbox=sched_in, to_allocator=to_alloc, from_allocator=from_alloc,
+                               to_worker=to_worker, from_worker=from_worker, to_tokeniser=to_tok)
+    received: list[Any] = []
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(AllocatorActor(cache, alloc_in, alloc_out).run)
+            await tg.start(ModelWorkerActor(runner, worker_in, worker_out).run)
+            await tg.start(scheduler.run)
+            for msg in inbox_messages:
+                await to_sched.send(msg)
+            async with tok_in:
+                while len(received) < num_expected:
+                    received.append(await tok_in.receive())
+                while core.has_work():
+                    await anyio.sleep(0.01)
+            await to_sched.aclose()             # the scheduler ends; its ends close the others
+    return received, cache
+
+
+async def test_requests_run_to_the_end_and_give_back_every_block(tiny: LlamaModel) -> None:
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    msgs = [Tokenised(request_id=f"r{i}", prompt_ids=tuple(range(3, 10 + i)), params=params) for i in range(3)]
+    received, cache = await drive(tiny, msgs, 3 + 3 * 5)
+    assert sum(isinstance(m, Accepted) for m in received) == 3
+    finished = [m for m in received if isinstance(m, TokensEmitted) and m.finish_reason == "length"]
+    assert sorted(m.request_id for m in finished) == ["r0", "r1", "r2"]
+    assert cache.free_blocks() == cache.total_blocks()
+
+
+async def test_an_abort_that_overtakes_its_request_drops_it(tiny: LlamaModel) -> None:
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    msgs = [Abort(request_id="early"), Tokenised(request_id="early", prompt_ids=(3, 4, 5), params=params)]
+    received, cache = await drive(tiny, msgs, 1)
+    assert received == [TokensEmitted(request_id="early", token_ids=(), finish_reason="abort")]
+    assert cache.free_blocks() == cache.total_blocks()
+
+
+async def test_a_prompt_too_long_is_rejected_not_fatal(tiny: LlamaModel) -> None:
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    msgs = [Tokenised(request_id="long", prompt_ids=tuple([3] * 80), params=params),
+            Tokenised(request_id="ok", prompt_ids=(3, 4), params=params)]
+    received, _ = await drive(tiny, msgs, 2)
+    assert isinstance(received[0], Rejected) and received[0].code == "context_length_exceeded"
+    assert received[1] == Accepted(request_id="ok", num_prompt_tokens=2)

@@ -11,7 +11,10 @@ import os
 import sys
 from typing import Any
 
+import structlog
+
 from forge import cli as core_cli
+from forge.errors import ForgeError
 from forge.cli import add_engine_flags, engine_config, env
 
 
@@ -37,8 +40,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
         model=args.model, drain_timeout=args.drain_timeout)
-    anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
+    try:
+        anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
+    except Exception as exc:  # noqa: BLE001 - the daemon's last word: one clear line, then exit
+        causes = _leaves(exc)
+        user_errors = [e for e in causes if isinstance(e, ForgeError)]
+        if user_errors and len(user_errors) == len(causes):
+            print(f"forge: {user_errors[0]}", file=sys.stderr)
+            return 2
+        structlog.get_logger("forge").exception("daemon_crashed")
+        return 1
     return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or the exception itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def register(sub: Any) -> None:

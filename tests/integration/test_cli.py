@@ -1,0 +1,34 @@
+"""The installed command: a bad model is one clear line and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def forge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "actors", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_serve_with_a_corrupt_model_says_so_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model" * 100)
+    result = forge("serve", "--model", str(bad), "--addr", "127.0.0.1:0", "--log-format", "json")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "bad.gguf" in result.stderr.strip().splitlines()[-1]
+
+
+def test_generate_with_a_missing_model_says_so_and_exits_2(tmp_path: Path) -> None:
+    result = forge("generate", "hello", "--model", str(tmp_path / "absent.gguf"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert "not found" in result.stderr
+
+
+def test_generate_streams_only_the_completion_to_stdout() -> None:
+    result = forge("generate", "The capital of France is", "--max-tokens", "4", "--blas-threads", "1")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "forge:" not in result.stdout

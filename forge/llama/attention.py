@@ -7,7 +7,8 @@ the block tables it is given.
 
     decode rows (query length 1): split into one part per thread of the process's matmul pool,
                                   each part grouped, gathered into [S, L, nkv, hd], one batched matmul
-    prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores
+    prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores; the
+                                  tiles dealt into one part per thread too, balanced by cost
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ MAX_PREFILL_TILE_ROWS = 128
 # Decode sequences are split across the matmul pool's threads from this many on (each thread runs
 # its own part's groups, on its own scratch buffers; rows are independent, so results match).
 MIN_PARALLEL_DECODE_SEQS = 2
+# Prefill work is split across the pool's threads from this cost on (query rows x visible keys,
+# summed over the step's tiles; 4096 is about 0.1 ms of attention per layer at 135M, a guess at
+# where a thread hand-off stops paying, not measured).
+MIN_PARALLEL_PREFILL_COST = 1 << 12
 
 
 class Scratch:
@@ -47,8 +52,8 @@ class Scratch:
         self._parts: list[Scratch] = [self]
 
     def part(self, index: int) -> Scratch:
-        """The scratch of decode part `index` (0: this one): parts run on different threads, so
-        each has its own buffers. Call from the thread that hands out the parts."""
+        """The scratch of part `index` (0: this one): parts run on different threads, so each
+        has its own buffers. Call from the thread that hands out the parts."""
         while len(self._parts) <= index:
             self._parts.append(Scratch())
         return self._parts[index]
@@ -129,7 +134,8 @@ class AttentionPlan:
     """Everything about a step's attention that does not depend on the layer: built once."""
 
     decode_parts: list[list[DecodeGroup]]  # one list of groups per thread; parts own disjoint rows
-    prefills: list[PrefillSeq]
+    prefill_parts: list[list[PrefillSeq]]  # one list per thread, each sequence once with some of its
+                                           # tiles; parts own disjoint rows
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -154,6 +160,36 @@ def _split_decodes(decode_seqs: I64, num_blocks_needed: I64, num_parts: int) -> 
     return [np.array(m, dtype=np.int64) for m in members if m]
 
 
+def _tile_cost(t: PrefillTile) -> int:
+    return (t.hi - t.lo) * t.num_keys
+
+
+def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) -> list[list[PrefillSeq]]:
+    """Deal the prefill tiles into num_parts parts of about equal cost (a tile: rows x keys), on top
+    of the parts' `loads` so far: whole sequences, except that one costing over half a part's share
+    is dealt tile by tile; costliest first, each to the part with the least load (ties to the
+    lower part); deterministic. A part holds each sequence it has tiles of once (it gathers that
+    sequence's keys once), its tiles in order. Returns exactly num_parts lists, some maybe empty."""
+    seq_costs = [sum(_tile_cost(t) for t in p.tiles) for p in seqs]
+    total = sum(seq_costs)
+    if num_parts < 2 or total < MIN_PARALLEL_PREFILL_COST:
+        return [seqs] + [[] for _ in range(num_parts - 1)]
+    items: list[tuple[int, int, list[PrefillTile]]] = []  # (cost, sequence index, tiles)
+    for i, (p, cost) in enumerate(zip(seqs, seq_costs)):
+        if cost * 2 * num_parts > total:
+            items.extend((_tile_cost(t), i, [t]) for t in p.tiles)
+        else:
+            items.append((cost, i, p.tiles))
+    loads = list(loads)
+    taken: list[dict[int, list[PrefillTile]]] = [{} for _ in range(num_parts)]
+    for cost, i, tiles in sorted(items, key=lambda item: -item[0]):  # stable
+        part = loads.index(min(loads))
+        loads[part] += cost
+        taken[part].setdefault(i, []).extend(tiles)
+    return [[PrefillSeq(seqs[i].block_ids, seqs[i].context_len, sorted(tiles, key=lambda t: t.lo))
+             for i, tiles in sorted(members.items())] for members in taken]
+
+
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
                    num_parts: int | None = None) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
@@ -163,10 +199,9 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 
     decode_seqs = np.flatnonzero(lengths == 1)
-    num_parts = active_matmul().num_parts if num_parts is None else num_parts
-    if len(decode_seqs) < MIN_PARALLEL_DECODE_SEQS:
-        num_parts = 1
-    parts = _split_decodes(decode_seqs, num_blocks_needed, max(1, num_parts))
+    num_parts = max(1, active_matmul().num_parts if num_parts is None else num_parts)
+    num_decode_parts = num_parts if len(decode_seqs) >= MIN_PARALLEL_DECODE_SEQS else 1
+    parts = _split_decodes(decode_seqs, num_blocks_needed, num_decode_parts)
     decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed) for seqs in parts]
 
     prefills: list[PrefillSeq] = []
@@ -181,7 +216,13 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
             bias = _causal_bias(positions, num_keys, mask_from)                          # [n, K - mask_from]
             tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
         prefills.append(PrefillSeq(batch.block_tables[s, : int(num_blocks_needed[s])], ctx, tiles))
-    return AttentionPlan(decode_parts, prefills)
+    # a decode row costs its padded keys, in the same units as a tile: one query row x keys
+    loads = [sum(len(g.rows) * g.bias.shape[-1] for g in part) for part in decode_parts]
+    loads += [0] * (num_parts - len(loads))
+    prefill_parts = _split_prefills(prefills, num_parts, loads)
+    while prefill_parts and not prefill_parts[-1]:
+        prefill_parts.pop()
+    return AttentionPlan(decode_parts, prefill_parts)
 
 
 def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,
@@ -222,13 +263,22 @@ def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scr
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
     already written. Returns [T, nh, hd]. The decode parts run on the active matmul's pool, the
-    calling thread taking the first; the prefills run here, after them."""
+    calling thread taking the first; a thread runs its part's decode groups, then its prefill
+    tiles (decode part i and prefill part i form job i, on scratch part i)."""
     scratch = scratch if scratch is not None else Scratch()
     out = np.empty_like(q)                                                               # [T, nh, hd]
-    jobs = [(part, scratch.part(i)) for i, part in enumerate(plan.decode_parts)]
-    active_matmul().run_parts(lambda job: _decode(job[0], q, k_cache, v_cache, job[1], out), jobs)
-    for p in plan.prefills:
-        _prefill(p, q, k_cache, v_cache, scratch, out)
+    num_jobs = max(len(plan.decode_parts), len(plan.prefill_parts))
+    jobs = [(plan.decode_parts[i] if i < len(plan.decode_parts) else [],
+             plan.prefill_parts[i] if i < len(plan.prefill_parts) else [], scratch.part(i))
+            for i in range(num_jobs)]
+
+    def run(job: tuple[list[DecodeGroup], list[PrefillSeq], Scratch]) -> None:
+        groups, prefills, part_scratch = job
+        _decode(groups, q, k_cache, v_cache, part_scratch, out)
+        for p in prefills:
+            _prefill(p, q, k_cache, v_cache, part_scratch, out)
+
+    active_matmul().run_parts(run, jobs)
     return out
 
 
@@ -253,12 +303,15 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: F32, v_cache: F32, scrat
 
 
 def _prefill(p: PrefillSeq, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:
-    """Causal attention of one sequence's chunk, tile by tile; writes its rows of out [T, nh, hd]."""
+    """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
+    their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    flat_k = scratch.gather(0, k_cache, p.block_ids).reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
-    flat_v = scratch.gather(1, v_cache, p.block_ids).reshape(-1, num_kv_heads, head_dim)[: p.context_len]  # [C, nkv, hd]
+    num_keys = max(t.num_keys for t in p.tiles)  # a part with the early tiles needs only early keys
+    block_ids = p.block_ids[: -(-num_keys // k_cache.shape[1])]
+    flat_k = scratch.gather(0, k_cache, block_ids).reshape(-1, num_kv_heads, head_dim)[:num_keys]  # [C, nkv, hd]
+    flat_v = scratch.gather(1, v_cache, block_ids).reshape(-1, num_kv_heads, head_dim)[:num_keys]  # [C, nkv, hd]
     keys_t = np.ascontiguousarray(flat_k.transpose(1, 2, 0))                             # [nkv, hd, C]
     values = np.ascontiguousarray(flat_v.transpose(1, 0, 2))                             # [nkv, C, hd]
     for t in p.tiles:

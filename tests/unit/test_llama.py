@@ -246,6 +246,55 @@ def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkey
         close(got[True][seq], reference_logits(tiny_path, histories[seq] + new[seq])[-len(new[seq]):])
 
 
+
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_parallel_prefill_equals_serial(tiny: LlamaModel, tiny_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        num_threads: int) -> None:
+    """Prefill tiles dealt over a split pool (one long chunk split tile by tile, short chunks whole,
+    alongside decodes) give the serial forward's logits."""
+    monkeypatch.setattr(attention, "MAX_PREFILL_TILE_ROWS", 2)
+    monkeypatch.setattr(attention, "MIN_PARALLEL_PREFILL_COST", 0)
+    plans: list[attention.AttentionPlan] = []
+
+    def spy(*args: object, **kwargs: object) -> attention.AttentionPlan:
+        plans.append(attention.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
+        return plans[-1]
+
+    monkeypatch.setattr(model_mod, "plan_attention", spy)
+    long = (PROMPT * 3)[:30]
+    histories = {"a": PROMPT[:6], "b": PROMPT[:9], "c": [7, 7, 7], "d": PROMPT[2:], "e": PROMPT[:2]}
+    new = {"a": [11], "b": [4], "c": [13, 2], "d": [6, 1, 40], "e": long}  # two decodes, three prefill chunks
+    num_rows = sum(len(tokens) for tokens in new.values())
+    decode_rows = [0, 1]  # a and b come first
+    got = {}
+    matmul = linear_mod.Matmul("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", matmul)
+    try:
+        for parallel in (True, False):
+            pager = Pager(tiny, seed=7)
+            pager.step(list(histories.items()))
+            got[parallel] = pager.step(list(new.items()))
+            if not parallel:
+                break
+            parts = plans[-1].prefill_parts
+            assert len(parts) == num_threads and all(parts)
+            rows = [r for part in parts for p in part for t in p.tiles for r in range(t.lo, t.hi)]
+            assert sorted(rows + decode_rows) == list(range(num_rows))  # every row once
+            lens = [[p.context_len for p in part] for part in parts]
+            assert all(len(set(n)) == len(n) for n in lens)  # each sequence at most once per part
+            assert sum(n.count(len(histories["e"]) + len(long)) for n in lens) > 1  # the long one split
+            assert sum(n.count(len(histories["d"]) + 3) for n in lens) == 1  # a short one whole
+            matmul.close()
+            matmul = linear_mod.Matmul("split", 1)  # num_parts 1: the serial path
+            monkeypatch.setattr(linear_mod, "_active", matmul)
+        assert len(plans[-1].prefill_parts) == 1 and len(plans[-1].decode_parts) == 1
+    finally:
+        matmul.close()
+    for seq in histories:
+        np.testing.assert_allclose(got[True][seq], got[False][seq], atol=1e-5, rtol=1e-6)
+        close(got[True][seq], reference_logits(tiny_path, histories[seq] + new[seq])[-len(new[seq]):])
+
+
 def test_only_sampled_rows_are_returned(tiny: LlamaModel, reference: np.ndarray) -> None:
     n = len(PROMPT)
     kv = tiny.new_kv_cache(8, BLOCK_SIZE)

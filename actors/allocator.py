@@ -31,10 +31,10 @@ class AllocatorActor:
             task_status.started()
             async for msg in self._inbox:
                 match msg:
-                    case AllocateStep(frees=frees, asks=asks):
+                    case AllocateStep(frees=frees, asks=asks, admit_budget=admit_budget):
                         for seq_id in frees:
                             self._cache.free(seq_id)
-                        await self._replies.send(self._cache.allocate_step(asks))
+                        await self._replies.send(self._cache.allocate_step(asks, admit_budget))
                     case FreeSeqs(seq_ids=seq_ids):
                         for seq_id in seq_ids:
                             self._cache.free(seq_id)

@@ -83,7 +83,8 @@ class Daemon:
                                           enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig(max_batch_size=cfg.max_num_seqs,
-                                          max_num_batched_tokens=cfg.max_num_batched_tokens),
+                                          max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                          policy=cfg.scheduling_policy),
                           cache, eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(

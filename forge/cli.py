@@ -32,7 +32,8 @@ def engine_config(args: argparse.Namespace) -> object:
                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
-                            blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy)
+                            blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
+                            scheduling_policy=args.scheduling_policy)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -47,6 +48,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    default=int(env("FORGE_MAX_NUM_BATCHED_TOKENS", "512")),
                    help="token budget of one step; long prompts are prefilled in chunks of at most this "
                         "[FORGE_MAX_NUM_BATCHED_TOKENS; 512]")
+    g.add_argument("--scheduling-policy", choices=["shortest-first", "fcfs"],
+                   default=env("FORGE_SCHEDULING_POLICY", "shortest-first"),
+                   help="who gets a step's token budget first: shortest-first (decodes, then the prompts "
+                        "with the fewest tokens left; long waits age into first place) or fcfs "
+                        "[FORGE_SCHEDULING_POLICY; shortest-first]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
                    help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
 # each on 1-thread BLAS, whose idle threads sleep instead of spinning.
 MATMUL_STRATEGIES = ("blas", "split")
+# The order in which a step's token budget is handed out (forge.scheduler): "shortest-first"
+# (decode rows, then the prefills and prompts with the fewest tokens left, with aging) or "fcfs".
+SCHEDULING_POLICIES = ("fcfs", "shortest-first")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
@@ -38,6 +41,9 @@ class EngineConfig:
     # (the daemon's event loop, another process) wants a core, while "split" degrades gracefully.
     blas_threads: int | None = None
     matmul_strategy: str = "split"
+    # "shortest-first" lowers time to first token under load: a short prompt is not queued behind
+    # long ones (a sequence that has waited forge.scheduler.AGING_STEPS steps goes first anyway).
+    scheduling_policy: str = "shortest-first"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -47,5 +53,7 @@ class EngineConfig:
             raise ValueError("blas_threads must be positive")
         if self.matmul_strategy not in MATMUL_STRATEGIES:
             raise ValueError(f"matmul_strategy must be one of {', '.join(MATMUL_STRATEGIES)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

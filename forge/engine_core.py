@@ -97,8 +97,7 @@ class EngineCore:
     # ---- one step -----------------------------------------------------------------------
 
     def propose(self) -> AllocateStep:
-        asks = self.scheduler.propose()
-        return AllocateStep(frees=tuple(self.scheduler.take_frees()), asks=tuple(asks))
+        return self.scheduler.propose()
 
     def build(self, alloc: StepAllocation) -> StepBatch:
         plan = self.scheduler.commit(alloc)

@@ -89,7 +89,8 @@ class LLMEngine:
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.core = EngineCore(
             SchedulerConfig(max_batch_size=config.max_num_seqs,
-                            max_num_batched_tokens=config.max_num_batched_tokens),
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            policy=config.scheduling_policy),
             self.cache, eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
@@ -110,7 +111,7 @@ class LLMEngine:
         proposal = self.core.propose()
         for seq_id in proposal.frees:
             self.cache.free(seq_id)
-        batch = self.core.build(self.cache.allocate_step(proposal.asks))
+        batch = self.core.build(self.cache.allocate_step(proposal.asks, proposal.admit_budget))
         if not batch.chunks and not batch.new_seqs and not batch.dropped:
             return self.core.apply(StepOutput(step_id=batch.step_id, sampled=()))
         return self.core.apply(self.runner.execute(batch))

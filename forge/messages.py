@@ -25,7 +25,7 @@ class BlockAsk(Message):
     seq_id: int
     new_token_ids: tuple[int, ...]   # tokens the allocator has not seen yet for this sequence
     max_compute: int                 # most tokens to compute this step (its share of the budget)
-    is_running: bool                 # False: admit it now (prefix lookup) if blocks allow
+    is_running: bool                 # False: admit it now (prefix lookup) if blocks and budget allow
 
 
 class Grant(Message):
@@ -39,6 +39,8 @@ class Grant(Message):
 class AllocateStep(Message):
     frees: tuple[int, ...]           # sequences that finished or were aborted since the last step
     asks: tuple[BlockAsk, ...]
+    admit_budget: int | None = None  # tokens the waiting asks may compute in all, counted after
+                                     # their prefix-cache hits; None: no limit
 
 
 class StepAllocation(Message):

@@ -235,17 +235,20 @@ class PagedKVCache:
 
     # ---- one engine step ----------------------------------------------------------------
 
-    def allocate_step(self, asks: Sequence[BlockAsk]) -> StepAllocation:
+    def allocate_step(self, asks: Sequence[BlockAsk], admit_budget: int | None = None) -> StepAllocation:
         """Grant blocks for one step, in the asks' priority order.
 
         A running sequence that cannot get its blocks takes them from the lowest-priority running
         sequence (the last running ask), which is preempted: freed, to be recomputed later; it may
-        be the asking sequence itself. A waiting sequence is admitted only while blocks remain and
-        nothing was preempted this step; admission stops at the first that does not fit (FCFS).
+        be the asking sequence itself. A waiting sequence is admitted only while blocks remain,
+        nothing was preempted this step and `admit_budget` (tokens computed by all the admitted,
+        after their prefix-cache hits; None: no limit) is not spent; admission stops at the first
+        that does not fit, in the order given.
         """
         grants: list[Grant] = []
         preempted: list[SeqId] = []
         victims = [a.seq_id for a in asks if a.is_running]            # lowest priority last
+        budget = admit_budget if admit_budget is not None else 1 << 62
         for ask in asks:
             seq = ask.seq_id
             if seq in preempted:
@@ -255,16 +258,20 @@ class PagedKVCache:
                 self.extend_tokens(seq, ask.new_token_ids)
                 num_cached = 0
             else:
-                if preempted:
+                if preempted or budget <= 0:
                     break
                 num_cached = self.admit_with_prefix(seq, ask.new_token_ids)
             entry = self._seqs[seq]
             start = entry.table.num_tokens
             num = min(ask.max_compute, len(entry.token_ids) - start)
+            if not ask.is_running:
+                num = min(num, budget)
             needed = self.blocks_needed_for(seq, num)
             if needed > self.free_blocks() and not ask.is_running:
-                self.free(seq)                                        # not this step; keep FCFS
+                self.free(seq)                                        # not this step; keep the order
                 break
+            if not ask.is_running:
+                budget -= num
             while needed > self.free_blocks():
                 victim = victims.pop()
                 self.free(victim)

@@ -13,11 +13,24 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from forge.config import SCHEDULING_POLICIES
 from forge.errors import CapacityError
-from forge.messages import BlockAsk, StepAllocation
+from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.paged_cache import PagedKVCache, SeqId
 
 TokenId = int
+
+# Scheduling policies (SCHEDULING_POLICIES): the order in which the step's token budget is handed out.
+#   "fcfs":           running sequences in admission order, then waiting ones in arrival order.
+#   "shortest-first": decode rows first, then prefills by fewest tokens left to compute, waiting
+#                     prompts by length; a sequence AGING_STEPS steps after its arrival (and any
+#                     preempted one) goes before all other prefill work, oldest first.
+# Steps after its arrival from which a sequence is served in arrival order, whatever its length:
+# the bound on how long shorter arrivals can keep overtaking it.
+AGING_STEPS = 32
+# At most this many waiting sequences are offered to the allocator per step (it admits them in
+# order while the step's budget and the free blocks last).
+MAX_ADMIT_CANDIDATES = 16
 
 
 class SeqState(enum.Enum):
@@ -37,6 +50,7 @@ class Sequence:
     num_computed_tokens: int = 0     # tokens whose K/V are in the cache
     num_tokens_sent: int = 0         # tokens the allocator knows (for prefix hashing)
     num_cached_tokens: int = 0       # prompt tokens found in the prefix cache at admission
+    arrival_step: int = 0            # the scheduler's step count when it was submitted
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -47,6 +61,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_tokens_sent = 0
         self.num_cached_tokens = 0
+        self.arrival_step = 0
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)
@@ -97,12 +112,15 @@ class StepPlan:
 class SchedulerConfig:
     max_batch_size: int = 8                     # most sequences running at once
     max_num_batched_tokens: int | None = None   # token budget per step; None: unlimited
+    policy: str = "fcfs"                        # one of SCHEDULING_POLICIES
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}")
 
 
 class Scheduler:
@@ -115,6 +133,7 @@ class Scheduler:
         self._finished: list[SeqId] = []        # since the last take_finished
         self._to_free: list[SeqId] = []         # blocks to give back before the next allocation
         self._retired: list[SeqId] = []         # finished since the last plan
+        self._step = 0                          # proposals made so far (the clock of aging)
         self.num_preemptions = 0
 
     # ---- queries ------------------------------------------------------------------------
@@ -151,6 +170,7 @@ class Scheduler:
             raise CapacityError(f"sequence {seq.id} needs {worst} tokens; the KV cache holds "
                                 f"{cache.total_blocks() * cache.block_size()}")
         seq.state = SeqState.WAITING
+        seq.arrival_step = self._step
         self._seqs[seq.id] = seq
         self._waiting.append(seq)
 
@@ -189,30 +209,60 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Plan one step against the local cache: propose, allocate, commit."""
-        asks = self.propose()
-        for seq_id in self.take_frees():
+        step = self.propose()
+        for seq_id in step.frees:
             self._cache.free(seq_id)
-        return self.commit(self._cache.allocate_step(asks))
+        return self.commit(self._cache.allocate_step(step.asks, step.admit_budget))
 
-    def propose(self) -> list[BlockAsk]:
-        """Retire complete sequences, then ask for this step's tokens in priority order."""
+    def propose(self) -> AllocateStep:
+        """Retire complete sequences, then share the step's token budget out by the policy.
+
+        Running sequences get their share here; the budget left over goes to the allocator with
+        the waiting candidates (in the policy's order), so that a prompt mostly found in the prefix
+        cache costs the budget only its uncached tokens. The asks of running sequences stay in
+        admission order: the allocator preempts from the end, the most recently admitted first.
+        """
         for seq in [s for s in self._running if s.is_complete()]:
             self._retire(seq)
+        self._step += 1
         budget = self.config.max_num_batched_tokens or 1 << 62
-        asks: list[BlockAsk] = []
-        for seq in self._running:
+        shares: dict[SeqId, int] = {}
+        for seq in self._budget_order(self._running):
             num = min(seq.total_len() - seq.num_computed_tokens, budget)
             budget -= num
-            asks.append(self._ask(seq, num, is_running=True))
-        num_slots = self.config.max_batch_size - len(self._running)
-        for seq in self._waiting:
-            if num_slots <= 0 or budget <= 0:
-                break
-            num = min(seq.total_len(), budget)
-            budget -= num
-            num_slots -= 1
-            asks.append(self._ask(seq, num, is_running=False))
-        return asks
+            shares[seq.id] = num
+        asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._running]
+        num_slots = min(self.config.max_batch_size - len(self._running), MAX_ADMIT_CANDIDATES)
+        if budget > 0 and num_slots > 0:
+            asks += [self._ask(seq, seq.total_len(), is_running=False)
+                     for seq in self._admission_order(num_slots)]
+        return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
+
+    def _is_aged(self, seq: Sequence) -> bool:
+        return self._step - seq.arrival_step >= AGING_STEPS or seq.state is SeqState.PREEMPTED
+
+    def _budget_order(self, running: list[Sequence]) -> list[Sequence]:
+        if self.config.policy == "fcfs":
+            return running
+
+        def key(seq: Sequence) -> tuple[int, int, int]:
+            left = seq.total_len() - seq.num_computed_tokens
+            if left <= 1:
+                return (0, seq.arrival_step, 0)                   # decode rows: one token each
+            if self._is_aged(seq):
+                return (1, seq.arrival_step, 0)
+            return (2, left, seq.arrival_step)
+        return sorted(running, key=key)
+
+    def _admission_order(self, limit: int) -> list[Sequence]:
+        if self.config.policy == "fcfs":
+            return [self._waiting[i] for i in range(min(limit, len(self._waiting)))]
+
+        def key(seq: Sequence) -> tuple[int, int, int]:
+            if self._is_aged(seq):
+                return (0, seq.arrival_step, 0)
+            return (1, seq.total_len(), seq.arrival_step)
+        return sorted(self._waiting, key=key)[:limit]
 
     def commit(self, alloc: StepAllocation) -> StepPlan:
         plan = StepPlan(finished=self._retired)

@@ -15,11 +15,13 @@ MAX_BATCH = 3
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    policy = "fcfs"
+
     def __init__(self) -> None:
         super().__init__()
         self.cache = PagedKVCache(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
-        self.sched = Scheduler(SchedulerConfig(max_batch_size=MAX_BATCH, max_num_batched_tokens=12),
-                               self.cache)
+        self.sched = Scheduler(SchedulerConfig(max_batch_size=MAX_BATCH, max_num_batched_tokens=12,
+                                               policy=self.policy), self.cache)
         self.submitted: set[int] = set()
         self.finished: set[int] = set()
         self.next_id = 0
@@ -77,5 +79,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.cache.free_blocks() == NUM_BLOCKS          # and gave back every block
 
 
+class ShortestFirstMachine(SchedulerMachine):
+    policy = "shortest-first"
+
+
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+TestShortestFirstMachine = ShortestFirstMachine.TestCase
+TestShortestFirstMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)

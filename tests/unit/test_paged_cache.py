@@ -141,3 +141,13 @@ def test_allocate_step_does_not_admit_past_a_waiting_sequence_that_does_not_fit(
             BlockAsk(seq_id=2, new_token_ids=(1,), max_compute=1, is_running=False)]
     alloc = cache.allocate_step(asks)
     assert alloc.grants == () and cache.free_blocks() == 3 and not cache.contains(1)
+
+
+def test_allocate_step_admits_waiting_sequences_within_the_admit_budget() -> None:
+    cache = PagedKVCache(16, 2)
+    asks = [BlockAsk(seq_id=i, new_token_ids=tuple(range(10 * i, 10 * i + 5)), max_compute=5, is_running=False)
+            for i in (1, 2, 3)]
+    alloc = cache.allocate_step(asks, admit_budget=7)
+    # seq 1 computes 5, seq 2 the 2 left of the budget (a chunk), seq 3 waits for the next step
+    assert [(g.seq_id, g.num_tokens) for g in alloc.grants] == [(1, 5), (2, 2)]
+    assert not cache.contains(3) and cache.free_blocks() == 16 - 3 - 1

@@ -4,10 +4,10 @@ import pytest
 
 from forge.errors import CapacityError
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import Scheduler, SchedulerConfig, SeqState, Sequence
+from forge.scheduler import AGING_STEPS, Scheduler, SchedulerConfig, SeqState, Sequence
 
 
-def make(num_blocks: int = 16, block_size: int = 4, **config: int) -> Scheduler:
+def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> Scheduler:
     return Scheduler(SchedulerConfig(**config), PagedKVCache(num_blocks, block_size))
 
 
@@ -114,3 +114,82 @@ def test_prefix_cache_hit_skips_computed_tokens() -> None:
     plan = sched.schedule()
     assert plan.scheduled[0].start == 12 and plan.scheduled[0].num_tokens == 2
     assert sched.get(2).num_cached_tokens == 12
+
+
+def shares(plan) -> dict[int, int]:  # noqa: ANN001
+    return {s.seq_id: s.num_tokens for s in plan.scheduled}
+
+
+def test_a_cached_prompt_costs_the_budget_only_its_uncached_tokens() -> None:
+    for policy in ("fcfs", "shortest-first"):
+        cache = PagedKVCache(64, 4, enable_prefix_caching=True)
+        sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, policy=policy), cache)
+        shared = list(range(1, 21))                   # 5 full blocks
+        sched.submit(Sequence(1, shared + [50], 1))
+        while sched.has_work():
+            run_step(sched)
+        sched.submit(Sequence(2, shared + [60], 1))   # 20 of 21 tokens cached: computes 1
+        sched.submit(Sequence(3, [70] * 6, 1))
+        plan = sched.schedule()
+        assert sorted(plan.admitted) == [2, 3], policy  # both fit in one step's 8 tokens
+        assert shares(plan) == {2: 1, 3: 6}, policy
+
+
+def test_shortest_first_prefills_a_short_prompt_before_a_long_one() -> None:
+    sched = make(num_blocks=64, max_num_batched_tokens=8, policy="shortest-first")
+    sched.submit(Sequence(1, [5] * 40, 1))            # arrives first, long
+    sched.submit(Sequence(2, [6] * 6, 1))             # arrives second, short
+    plan = sched.schedule()
+    assert plan.admitted == [2, 1] and shares(plan) == {2: 6, 1: 2}
+    assert plan.decode_batch == [2]                   # the short prompt's first token: step one
+    fcfs = make(num_blocks=64, max_num_batched_tokens=8, policy="fcfs")
+    fcfs.submit(Sequence(1, [5] * 40, 1))
+    fcfs.submit(Sequence(2, [6] * 6, 1))
+    assert shares(fcfs.schedule()) == {1: 8}         # fcfs: the long prompt takes the whole step
+
+
+def test_shortest_first_runs_decodes_before_an_older_prefill() -> None:
+    sched = make(num_blocks=64, max_num_batched_tokens=4, policy="shortest-first")
+    sched.submit(Sequence(1, [5] * 30, 5))            # long prompt, admitted first
+    sched.submit(Sequence(2, [6] * 2, 5))
+    run_step(sched)                                   # 2 done prefilling (shortest), 1 got 2 tokens
+    for _ in range(3):
+        plan = sched.schedule()
+        assert shares(plan) == {2: 1, 1: 3}           # 2's decode row first, 1 takes what is left
+        for seq_id in plan.decode_batch:
+            sched.push_token(seq_id, 9, False)
+
+
+def test_shortest_first_serves_a_long_waiting_prompt_after_aging_steps() -> None:
+    sched = make(num_blocks=256, max_num_batched_tokens=4, max_batch_size=4, policy="shortest-first")
+    sched.submit(Sequence(0, [5] * 12, 1))            # long; short prompts keep arriving after it
+    first_step_of_0 = None
+    for step in range(1, AGING_STEPS + 5):
+        sched.submit(Sequence(step, [6] * 4, 1))      # one short prompt per step fills the budget
+        plan = sched.schedule()
+        for seq_id in plan.decode_batch:
+            sched.push_token(seq_id, 9, False)
+        if first_step_of_0 is None and 0 in shares(plan):
+            first_step_of_0 = step
+    assert first_step_of_0 == AGING_STEPS             # overtaken until it aged, not forever
+    assert 0 in sched.take_finished()                 # and then ran to its end
+
+
+def test_preempted_sequences_go_first_under_shortest_first() -> None:
+    sched = make(num_blocks=4, block_size=2, policy="shortest-first")
+    sched.submit(Sequence(1, [1, 2, 3], 5))
+    sched.submit(Sequence(2, [1, 2, 3], 5))
+    run_step(sched)
+    run_step(sched)
+    plan = sched.schedule()
+    assert plan.preempted == [2]                      # the most recently admitted gives way
+    for seq_id in plan.decode_batch:
+        sched.push_token(seq_id, 9, False)
+    sched.submit(Sequence(3, [4], 1))                 # shorter, and it would fit, but 2 goes first
+    admitted: list[int] = []
+    for _ in range(20):
+        plan = sched.schedule()
+        admitted += plan.admitted
+        for seq_id in plan.decode_batch:
+            sched.push_token(seq_id, 9, False)
+    assert admitted[:2] == [2, 3]

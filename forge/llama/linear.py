@@ -114,6 +114,14 @@ class Matmul:
         return f"Matmul({self.strategy!r}, num_threads={self.num_threads})"
 
 
+def product(x: F32, w: F32) -> F32:
+    """x [T, in] @ w [in, out] -> C-contiguous [T, out] on the calling thread alone (BLAS's own
+    threads aside): for callers that split the work over the pool themselves (run_parts)."""
+    out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                    # [T, out]
+    _product(x, w, out)
+    return out
+
+
 _lock = threading.Lock()
 _active = Matmul()
 

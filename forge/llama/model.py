@@ -7,6 +7,7 @@ reading the model file in load().
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -20,14 +21,25 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
-from forge.llama.linear import linear
+from forge.llama.linear import active_matmul, linear, product
 from forge.llama.rope import RopeTables, apply_rope
-from forge.llama.weights import LlamaWeights, load_weights, open_gguf
+from forge.llama.weights import LayerWeights, LlamaWeights, load_weights, open_gguf
 
 F32 = npt.NDArray[np.float32]
+C64 = npt.NDArray[np.complex64]
+I64 = npt.NDArray[np.int64]
 
 # Block size of the throwaway cache that forward_context() builds for a full recompute.
 CONTEXT_BLOCK_SIZE = 16
+# From this many tokens a step runs its layers row-parallel: each thread of the matmul pool takes a
+# contiguous range of the rows through norm, projections, RoPE, SwiGLU and the residual adds (all
+# on both cores, with one hand-off before and one after attention), in tiles of at most ROW_TILE
+# rows to bound the temporaries. Below it each projection's columns are split instead, which keeps
+# the matmuls' rows as many as the step has. Measured (2 cores, 135M): 7-11% faster steps at 480-512
+# tokens, no difference at 64-256; tiles of 64-128 rows were 10% slower (each tile reads the
+# layer's 14 MiB of weights again).
+MIN_ROW_SPLIT_TOKENS = 256
+ROW_TILE = 256
 
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
@@ -129,22 +141,67 @@ class LlamaModel:
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         x = w.embedding[batch.token_ids]                                        # [T, H]
+        matmul = active_matmul()
+        row_parts = _row_parts(num_tokens, matmul.num_parts) if num_tokens >= MIN_ROW_SPLIT_TOKENS else []
         for i, layer in enumerate(w.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_eps)                         # [T, H]
-            heads = linear(h, layer.wqkv).reshape(num_tokens, -1, hd)                # [T, nh + 2 nkv, hd]
-            apply_rope(heads[:, : c.num_heads + c.num_kv_heads], rotation)
-            k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]            # [T, nkv, hd]
-            v = heads[:, c.num_heads + c.num_kv_heads :]                        # [T, nkv, hd]
-            kv.write(i, batch.slot_mapping, k, v)
-            q = heads[:, : c.num_heads] * scale                                 # [T, nh, hd]
+            if row_parts:
+                q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)  # [T, nh, hd]
+                matmul.run_parts(functools.partial(self._attention_inputs, layer, i, x, rotation,
+                                                   batch.slot_mapping, kv, scale, q), row_parts)
+            else:
+                heads = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.wqkv).reshape(num_tokens, -1, hd)
+                apply_rope(heads[:, : c.num_heads + c.num_kv_heads], rotation)
+                k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]        # [T, nkv, hd]
+                v = heads[:, c.num_heads + c.num_kv_heads :]                    # [T, nkv, hd]
+                kv.write(i, batch.slot_mapping, k, v)
+                q = heads[:, : c.num_heads] * scale                             # [T, nh, hd]
             attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
-            x += linear(attn, layer.wo)                                         # [T, H]
-            h = rms_norm(x, layer.ffn_norm, c.rms_eps)                          # [T, H]
-            x += linear(swiglu(linear(h, layer.w_gate_up)), layer.w_down)       # [T, H]
+                row_parts = []
+            if row_parts:
+                matmul.run_parts(functools.partial(self._block_outputs, layer, x, attn), row_parts)
+            else:
+                x += linear(attn, layer.wo)                                     # [T, H]
+                h = rms_norm(x, layer.ffn_norm, c.rms_eps)                      # [T, H]
+                x += linear(swiglu(linear(h, layer.w_gate_up)), layer.w_down)   # [T, H]
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
         return linear(x, w.head)                                                # [N, V]
+
+
+    def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64,
+                          kv: KVCache, scale: np.float32, q: F32, rows: list[tuple[int, int]]) -> None:
+        """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v, rotated; their K/V
+        written to layer `index` of the cache, their scaled queries into q [T, nh, hd]."""
+        c = self.config
+        nh, nkv = c.num_heads, c.num_kv_heads
+        for lo, hi in rows:
+            heads = product(rms_norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
+            heads = heads.reshape(hi - lo, -1, c.head_dim)                      # [n, nh + 2 nkv, hd]
+            apply_rope(heads[:, : nh + nkv], rotation[lo:hi])
+            kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
+            np.multiply(heads[:, :nh], scale, out=q[lo:hi])
+
+    def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, rows: list[tuple[int, int]]) -> None:
+        """Rows [lo, hi) of each tile in `rows`: x += the attention's projection, then the MLP."""
+        eps = self.config.rms_eps
+        for lo, hi in rows:
+            xt = x[lo:hi]                                                       # [n, H] view
+            xt += product(attn[lo:hi], layer.wo)
+            xt += product(swiglu(product(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+
+
+def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:
+    """The rows cut into num_parts contiguous runs of about equal length, each run into tiles
+    [lo, hi) of at most ROW_TILE rows, also about equal."""
+    parts = []
+    for p in range(num_parts):
+        start, stop = num_tokens * p // num_parts, num_tokens * (p + 1) // num_parts
+        num_tiles = -(-(stop - start) // ROW_TILE)
+        cuts = [start + (stop - start) * t // num_tiles for t in range(num_tiles + 1)]
+        if stop > start:
+            parts.append(list(zip(cuts, cuts[1:])))
+    return parts
 
 
 def check_batch(batch: ForwardBatch, config: LlamaConfig, kv: KVCache) -> None:

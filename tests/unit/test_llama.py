@@ -295,6 +295,43 @@ def test_parallel_prefill_equals_serial(tiny: LlamaModel, tiny_path: Path, monke
         close(got[True][seq], reference_logits(tiny_path, histories[seq] + new[seq])[-len(new[seq]):])
 
 
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_row_parallel_layers_equal_the_column_split(tiny: LlamaModel, tiny_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, num_threads: int) -> None:
+    """A step of many tokens runs its layers row by row over the pool (in tiles): the same logits as
+    the column-split path, for prefill chunks and decodes mixed."""
+    histories = {"a": PROMPT[:6], "b": PROMPT[:9]}
+    new = {"a": [11], "b": PROMPT[:7], "c": (PROMPT * 2)[:17]}
+    got = {}
+    matmul = linear_mod.Matmul("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", matmul)
+    monkeypatch.setattr(model_mod, "ROW_TILE", 4)
+    calls: list[int] = []
+    real_parts = model_mod._row_parts
+
+    def spy(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:
+        parts = real_parts(num_tokens, num_parts)
+        rows = [r for part in parts for lo, hi in part for r in range(lo, hi)]
+        assert rows == list(range(num_tokens)) and len(parts) == min(num_parts, num_tokens)
+        assert all(hi - lo <= 4 for part in parts for lo, hi in part)
+        calls.append(len(parts))
+        return parts
+
+    monkeypatch.setattr(model_mod, "_row_parts", spy)
+    try:
+        for min_rows in (1, 10**9):                   # row-parallel, then the column split
+            monkeypatch.setattr(model_mod, "MIN_ROW_SPLIT_TOKENS", min_rows)
+            pager = Pager(tiny, seed=3)
+            pager.step(list(histories.items()))
+            got[min_rows] = pager.step(list(new.items()))
+    finally:
+        matmul.close()
+    assert calls == [num_threads, num_threads]        # both steps of the first pass, none after
+    for seq in new:
+        np.testing.assert_allclose(got[1][seq], got[10**9][seq], atol=1e-5, rtol=1e-6)
+        close(got[1][seq], reference_logits(tiny_path, histories.get(seq, []) + new[seq])[-len(new[seq]):])
+
+
 def test_only_sampled_rows_are_returned(tiny: LlamaModel, reference: np.ndarray) -> None:
     n = len(PROMPT)
     kv = tiny.new_kv_cache(8, BLOCK_SIZE)

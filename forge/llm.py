@@ -52,7 +52,7 @@ class LoadedModel:
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, *, progress: Progress = _stderr) -> LoadedModel:
         resolved = resolve_model(path, progress)
-        reader = open_gguf(resolved)             # parsing the metadata is slow: read it once
+        reader = open_gguf(resolved)             # the tokenizer and the model share one read of the file
         tokenizer = Tokenizer.from_gguf(reader)
         model = LlamaModel.from_reader(reader, resolved)
         eos = tokenizer.token_str(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""

@@ -11,10 +11,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
+from forge.gguf_file import GGUFFile, read_gguf
 
 # GGUF token types (tokenizer.ggml.token_type).
 TOKEN_TYPE_NORMAL = 1
@@ -100,7 +102,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | Any) -> Tokenizer:
-        """Build from a GGUF file (a path, or an open `gguf.GGUFReader` to avoid re-reading it)."""
+        """Build from a GGUF file (a path, or a GGUFFile already read, to avoid re-reading it)."""
         reader = _open_reader(path_or_reader)
         meta = _Metadata(reader)
         model = meta.string("tokenizer.ggml.model")
@@ -211,48 +213,53 @@ def _missing_bytes(tokens: Sequence[str], added_ids: frozenset[int]) -> frozense
     return frozenset(b for b, c in _BYTE_TO_CHAR.items() if c not in present)
 
 
-def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> Any:
-    if not isinstance(path_or_reader, (str, os.PathLike)):
+def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> GGUFFile:
+    if isinstance(path_or_reader, GGUFFile):
         return path_or_reader
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(os.fspath(path_or_reader), "r")
-    except FileNotFoundError as exc:
-        raise ModelLoadError(f"model file not found: {os.fspath(path_or_reader)}") from exc
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read GGUF file {os.fspath(path_or_reader)}: {exc}") from exc
+    return read_gguf(path_or_reader)
 
 
 class _Metadata:
-    """Typed access to GGUF key-value fields; missing keys read as None."""
+    """Typed access to GGUF metadata; missing keys read as None."""
 
-    def __init__(self, reader: Any) -> None:
-        self._fields = reader.fields
+    def __init__(self, reader: GGUFFile) -> None:
+        self._values = reader.metadata
 
-    def _parts(self, key: str) -> list[Any] | None:
-        field = self._fields.get(key)
-        return None if field is None else [field.parts[i] for i in field.data]
+    def _list(self, key: str) -> list[Any] | None:
+        value = self._values.get(key)
+        if value is None:
+            return None
+        return list(value) if isinstance(value, (list, np.ndarray)) else [value]
 
     def string(self, key: str) -> str | None:
-        parts = self._parts(key)
-        return None if not parts else _utf8(key, parts[0])
+        items = self._list(key)
+        return None if not items else _utf8(key, items[0])
 
     def strings(self, key: str) -> list[str] | None:
-        parts = self._parts(key)
-        return None if parts is None else [_utf8(key, p) for p in parts]
+        items = self._list(key)
+        return None if items is None else [_utf8(key, item) for item in items]
 
     def number(self, key: str) -> int | None:
-        parts = self._parts(key)
-        return None if not parts else int(parts[0][0])
+        items = self._list(key)
+        return None if not items else _int(key, items[0])
 
     def numbers(self, key: str) -> list[int] | None:
-        parts = self._parts(key)
-        return None if parts is None else [int(p[0]) for p in parts]
+        items = self._list(key)
+        return None if items is None else [_int(key, item) for item in items]
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, (str, bytes, list)):
+        raise ModelLoadError(f"GGUF metadata {key} must be a number")
+    return int(value)
 
 
 def _utf8(key: str, raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, bytes):
+        raise ModelLoadError(f"GGUF metadata {key} must be a string")
     try:
-        return bytes(raw).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelLoadError(f"GGUF metadata {key} is not valid UTF-8") from exc

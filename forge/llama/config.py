@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import gguf
 import numpy as np
 
 from forge.errors import ModelLoadError
+from forge.gguf_file import GGUFFile
 
 ARCHITECTURE = "llama"
 
@@ -55,24 +55,19 @@ class ArrayField:
     length: int
 
 
-def field_value(reader: gguf.GGUFReader, key: str) -> Any:
+def field_value(reader: GGUFFile, key: str) -> Any:
     """A metadata value as a Python scalar or string, an ArrayField for arrays, None if absent."""
-    field = reader.fields.get(key)
-    if field is None or not field.types:
-        return None
-    types = field.types
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        return ArrayField(len(field.data))
-    if not field.data:
-        return None
-    part = field.parts[field.data[0]]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    value = part[0]
-    return bool(value) if types[0] == gguf.GGUFValueType.BOOL else value.item()
+    value = reader.get(key)
+    if isinstance(value, (list, np.ndarray)):
+        return ArrayField(len(value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
-def _required_int(reader: gguf.GGUFReader, key: str, name: str) -> int:
+def _required_int(reader: GGUFFile, key: str, name: str) -> int:
     value = field_value(reader, key)
     if value is None:
         raise ModelLoadError(f"{name}: metadata key {key!r} is missing")
@@ -81,7 +76,7 @@ def _required_int(reader: gguf.GGUFReader, key: str, name: str) -> int:
     return value
 
 
-def _optional_number(reader: gguf.GGUFReader, key: str, default: float) -> float:
+def _optional_number(reader: GGUFFile, key: str, default: float) -> float:
     value = field_value(reader, key)
     if value is None:
         return default
@@ -90,7 +85,7 @@ def _optional_number(reader: gguf.GGUFReader, key: str, default: float) -> float
     return float(value)
 
 
-def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike[str]) -> LlamaConfig:
+def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaConfig:
     """Build and validate the config; raises ModelLoadError with a one-line message."""
     name = os.path.basename(os.fspath(path))
     arch = field_value(reader, "general.architecture")
@@ -121,13 +116,13 @@ def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike[str]) ->
         max_position=_required_int(reader, f"{a}.context_length", name),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_id=eos,
-        tied_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        tied_embeddings="output.weight" not in reader.tensors,
         rope_dim=rope_dim,
         rope_scale=_rope_scale(reader, name),
     )
 
 
-def _head_shape(reader: gguf.GGUFReader, name: str, hidden: int) -> tuple[int, int, int, int]:
+def _head_shape(reader: GGUFFile, name: str, hidden: int) -> tuple[int, int, int, int]:
     """(num_heads, num_kv_heads, head_dim, rope_dim), validated against each other."""
     a = ARCHITECTURE
     num_heads = _required_int(reader, f"{a}.attention.head_count", name)
@@ -145,7 +140,7 @@ def _head_shape(reader: gguf.GGUFReader, name: str, hidden: int) -> tuple[int, i
     return num_heads, num_kv_heads, head_dim, rope_dim
 
 
-def _rope_scale(reader: gguf.GGUFReader, name: str) -> float:
+def _rope_scale(reader: GGUFFile, name: str) -> float:
     """Linear position scaling is supported; other RoPE scaling schemes are refused, not ignored."""
     kind = field_value(reader, f"{ARCHITECTURE}.rope.scaling.type")
     if kind in (None, "none"):

@@ -13,12 +13,12 @@ import os
 from collections.abc import Sequence
 from typing import NoReturn
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
+from forge.gguf_file import GGUFFile
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.linear import active_matmul, linear, product
@@ -77,7 +77,7 @@ class LlamaModel:
         return cls.from_reader(open_gguf(path), path)
 
     @classmethod
-    def from_reader(cls, reader: gguf.GGUFReader, path: str | os.PathLike[str]) -> LlamaModel:
+    def from_reader(cls, reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaModel:
         """Build from an open reader (parsing a GGUF's metadata takes seconds: share one reader
         with the tokenizer). Keeps no reference to the reader."""
         config = config_from_reader(reader, path)

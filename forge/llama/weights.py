@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 from gguf.quants import dequantize
 
 from forge.errors import ModelLoadError
+from forge.gguf_file import GGUFFile, read_gguf
 from forge.llama.config import LlamaConfig
 
 F32 = npt.NDArray[np.float32]
@@ -53,23 +53,17 @@ class LlamaWeights:
         return sum(a.nbytes for a in arrays)
 
 
-def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
-    """A memory-mapped reader, or ModelLoadError for a missing, unreadable or corrupt file."""
-    name = os.fspath(path)
-    if not os.path.isfile(name):
-        raise ModelLoadError(f"model file not found: {name}")
-    try:
-        return gguf.GGUFReader(name)
-    except Exception as exc:  # the reader raises ValueError, OSError, struct and index errors alike
-        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ModelLoadError(f"{os.path.basename(name)}: not a readable GGUF file ({detail})") from exc
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """The file's metadata and memory-mapped tensors, or ModelLoadError for a missing,
+    unreadable or corrupt file."""
+    return read_gguf(path)
 
 
 class _TensorSource:
     """Looks tensors up by name and dequantizes them to float32 with checked shapes."""
 
-    def __init__(self, reader: gguf.GGUFReader, model_name: str) -> None:
-        self._tensors = {t.name: t for t in reader.tensors}
+    def __init__(self, reader: GGUFFile, model_name: str) -> None:
+        self._tensors = reader.tensors
         self._model_name = model_name
 
     def has(self, name: str) -> bool:
@@ -108,7 +102,7 @@ class _TensorSource:
         return out
 
 
-def load_weights(reader: gguf.GGUFReader, config: LlamaConfig) -> LlamaWeights:
+def load_weights(reader: GGUFFile, config: LlamaConfig) -> LlamaWeights:
     """Every tensor of the model, dequantized once; raises ModelLoadError on a missing/odd one."""
     src = _TensorSource(reader, config.name)
     c = config

@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
+from forge.gguf_file import read_gguf
 from forge.llama import KVCache, LlamaConfig, LlamaModel
 from forge.llama import attention
 from forge.llama import linear as linear_mod
@@ -422,10 +423,10 @@ needs_real_model = pytest.mark.skipif(not REAL_MODEL.is_file(), reason=f"real mo
 @pytest.fixture(scope="module")
 def real() -> tuple[LlamaModel, float, list[str]]:
     started = time.perf_counter()
-    reader = gguf.GGUFReader(REAL_MODEL)
+    reader = read_gguf(REAL_MODEL)
     model = LlamaModel.from_reader(reader, REAL_MODEL)
     load_s = time.perf_counter() - started
-    return model, load_s, reader.fields["tokenizer.ggml.tokens"].contents()
+    return model, load_s, list(reader.metadata["tokenizer.ggml.tokens"])
 
 
 @needs_real_model

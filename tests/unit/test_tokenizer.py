@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from forge.errors import ModelLoadError
+from forge.gguf_file import read_gguf
 from forge.hub import pull
 from forge.tokenizer import Tokenizer
 
@@ -26,9 +27,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def reader() -> Any:
-    from gguf import GGUFReader
-
-    return GGUFReader(pull(progress=lambda _message: None), "r")
+    return read_gguf(pull(progress=lambda _message: None))
 
 
 @pytest.fixture(scope="module")

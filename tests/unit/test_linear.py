@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -59,3 +61,56 @@ def test_run_parts_runs_every_part_once(num_threads: int) -> None:
         matmul.close()
     assert sorted(seen) == [0, 1, 1, 2, 3, 4]
     assert Matmul("blas", 4).num_parts == 1
+
+
+def test_the_pool_survives_a_failing_part_and_reports_the_first_failure() -> None:
+    matmul = Matmul("split", 3)
+
+    def fail_on(bad: int) -> Callable[[int], None]:
+        def part(i: int) -> None:
+            if i == bad:
+                raise ValueError(f"part {i}")
+        return part
+
+    try:
+        for bad in (0, 1, 2):  # the caller's own part, then a worker's
+            with pytest.raises(ValueError, match=f"part {bad}"):
+                matmul.run_parts(fail_on(bad), [0, 1, 2])
+        seen: list[int] = []
+        matmul.run_parts(seen.append, [0, 1, 2])     # still usable, every worker free again
+        assert sorted(seen) == [0, 1, 2]
+    finally:
+        matmul.close()
+
+
+def test_concurrent_and_nested_callers_get_the_same_products(always_split: None) -> None:
+    """One pool, called from several threads at once and from inside its own parts: each call
+    either gets the pool or runs its parts itself; every product is right and nothing deadlocks."""
+    import threading
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    want = x @ w
+    matmul = Matmul("split", 2)
+    failures: list[str] = []
+
+    def caller() -> None:
+        for _ in range(50):
+            if not np.allclose(matmul(x, w), want, atol=1e-4):
+                failures.append("product")
+            nested: list[np.ndarray] = []
+            matmul.run_parts(lambda _: nested.append(matmul(x, w)), [0, 1])
+            if len(nested) != 2 or not all(np.allclose(n, want, atol=1e-4) for n in nested):
+                failures.append("nested")
+
+    try:
+        threads = [threading.Thread(target=caller) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        matmul.close()
+    assert failures == []

@@ -67,9 +67,16 @@ class Scratch:
         return self._buffers[slot][:size].reshape(shape)
 
     def gather(self, slot: int, cache: F32, block_ids: I64) -> F32:
-        """cache[block_ids] copied into buffer `slot`: [*block_ids.shape, *cache.shape[1:]].
-        mode="clip" lets take write straight into `out` (mode="raise" buffers a second copy);
-        the block ids were checked against the cache before the step."""
+        """cache[block_ids] as [*block_ids.shape, *cache.shape[1:]]: a view of the cache when the
+        ids are one run of consecutive blocks (one sequence whose blocks were allocated in order,
+        as a lone sequence's usually are), else copied into buffer `slot`. mode="clip" lets take
+        write straight into `out` (mode="raise" buffers a second copy); the block ids were
+        checked against the cache before the step. Read-only: the result may be the cache."""
+        flat = block_ids.reshape(-1)
+        if block_ids.ndim <= 2 and flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
+            first, n = int(flat[0]), flat.size
+            if int(flat[-1]) == first + n - 1 and (n < 3 or bool(np.all(np.diff(flat) == 1))):
+                return cache[first:first + n].reshape(*block_ids.shape, *cache.shape[1:])
         out = self.get(slot, (*block_ids.shape, *cache.shape[1:]))
         return np.take(cache, block_ids, axis=0, out=out, mode="clip")
 

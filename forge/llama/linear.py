@@ -27,9 +27,12 @@ T = TypeVar("T")
 COLUMN_ALIGN = 16
 # Products smaller than this many multiply-adds run whole: a hand-off costs more than it saves.
 MIN_SPLIT_MACS = 1 << 16
-# A single row (one decoding sequence) runs whole: measured no faster split on a quiet machine, and
-# about 2x slower split while another process holds a core (each half waits for the slower one).
+# A product of fewer rows than this (a single decoding sequence: a matrix-vector product, bound by
+# reading the weight) is split only from MIN_SPLIT_MACS_FEW_ROWS multiply-adds: measured on 2 cores
+# at one row, the gate/up projection (1.8M) 23% faster split and the 49k-row head (28M) 46%, while
+# q/k/v (0.55M), the output (0.33M) and down (0.88M) projections were 25-55% slower split.
 MIN_SPLIT_ROWS = 2
+MIN_SPLIT_MACS_FEW_ROWS = 1 << 20
 # A weight stored [out, in] (an F-ordered [in, out] view) is multiplied weight-first, (W @ x.T).T, up to
 # this many rows of x: measured faster for the 1536 -> 576 down projection at 1-64 rows, slower at 512.
 MAX_WEIGHT_FIRST_ROWS = 64
@@ -153,7 +156,8 @@ class Matmul:
     def __call__(self, x: F32, w: F32) -> F32:
         out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                # [T, out]
         pool = self._pool
-        if pool is None or x.shape[0] < MIN_SPLIT_ROWS or x.shape[0] * w.shape[0] * w.shape[1] < MIN_SPLIT_MACS:
+        macs = x.shape[0] * w.shape[0] * w.shape[1]
+        if pool is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
             _product(x, w, out)
             return out
         cuts = _column_cuts(w.shape[1], self.num_threads)

@@ -114,3 +114,26 @@ def test_concurrent_and_nested_callers_get_the_same_products(always_split: None)
     finally:
         matmul.close()
     assert failures == []
+
+
+def test_one_row_splits_only_big_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matrix-vector product is split over the pool only from MIN_SPLIT_MACS_FEW_ROWS on."""
+    calls: list[int] = []
+    real = linear_mod._product
+
+    def spy(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+        calls.append(w.shape[1])
+        real(x, w, out)
+
+    monkeypatch.setattr(linear_mod, "_product", spy)
+    rng = np.random.default_rng(2)
+    matmul = Matmul("split", 2)
+    try:
+        for cols, pieces in ((512, 1), (4096, 2)):         # 0.26M and 2.1M multiply-adds
+            x = rng.standard_normal((1, 512)).astype(np.float32)
+            w = rng.standard_normal((512, cols)).astype(np.float32)
+            calls.clear()
+            np.testing.assert_allclose(matmul(x, w), x @ w, rtol=1e-5, atol=1e-4)
+            assert len(calls) == pieces and sum(calls) == cols
+    finally:
+        matmul.close()

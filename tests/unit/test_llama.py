@@ -442,3 +442,14 @@ def test_real_model_says_paris(real: tuple[LlamaModel, float, list[str]]) -> Non
     prompt = [ids[t] for t in ("The", "Ġcapital", "Ġof", "ĠFrance", "Ġis")]
     best = int(np.argmax(model.forward_context(prompt)))
     assert tokens[best].replace("Ġ", " ") == " Paris"
+
+
+def test_gather_views_a_run_of_consecutive_blocks_and_copies_the_rest() -> None:
+    cache = np.arange(10 * 2 * 3, dtype=np.float32).reshape(10, 2, 3)     # [blocks, block_size, ...]
+    scratch = attention.Scratch()
+    for ids, is_view in (([4], True), ([4, 5, 6], True), ([[4, 5, 6]], True), ([4, 6, 5], False),
+                         ([4, 6], False), ([[1, 2], [3, 4]], False), ([7, 8, 6], False)):
+        block_ids = np.array(ids, dtype=np.int64)
+        got = scratch.gather(0, cache, block_ids)
+        assert np.array_equal(got, cache[block_ids]), ids
+        assert np.shares_memory(got, cache) == is_view, ids

@@ -12,6 +12,7 @@ The decode set-up skips the real prefill (it would take minutes): a stub forward
 slots with random values, then the real model decodes. Other jobs on the machine skew every
 figure: the load average is printed, and each figure is the median over --steps steps. --spinners N
 starts N busy-looping processes for the run (killed at the end) to measure under a competing load.
+Steps run on the column-split path (the row-parallel path of 256+ token steps is not split into parts).
 """
 
 from __future__ import annotations
@@ -244,6 +245,10 @@ def row(label: str, step_s: float, parts: dict[str, float], num_tokens: int, mm_
 
 
 def main() -> None:
+    # Time the column-split path on every step: a row-parallel step (256+ tokens) runs its matmuls and
+    # norms inside the pool's parts, on two threads at once, where these per-function timers would
+    # count both threads' time (its step time alone is comparable: see forge.llama.model).
+    model_mod.MIN_ROW_SPLIT_TOKENS = 1 << 62
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--matmul", nargs="+", default=["blas:1", "blas:2", "split:2"],

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from gguf.quants import dequantize
-
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile, read_gguf
 from forge.llama.config import LlamaConfig
+from forge.llama.dequant import dequantize
 
 F32 = npt.NDArray[np.float32]
 

@@ -9,6 +9,7 @@ ModelLoadError with a one-line message.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -167,9 +168,8 @@ def _tensor(mapped: np.memmap, short: str, name: str, dims: tuple[int, ...], kin
     row = shape[-1] if shape else 1
     if row % block_elems:
         raise ModelLoadError(f"{short}: tensor {name!r} rows of {row} do not fill {qtype.name} blocks")
-    num_elems = int(np.prod(shape, dtype=np.int64))
-    nbytes = num_elems // block_elems * block_bytes
-    if start + nbytes > len(mapped):
+    nbytes = math.prod(shape) // block_elems * block_bytes                       # Python ints: no overflow
+    if start < 0 or start + nbytes > len(mapped):
         raise ModelLoadError(f"{short}: tensor {name!r} runs past the end of the file (truncated?)")
     raw = mapped[start:start + nbytes]
     plain = _PLAIN_DTYPES.get(qtype)

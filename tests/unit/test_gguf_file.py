@@ -107,3 +107,13 @@ def test_wrong_magic_version_and_missing_file(tmp_path: Path) -> None:
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3 << 24, 0, 0))
     assert "big-endian" in _error(path)
     assert "not found" in _error(tmp_path / "absent.gguf")
+
+
+def test_a_tensor_claiming_more_bytes_than_the_file_is_a_load_error(tmp_path: Path) -> None:
+    path = tmp_path / "huge.gguf"
+    name = b"w"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
+    info = struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", 2**40, 2**40)
+    info += struct.pack("<IQ", 0, 0)                                  # F32 at offset 0
+    path.write_bytes(header + info + bytes(64))
+    assert "past the end" in _error(path)

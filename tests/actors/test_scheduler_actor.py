@@ -31,7 +31,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
 async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], PagedKVCache]:
     """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser."""
     cache = PagedKVCache(32, 4, enable_prefix_caching=True)
-    core = EngineCore(SchedulerConfig(max_batch_size=4, max_num_batched_tokens=16), cache, eos_token_id=EOS_ID,
+    core = EngineCore(SchedulerConfig(max_batch_size=4, max_num_batched_tokens=16, policy="shortest-first"),
+                      cache, eos_token_id=EOS_ID,
                       max_model_len=64, vocab_size=model.config.vocab_size)
     runner = ModelRunner(model, num_blocks=32, block_size=4, eos_token_id=EOS_ID)
     to_sched, sched_in = anyio.create_memory_object_stream[Any](math.inf)

@@ -78,8 +78,8 @@ class LlamaModel:
 
     @classmethod
     def from_reader(cls, reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaModel:
-        """Build from an open reader (parsing a GGUF's metadata takes seconds: share one reader
-        with the tokenizer). Keeps no reference to the reader."""
+        """Build from a GGUF file already read (share one read with the tokenizer). Keeps no
+        reference to the file's mapping once the weights are dequantized."""
         config = config_from_reader(reader, path)
         return cls(config, load_weights(reader, config))
 
@@ -168,7 +168,6 @@ class LlamaModel:
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
         return linear(x, w.head)                                                # [N, V]
 
-
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64,
                           kv: KVCache, scale: np.float32, q: F32, rows: list[tuple[int, int]]) -> None:
         """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v, rotated; their K/V
@@ -197,9 +196,9 @@ def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:
     parts = []
     for p in range(num_parts):
         start, stop = num_tokens * p // num_parts, num_tokens * (p + 1) // num_parts
-        num_tiles = -(-(stop - start) // ROW_TILE)
-        cuts = [start + (stop - start) * t // num_tiles for t in range(num_tiles + 1)]
         if stop > start:
+            num_tiles = -(-(stop - start) // ROW_TILE)
+            cuts = [start + (stop - start) * t // num_tiles for t in range(num_tiles + 1)]
             parts.append(list(zip(cuts, cuts[1:])))
     return parts
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+_STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class Metrics:
@@ -36,6 +37,12 @@ class Metrics:
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self.request_queue_time = Histogram("forge:request_queue_time_seconds", "Time queued before running.",
                                             buckets=_LATENCY_BUCKETS, registry=r)
+        # per engine step: the tokens it computed (prefill chunks plus one per decode) and how long
+        # its forward and sampling took (what --max-num-batched-tokens trades against TPOT)
+        self.iteration_tokens = Histogram("forge:iteration_tokens_total", "Tokens computed per engine step.",
+                                          buckets=_STEP_TOKEN_BUCKETS, registry=r)
+        self.step_duration = Histogram("forge:step_duration_seconds", "Forward and sampling time of a step.",
+                                       buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
         self._refreshers: list[Callable[[], None]] = []
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:

@@ -121,8 +121,12 @@ class SchedulerActor:
                 self._metrics.request_queue_time.observe(now - arrival)
             self._dequeue(new.seq_id)
         preemptions = self._core.scheduler.num_preemptions
+        started = time.monotonic()
         await self._to_worker.send(batch)
         output = await self._from_worker.receive()
+        if batch.chunks:
+            self._metrics.step_duration.observe(time.monotonic() - started)
+            self._metrics.iteration_tokens.observe(sum(len(c.token_ids) for c in batch.chunks))
         if output.step_id != batch.step_id:
             raise RuntimeError(f"step {output.step_id} answered step {batch.step_id}")
         for event in self._core.apply(output):

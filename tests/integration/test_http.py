@@ -93,7 +93,8 @@ METRIC_NAMES = ["forge:num_requests_running", "forge:num_requests_waiting", "for
                 "forge:prompt_tokens_total", "forge:generation_tokens_total", "forge:request_success_total",
                 "forge:time_to_first_token_seconds_bucket", "forge:inter_token_latency_seconds_bucket",
                 "forge:e2e_request_latency_seconds_bucket", "forge:request_queue_time_seconds_bucket",
-                "forge:num_preemptions_total", "forge:prefix_cache_hit_rate"]
+                "forge:num_preemptions_total", "forge:prefix_cache_hit_rate",
+                "forge:iteration_tokens_total_bucket", "forge:step_duration_seconds_bucket"]
 
 
 def _scrape(text: str) -> dict[str, float]:
@@ -124,6 +125,10 @@ async def test_metrics_grow_after_a_request(make_daemon: MakeDaemon) -> None:
     assert a["forge:time_to_first_token_seconds_count"] == 1 + b["forge:time_to_first_token_seconds_count"]
     assert a["forge:e2e_request_latency_seconds_count"] == 1
     assert a["forge:num_requests_running"] == 0 and a["forge:kv_cache_usage_perc"] == 0
+    # 3 tokens: one step computes the prompt and samples the first, two decode steps the others
+    steps = a["forge:iteration_tokens_total_count"] - b.get("forge:iteration_tokens_total_count", 0)
+    assert steps == 3 == a["forge:step_duration_seconds_count"] - b.get("forge:step_duration_seconds_count", 0)
+    assert a["forge:iteration_tokens_total_sum"] - b.get("forge:iteration_tokens_total_sum", 0) == 5 + 2
 
 
 # (method, path, body (bytes, or JSON), status, param, code): every bad input and its error.

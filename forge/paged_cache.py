@@ -68,6 +68,13 @@ def _divceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def block_hash(parent: int | None, chunk: tuple[int, ...]) -> int:
+    """The key of a full block of tokens in the prefix cache: its tokens and the key of the block
+    before it (None for the first), so equal keys mean equal prefixes (up to hash collisions,
+    which the cache checks against the stored tokens)."""
+    return hash((parent, chunk))
+
+
 class PagedKVCache:
     """Allocates fixed-size blocks to sequences. Invariant: free + used = total, always."""
 
@@ -183,7 +190,7 @@ class PagedKVCache:
         parent: int | None = None
         for i in range(max_blocks):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = hash((parent, chunk))
+            h = block_hash(parent, chunk)
             block = self._block_of.get(h)
             if block is None or self._hash_of[block][1] != chunk:
                 break
@@ -223,7 +230,7 @@ class PagedKVCache:
         parent = entry.last_hash
         for i in range(entry.num_hashed_blocks, num_full):
             chunk = tuple(entry.token_ids[i * bs:(i + 1) * bs])
-            h = hash((parent, chunk))
+            h = block_hash(parent, chunk)
             block = entry.table.blocks[i]
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block

@@ -10,13 +10,13 @@ the scheduler records the outcome (`commit`). `schedule` does the three in one c
 from __future__ import annotations
 
 import enum
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from forge.config import SCHEDULING_POLICIES
 from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
-from forge.paged_cache import PagedKVCache, SeqId
+from forge.paged_cache import PagedKVCache, SeqId, block_hash
 
 TokenId = int
 
@@ -51,6 +51,8 @@ class Sequence:
     num_tokens_sent: int = 0         # tokens the allocator knows (for prefix hashing)
     num_cached_tokens: int = 0       # prompt tokens found in the prefix cache at admission
     arrival_step: int = 0            # the scheduler's step count when it was submitted
+    prompt_hashes: list[int] | None = None  # prefix-cache keys of the prompt's full blocks (shortest-first)
+    num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -62,6 +64,8 @@ class Sequence:
         self.num_tokens_sent = 0
         self.num_cached_tokens = 0
         self.arrival_step = 0
+        self.prompt_hashes = None
+        self.num_indexed_blocks = 0
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)
@@ -134,6 +138,12 @@ class Scheduler:
         self._to_free: list[SeqId] = []         # blocks to give back before the next allocation
         self._retired: list[SeqId] = []         # finished since the last plan
         self._step = 0                          # proposals made so far (the clock of aging)
+        # Shortest-first ranks a waiting prompt by the tokens it will compute, not its length: the
+        # prompt blocks this scheduler has seen computed (an LRU no larger than the cache) estimate
+        # what the allocator's prefix cache will find. An estimate for ordering only: the
+        # allocator's lookup decides what is reused.
+        self._prefix_index: OrderedDict[int, None] = OrderedDict()
+        self._index_prefixes = config.policy == "shortest-first" and cache.enable_prefix_caching
         self.num_preemptions = 0
 
     # ---- queries ------------------------------------------------------------------------
@@ -261,8 +271,39 @@ class Scheduler:
         def key(seq: Sequence) -> tuple[int, int, int]:
             if self._is_aged(seq):
                 return (0, seq.arrival_step, 0)
-            return (1, seq.total_len(), seq.arrival_step)
+            return (1, seq.total_len() - self._estimated_cached(seq), seq.arrival_step)
         return sorted(self._waiting, key=key)[:limit]
+
+    def _prompt_hashes(self, seq: Sequence) -> list[int]:
+        if seq.prompt_hashes is None:
+            bs, parent, hashes = self._cache.block_size(), None, []
+            for i in range(len(seq.prompt) // bs):
+                parent = block_hash(parent, tuple(seq.prompt[i * bs:(i + 1) * bs]))
+                hashes.append(parent)
+            seq.prompt_hashes = hashes
+        return seq.prompt_hashes
+
+    def _estimated_cached(self, seq: Sequence) -> int:
+        """Leading prompt tokens the prefix cache likely holds (always one token short of the
+        prompt, as the allocator leaves the last one to compute)."""
+        if not self._index_prefixes:
+            return 0
+        bs = self._cache.block_size()
+        hashes = self._prompt_hashes(seq)[: (len(seq.prompt) - 1) // bs]
+        num = 0
+        while num < len(hashes) and hashes[num] in self._prefix_index:
+            num += 1
+        return num * bs
+
+    def _index_computed(self, seq: Sequence) -> None:
+        hashes = self._prompt_hashes(seq)
+        full = min(seq.num_computed_tokens // self._cache.block_size(), len(hashes))
+        for h in hashes[seq.num_indexed_blocks:full]:
+            self._prefix_index[h] = None
+            self._prefix_index.move_to_end(h)
+        seq.num_indexed_blocks = max(seq.num_indexed_blocks, full)
+        while len(self._prefix_index) > self._cache.total_blocks():
+            self._prefix_index.popitem(last=False)
 
     def commit(self, alloc: StepAllocation) -> StepPlan:
         plan = StepPlan(finished=self._retired)
@@ -280,6 +321,8 @@ class Scheduler:
                 plan.admitted.append(seq.id)
             seq.num_tokens_sent = seq.total_len()
             seq.num_computed_tokens = grant.start + grant.num_tokens
+            if self._index_prefixes:
+                self._index_computed(seq)
             if grant.num_tokens == 0:
                 continue
             samples = seq.num_computed_tokens == seq.total_len()

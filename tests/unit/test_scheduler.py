@@ -193,3 +193,19 @@ def test_preempted_sequences_go_first_under_shortest_first() -> None:
         for seq_id in plan.decode_batch:
             sched.push_token(seq_id, 9, False)
     assert admitted[:2] == [2, 3]
+
+
+def test_shortest_first_ranks_a_waiting_prompt_by_its_uncached_tokens() -> None:
+    """A long prompt whose prefix was computed before costs only its tail: it goes before a shorter
+    prompt that would compute all of its tokens, though it arrived later."""
+    cache = PagedKVCache(64, 4, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first"), cache)
+    shared = list(range(1, 37))                               # 9 full blocks
+    sched.submit(Sequence(1, shared + [50], 1))
+    while sched.has_work():
+        run_step(sched)
+    sched.submit(Sequence(2, [60] * 12, 1))                   # 12 tokens, none cached
+    sched.submit(Sequence(3, shared + [70, 71, 72], 1))       # 39 tokens, 36 cached: computes 3
+    plan = sched.schedule()
+    assert plan.admitted[0] == 3 and shares(plan)[3] == 3
+    assert sched.get(3).num_cached_tokens == 36

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import anyio
+import anyio.abc
 import httpx
 
 from actors.supervisor import Daemon
@@ -48,6 +49,20 @@ def long_prompt(num_words: int) -> str:
 
 async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:
     while not predicate():
+        await anyio.sleep(interval)
+
+
+async def wait_healthy(http: httpx.AsyncClient, proc: anyio.abc.Process, explain: Callable[[], str],
+                       interval: float = 0.1) -> None:
+    """Poll `http`'s /healthz until it answers 200; `proc` (the server process) must stay alive
+    meanwhile, or the test fails with explain() (e.g. the tail of its log)."""
+    while True:
+        assert proc.returncode is None, explain()
+        try:
+            if (await http.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass                                            # not listening yet
         await anyio.sleep(interval)
 
 

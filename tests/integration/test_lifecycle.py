@@ -16,8 +16,8 @@ from anyio.abc import TaskGroup
 
 from actors.supervisor import Daemon, running_daemon
 from tests.integration.harness import (HANG_GUARD_S, MODEL_PATH, PROMPT, SERVED_MODEL, MakeDaemon, assert_error,
-                                       data_payloads, free_port, generated_tokens, long_prompt, wait_idle,
-                                       wait_until)
+                                       data_payloads, free_port, generated_tokens, long_prompt, wait_healthy,
+                                       wait_idle, wait_until)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,17 +141,6 @@ async def test_overload_gets_503_with_retry_after(make_daemon: MakeDaemon) -> No
         assert resp.headers["retry-after"] == "7"
 
 
-async def _wait_healthy(http: httpx.AsyncClient, proc: anyio.abc.Process, log: Path) -> None:
-    while True:
-        assert proc.returncode is None, log.read_text()[-4000:]
-        try:
-            if (await http.get("/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass                                   # not listening yet
-        await anyio.sleep(0.2)
-
-
 async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
     if not MODEL_PATH.is_file():
         pytest.skip(f"the real model is not at {MODEL_PATH}")
@@ -166,7 +155,7 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
                                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         try:
             async with proc, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=None) as http:
-                await _wait_healthy(http, proc, log)
+                await wait_healthy(http, proc, lambda: log.read_text()[-4000:], interval=0.2)
                 async with anyio.create_task_group() as tg:
                     running = Client(tg, http, body, stream=True)
                     await running.first_frame.wait()

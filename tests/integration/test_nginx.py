@@ -21,7 +21,7 @@ import pytest
 
 from actors.supervisor import Daemon, running_daemon
 from tests.integration.harness import (HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, completion_text,
-                                       data_payloads, free_port, wait_idle)
+                                       data_payloads, free_port, wait_healthy, wait_idle)
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "deploy" / "nginx" / "forge.conf"
@@ -62,17 +62,6 @@ def site_config(listen_port: int, upstream_port: int) -> str:
     return text
 
 
-async def _wait_proxy_ready(http: httpx.AsyncClient, proc: anyio.abc.Process, error_log: Path) -> None:
-    while True:
-        assert proc.returncode is None, error_log.read_text() if error_log.exists() else "nginx exited"
-        try:
-            if (await http.get("/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass                                            # not listening yet
-        await anyio.sleep(0.05)
-
-
 @asynccontextmanager
 async def running_nginx(tmp_path: Path, upstream_port: int) -> AsyncIterator[str]:
     """nginx in the foreground in front of the daemon; yields its base URL."""
@@ -88,7 +77,9 @@ async def running_nginx(tmp_path: Path, upstream_port: int) -> AsyncIterator[str
         async with proc:
             try:
                 async with httpx.AsyncClient(base_url=url) as http:
-                    await _wait_proxy_ready(http, proc, tmp_path / "error.log")
+                    error_log = tmp_path / "error.log"
+                    await wait_healthy(http, proc, lambda: error_log.read_text() if error_log.exists() else "nginx exited",
+                                       interval=0.05)
                 yield url
             finally:
                 if proc.returncode is None:

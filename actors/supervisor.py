@@ -30,7 +30,8 @@ from actors.tokeniser import TokeniserActor
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
-from forge.llm import LoadedModel, plan_cache, set_blas_threads
+from forge.llama.linear import configure_matmul
+from forge.llm import LoadedModel, plan_cache
 from forge.messages import AllocateStep, FreeSeqs, StepAllocation, StepBatch, StepOutput
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
@@ -77,7 +78,7 @@ class Daemon:
             self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(self.config.model,
                                                                                   progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
-        set_blas_threads(cfg.blas_threads, cfg.matmul_strategy)
+        configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
         num_blocks, max_model_len = plan_cache(loaded.model, cfg)
         self.cache = cache = PagedKVCache(num_blocks, cfg.block_size,
                                           enable_prefix_caching=cfg.enable_prefix_caching)

@@ -18,9 +18,9 @@ import numpy as np
 from forge.config import EngineConfig
 from forge.engine import Engine
 from forge.llama import KVCache
-from forge.llama.linear import linear
+from forge.llama.linear import configure_matmul, linear
 from forge.llama.weights import LlamaWeights
-from forge.llm import LLMEngine, LoadedModel, set_blas_threads
+from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch, StepOutput
 from forge.model import TinyTransformer
 from forge.paged_cache import PagedKVCache
@@ -185,7 +185,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
     another's work."""
     if not concurrency or min(concurrency) < 1 or min(prompt_len, max_new, prefill_len) < 1:
         raise ValueError("concurrency, prompt_len, max_new and prefill_len must be positive")
-    set_blas_threads(blas_threads)
+    configure_matmul("split", blas_threads)
     t0 = time.perf_counter()
     loaded = LoadedModel.load(model, progress=progress)
     load_s = time.perf_counter() - t0

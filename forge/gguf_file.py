@@ -135,8 +135,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         key = cur.string()
         if isinstance(key, bytes):
             raise cur.fail("a metadata key that is not UTF-8")
-        value = cur.value(cur.unpack("<I"))
-        metadata[key] = bool(value) if isinstance(value, np.bool_) else value
+        metadata[key] = cur.value(cur.unpack("<I"))
     infos = []
     for _ in range(num_tensors):
         tensor_name = cur.string()

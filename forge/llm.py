@@ -17,11 +17,11 @@ from forge.config import EngineConfig
 from forge.detokenizer import IncrementalDetokenizer
 from forge.engine_core import EngineCore
 from forge.errors import ConfigError, InvalidRequest
+from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
 from forge.llama.attention import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
-from forge.llama.weights import open_gguf
 from forge.messages import SampledToken, StepOutput, TokensEmitted
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
@@ -36,12 +36,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def set_blas_threads(num_threads: int | None, strategy: str = "split") -> None:
-    """Set how the forward's matmuls use the cores, process-wide (see EngineConfig.blas_threads and
-    matmul_strategy): with 2 cores, oversubscription costs 10x; make it a deliberate choice."""
-    configure_matmul(strategy, num_threads)
-
-
 @dataclass(slots=True)
 class LoadedModel:
     path: str
@@ -52,7 +46,7 @@ class LoadedModel:
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, *, progress: Progress = _stderr) -> LoadedModel:
         resolved = resolve_model(path, progress)
-        reader = open_gguf(resolved)             # the tokenizer and the model share one read of the file
+        reader = read_gguf(resolved)             # the tokenizer and the model share one read of the file
         tokenizer = Tokenizer.from_gguf(reader)
         model = LlamaModel.from_reader(reader, resolved)
         eos = tokenizer.token_str(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""
@@ -80,7 +74,7 @@ def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
-        set_blas_threads(config.blas_threads, config.matmul_strategy)
+        configure_matmul(config.matmul_strategy, config.blas_threads)
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer

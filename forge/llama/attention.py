@@ -73,7 +73,7 @@ class Scratch:
         write straight into `out` (mode="raise" buffers a second copy); the block ids were
         checked against the cache before the step. Read-only: the result may be the cache."""
         flat = block_ids.reshape(-1)
-        if block_ids.ndim <= 2 and flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
+        if flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
             first, n = int(flat[0]), flat.size
             if int(flat[-1]) == first + n - 1 and (n < 3 or bool(np.all(np.diff(flat) == 1))):
                 return cache[first:first + n].reshape(*block_ids.shape, *cache.shape[1:])

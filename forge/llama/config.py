@@ -62,8 +62,6 @@ def field_value(reader: GGUFFile, key: str) -> Any:
         return ArrayField(len(value))
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
-    if isinstance(value, np.generic):
-        return value.item()
     return value
 
 

@@ -18,12 +18,12 @@ import numpy.typing as npt
 
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
-from forge.gguf_file import GGUFFile
+from forge.gguf_file import GGUFFile, read_gguf
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.linear import active_matmul, linear, product
 from forge.llama.rope import RopeTables, apply_rope
-from forge.llama.weights import LayerWeights, LlamaWeights, load_weights, open_gguf
+from forge.llama.weights import LayerWeights, LlamaWeights, load_weights
 
 F32 = npt.NDArray[np.float32]
 C64 = npt.NDArray[np.complex64]
@@ -74,7 +74,7 @@ class LlamaModel:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LlamaModel:
         """Read and dequantize a GGUF file; raises ModelLoadError with a one-line message."""
-        return cls.from_reader(open_gguf(path), path)
+        return cls.from_reader(read_gguf(path), path)
 
     @classmethod
     def from_reader(cls, reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaModel:

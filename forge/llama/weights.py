@@ -10,13 +10,13 @@ stay in the file's RoPE order.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile, read_gguf
+from forge.gguf_file import GGUFFile
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
 
@@ -50,12 +50,6 @@ class LlamaWeights:
         if not np.shares_memory(self.head, self.embedding):
             arrays.append(self.head)
         return sum(a.nbytes for a in arrays)
-
-
-def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """The file's metadata and memory-mapped tensors, or ModelLoadError for a missing,
-    unreadable or corrupt file."""
-    return read_gguf(path)
 
 
 class _TensorSource:

@@ -154,12 +154,11 @@ class Matmul:
             self._pool = _Pool(num_threads)
 
     def __call__(self, x: F32, w: F32) -> F32:
-        out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                # [T, out]
         pool = self._pool
         macs = x.shape[0] * w.shape[0] * w.shape[1]
         if pool is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
-            _product(x, w, out)
-            return out
+            return product(x, w)
+        out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                # [T, out]
         cuts = _column_cuts(w.shape[1], self.num_threads)
         pool.run(lambda cut: _product(x, w[:, cut[0]:cut[1]], out[:, cut[0]:cut[1]]), cuts)
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import numpy as np
@@ -28,6 +28,7 @@ from forge.llama.weights import LayerWeights, LlamaWeights, load_weights
 F32 = npt.NDArray[np.float32]
 C64 = npt.NDArray[np.complex64]
 I64 = npt.NDArray[np.int64]
+Matmul = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out]: linear() or product()
 
 # Block size of the throwaway cache that forward_context() builds for a full recompute.
 CONTEXT_BLOCK_SIZE = 16
@@ -144,50 +145,46 @@ class LlamaModel:
         matmul = active_matmul()
         row_parts = _row_parts(num_tokens, matmul.num_parts) if num_tokens >= MIN_ROW_SPLIT_TOKENS else []
         for i, layer in enumerate(w.layers):
+            q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)      # [T, nh, hd]
+            inputs = functools.partial(self._attention_inputs, layer, i, x, rotation, batch.slot_mapping, kv, scale, q)
             if row_parts:
-                q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)  # [T, nh, hd]
-                matmul.run_parts(functools.partial(self._attention_inputs, layer, i, x, rotation,
-                                                   batch.slot_mapping, kv, scale, q), row_parts)
+                matmul.run_parts(functools.partial(inputs, product), row_parts)
             else:
-                heads = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.wqkv).reshape(num_tokens, -1, hd)
-                apply_rope(heads[:, : c.num_heads + c.num_kv_heads], rotation)
-                k = heads[:, c.num_heads : c.num_heads + c.num_kv_heads]        # [T, nkv, hd]
-                v = heads[:, c.num_heads + c.num_kv_heads :]                    # [T, nkv, hd]
-                kv.write(i, batch.slot_mapping, k, v)
-                q = heads[:, : c.num_heads] * scale                             # [T, nh, hd]
+                inputs(linear, [(0, num_tokens)])
             attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
                 row_parts = []
             if row_parts:
-                matmul.run_parts(functools.partial(self._block_outputs, layer, x, attn), row_parts)
+                matmul.run_parts(functools.partial(self._block_outputs, layer, x, attn, product), row_parts)
             else:
-                x += linear(attn, layer.wo)                                     # [T, H]
-                h = rms_norm(x, layer.ffn_norm, c.rms_eps)                      # [T, H]
-                x += linear(swiglu(linear(h, layer.w_gate_up)), layer.w_down)   # [T, H]
+                self._block_outputs(layer, x, attn, linear, [(0, len(x))])
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
         return linear(x, w.head)                                                # [N, V]
 
-    def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64,
-                          kv: KVCache, scale: np.float32, q: F32, rows: list[tuple[int, int]]) -> None:
-        """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v, rotated; their K/V
-        written to layer `index` of the cache, their scaled queries into q [T, nh, hd]."""
+    def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
+                          scale: np.float32, q: F32, mm: Matmul, rows: list[tuple[int, int]]) -> None:
+        """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v (by `mm`: linear, or
+        product inside a pool part), rotated; their K/V written to layer `index` of the cache,
+        their scaled queries into q [T, nh, hd]."""
         c = self.config
         nh, nkv = c.num_heads, c.num_kv_heads
         for lo, hi in rows:
-            heads = product(rms_norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
+            heads = mm(rms_norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
             heads = heads.reshape(hi - lo, -1, c.head_dim)                      # [n, nh + 2 nkv, hd]
             apply_rope(heads[:, : nh + nkv], rotation[lo:hi])
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
 
-    def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, rows: list[tuple[int, int]]) -> None:
-        """Rows [lo, hi) of each tile in `rows`: x += the attention's projection, then the MLP."""
+    def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, mm: Matmul,
+                       rows: list[tuple[int, int]]) -> None:
+        """Rows [lo, hi) of each tile in `rows`: x += the attention's projection, then the MLP
+        (products by `mm`, as in _attention_inputs)."""
         eps = self.config.rms_eps
         for lo, hi in rows:
             xt = x[lo:hi]                                                       # [n, H] view
-            xt += product(attn[lo:hi], layer.wo)
-            xt += product(swiglu(product(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+            xt += mm(attn[lo:hi], layer.wo)
+            xt += mm(swiglu(mm(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
 
 
 def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:

@@ -28,7 +28,7 @@ from forge.llama.weights import LayerWeights, LlamaWeights, load_weights
 F32 = npt.NDArray[np.float32]
 C64 = npt.NDArray[np.complex64]
 I64 = npt.NDArray[np.int64]
-Matmul = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out]: linear() or product()
+MatmulFn = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out]: linear() or product()
 
 # Block size of the throwaway cache that forward_context() builds for a full recompute.
 CONTEXT_BLOCK_SIZE = 16
@@ -163,7 +163,7 @@ class LlamaModel:
         return linear(x, w.head)                                                # [N, V]
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
-                          scale: np.float32, q: F32, mm: Matmul, rows: list[tuple[int, int]]) -> None:
+                          scale: np.float32, q: F32, mm: MatmulFn, rows: list[tuple[int, int]]) -> None:
         """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v (by `mm`: linear, or
         product inside a pool part), rotated; their K/V written to layer `index` of the cache,
         their scaled queries into q [T, nh, hd]."""
@@ -176,7 +176,7 @@ class LlamaModel:
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
 
-    def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, mm: Matmul,
+    def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, mm: MatmulFn,
                        rows: list[tuple[int, int]]) -> None:
         """Rows [lo, hi) of each tile in `rows`: x += the attention's projection, then the MLP
         (products by `mm`, as in _attention_inputs)."""

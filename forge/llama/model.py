@@ -36,8 +36,8 @@ CONTEXT_BLOCK_SIZE = 16
 # contiguous range of the rows through norm, projections, RoPE, SwiGLU and the residual adds (all
 # on both cores, with one hand-off before and one after attention), in tiles of at most ROW_TILE
 # rows to bound the temporaries. Below it each projection's columns are split instead, which keeps
-# the matmuls' rows as many as the step has. Measured (2 cores, 135M): 7-11% faster steps at 480-512
-# tokens, no difference at 64-256; tiles of 64-128 rows were 10% slower (each tile reads the
+# the matmuls' rows as many as the step has. Measured (2 cores, 135M, scripts/ab_engine.py rows):
+# 5-10% faster steps at 256-1,000 tokens; tiles of 64-128 rows were slower (each tile reads the
 # layer's 14 MiB of weights again).
 MIN_ROW_SPLIT_TOKENS = 256
 ROW_TILE = 256

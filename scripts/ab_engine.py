@@ -1,0 +1,241 @@
+"""Paired A/B measurements of engine choices, old and new alternating inside one process.
+
+On a shared VM the noise between runs (up to 30%) is larger than most single changes, so each case
+here runs both variants back to back, many times, and reports medians and the median of the
+per-pair ratios. Not part of forge and not run by tests: the commands behind the figures in
+docs/benchmarks.md ("Tried since").
+
+    .venv/bin/python scripts/ab_engine.py load        # start-up: header, tokenizer, dequantize
+    .venv/bin/python scripts/ab_engine.py rows        # row-parallel layers vs the column split
+    .venv/bin/python scripts/ab_engine.py one-row     # one decoding sequence: split products, KV in place
+    .venv/bin/python scripts/ab_engine.py matvec      # each one-row projection whole vs split
+    .venv/bin/python scripts/ab_engine.py pool        # the pool's hand-off vs a futures executor
+    .venv/bin/python scripts/ab_engine.py attention   # one layer's decode attention, piece by piece
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import forge.llama.attention as attention  # noqa: E402
+import forge.llama.linear as linear_mod  # noqa: E402
+import forge.llama.model as model_mod  # noqa: E402
+from forge.batch import ForwardBatch  # noqa: E402
+from forge.llama.model import LlamaModel  # noqa: E402
+
+DEFAULT_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+BLOCK_SIZE = 16
+
+
+def batch_for(num_tokens: int, num_seqs: int, context: int = 0) -> ForwardBatch:
+    """num_seqs sequences of num_tokens // num_seqs new tokens each after `context` cached ones,
+    on consecutive blocks (sequence s on blocks s * nb ...)."""
+    per = num_tokens // num_seqs
+    nb = -(-(context + per) // BLOCK_SIZE)
+    tokens, positions, slots, starts, lens, tables = [], [], [], [0], [], []
+    for s in range(num_seqs):
+        table = list(range(s * nb, (s + 1) * nb))
+        pos = list(range(context, context + per))
+        tokens += [100 + p % 500 for p in pos]
+        positions += pos
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in pos]
+        starts.append(starts[-1] + per)
+        lens.append(context + per)
+        tables.append(table)
+    a = np.array
+    return ForwardBatch(a(tokens), a(positions), a(slots), a(starts), a(lens), a(tables),
+                        a([starts[i + 1] - 1 for i in range(num_seqs)]))
+
+
+def paired(cases: dict[str, Callable[[], Any]], variants: dict[str, Callable[[], None]], reps: int) -> None:
+    """For each case: run it under every variant (set-up callables), order alternating per rep;
+    print medians and the median ratio of each variant to the first."""
+    names = list(variants)
+    times: dict[tuple[str, str], list[float]] = {}
+    for rep in range(reps):
+        for case, run in cases.items():
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                variants[name]()
+                started = time.perf_counter()
+                run()
+                times.setdefault((case, name), []).append(time.perf_counter() - started)
+    for case in cases:
+        base = times[(case, names[0])]
+        cols = [f"{n} {statistics.median(times[(case, n)]) * 1e3:8.1f} ms" for n in names]
+        ratios = [f"{n}/{names[0]} {statistics.median([b / a for a, b in zip(base, times[(case, n)])]):.3f}"
+                  for n in names[1:]]
+        print(f"{case:18s} " + "  ".join(cols + ratios))
+
+
+def cmd_load(model: Path, reps: int) -> None:
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from forge.gguf_file import read_gguf
+    from forge.llama.dequant import dequantize
+    from forge.llm import LoadedModel
+    from forge.tokenizer import Tokenizer
+
+    def timed(fn: Callable[[], Any]) -> float:
+        return min(_once(fn) for _ in range(reps))
+
+    reader = read_gguf(model)
+    tensors = list(reader.tensors.values())
+    print(f"gguf.GGUFReader       {timed(lambda: gguf.GGUFReader(model)):.2f} s")
+    print(f"forge read_gguf       {timed(lambda: read_gguf(model)):.2f} s")
+    print(f"tokenizer             {timed(lambda: Tokenizer.from_gguf(reader)):.2f} s")
+    print(f"gguf dequantize       {timed(lambda: [gguf_dequantize(t.data, t.tensor_type) for t in tensors]):.2f} s")
+    print(f"forge dequantize      {timed(lambda: [dequantize(t.data, t.tensor_type) for t in tensors]):.2f} s")
+    print(f"LoadedModel.load      {timed(lambda: LoadedModel.load(model, progress=lambda _m: None)):.2f} s")
+
+
+def _once(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _model(path: Path) -> tuple[LlamaModel, Any]:
+    model = LlamaModel.load(path)
+    linear_mod.configure_matmul("split", 2)
+    return model, model.new_kv_cache(2600, BLOCK_SIZE)
+
+
+def cmd_rows(model_path: Path, reps: int) -> None:
+    model, kv = _model(model_path)
+    cases = {f"{t}x{s}@{c}": (lambda b=batch_for(t, s, c): model.forward(b, kv))
+             for t, s, c in ((64, 1, 100), (256, 1, 100), (480, 4, 100), (512, 1, 0), (1000, 1, 0))}
+    paired(cases, {"column": lambda: setattr(model_mod, "MIN_ROW_SPLIT_TOKENS", 1 << 62),
+                   "rows": lambda: setattr(model_mod, "MIN_ROW_SPLIT_TOKENS", 256)}, reps)
+
+
+def cmd_one_row(model_path: Path, reps: int) -> None:
+    model, kv = _model(model_path)
+    cases = {f"decode1@{c}": (lambda b=batch_for(1, 1, c): model.forward(b, kv)) for c in (300, 1000)}
+    cases["prefill512@1000"] = lambda b=batch_for(512, 1, 1000): model.forward(b, kv)
+    in_place = attention.Scratch.gather
+
+    def copy(self: attention.Scratch, slot: int, cache: Any, block_ids: Any) -> Any:
+        out = self.get(slot, (*block_ids.shape, *cache.shape[1:]))
+        return np.take(cache, block_ids, axis=0, out=out, mode="clip")
+
+    def variant(split_few_rows: int, gather: Any) -> Callable[[], None]:
+        def set_up() -> None:
+            linear_mod.MIN_SPLIT_MACS_FEW_ROWS = split_few_rows
+            attention.Scratch.gather = gather  # type: ignore[method-assign]
+        return set_up
+
+    paired(cases, {"whole+copy": variant(1 << 62, copy), "split+copy": variant(1 << 20, copy),
+                   "split+in-place": variant(1 << 20, in_place)}, reps)
+
+
+def cmd_matvec(model_path: Path, reps: int) -> None:
+    model, _ = _model(model_path)
+    w, layers = model.weights, model.weights.layers
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, w.embedding.shape[1])).astype(np.float32)
+    f = rng.standard_normal((1, layers[0].w_down.shape[0])).astype(np.float32)
+    mats = {"qkv": (x, [la.wqkv for la in layers]), "wo": (x, [la.wo for la in layers]),
+            "gate_up": (x, [la.w_gate_up for la in layers]), "down": (f, [la.w_down for la in layers]),
+            "head": (x, [w.head])}
+    cases = {name: (lambda xi=xi, ws=ws: [linear_mod.linear(xi, wi) for wi in ws]) for name, (xi, ws) in mats.items()}
+    paired(cases, {"whole": lambda: setattr(linear_mod, "MIN_SPLIT_MACS_FEW_ROWS", 1 << 62),
+                   "split": lambda: setattr(linear_mod, "MIN_SPLIT_MACS_FEW_ROWS", 0)}, reps)
+
+
+def cmd_pool(reps: int) -> None:
+    executor = ThreadPoolExecutor(1)
+    pool = linear_mod.Matmul("split", 2)
+
+    def noop(_: object = None) -> None:
+        pass
+
+    def via_executor(fn: Callable[[object], None]) -> Callable[[], None]:
+        def run() -> None:
+            future = executor.submit(fn, None)
+            fn(None)
+            future.result()
+        return run
+
+    def via_pool(fn: Callable[[object], None]) -> Callable[[], None]:
+        return lambda: pool.run_parts(fn, [None, None])
+
+    with threadpool_limits(1):
+        n = 2000
+        for label, make in (("executor", via_executor), ("forge pool", via_pool)):
+            run = make(noop)
+            for _ in range(100):
+                run()
+            seconds = min(_once(lambda: [run() for _ in range(n)]) for _ in range(reps)) / n
+            print(f"{label:11s} {seconds * 1e6:6.1f} us per hand-off round trip (empty parts)")
+    executor.shutdown()
+    pool.close()
+
+
+def cmd_attention(reps: int) -> None:
+    """One layer's decode attention at 32 sequences x 208 keys (SmolLM2's 3 KV heads of 64, groups
+    of 3), single-threaded, split into its numpy pieces."""
+    num_seqs, num_keys, nkv, hd, group = 32, 208, 3, 64, 3
+    nb = num_keys // BLOCK_SIZE
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((num_seqs * nb + 8, BLOCK_SIZE, nkv, hd), dtype=np.float32)
+    tables = (rng.permutation(num_seqs * nb) + 1).reshape(num_seqs, nb)
+    q = rng.standard_normal((num_seqs, nkv, group, hd), dtype=np.float32)
+    keys_buf = np.empty((num_seqs, nb, BLOCK_SIZE, nkv, hd), np.float32)
+    keys = keys_buf.reshape(num_seqs, num_keys, nkv, hd)
+    scores = np.empty((num_seqs, nkv, group, num_keys), np.float32)
+
+    def softmax() -> None:
+        s = scores.copy()
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s.sum(-1, keepdims=True)
+
+    pieces = {
+        "gather K (take)": lambda: np.take(cache, tables, axis=0, out=keys_buf, mode="clip"),
+        "q K^T (96 products)": lambda: np.matmul(q, keys.transpose(0, 2, 3, 1), out=scores),
+        "softmax": softmax,
+        "P V (96 products)": lambda: np.matmul(scores, keys.transpose(0, 2, 1, 3)),
+    }
+    with threadpool_limits(1):
+        for name, fn in pieces.items():
+            fn()
+            count = 100
+            seconds = min(_once(lambda fn=fn: [fn() for _ in range(count)]) for _ in range(reps)) / count
+            print(f"{name:20s} {seconds * 1e3:6.3f} ms per layer (V is gathered like K)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention"])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--reps", type=int, default=None, help="pairs per case (default depends on the case)")
+    args = ap.parse_args()
+    if args.case == "load":
+        cmd_load(args.model, args.reps or 3)
+    elif args.case == "rows":
+        cmd_rows(args.model, args.reps or 4)
+    elif args.case == "one-row":
+        cmd_one_row(args.model, args.reps or 16)
+    elif args.case == "matvec":
+        cmd_matvec(args.model, args.reps or 7)
+    elif args.case == "pool":
+        cmd_pool(args.reps or 3)
+    else:
+        cmd_attention(args.reps or 3)
+
+
+if __name__ == "__main__":
+    main()

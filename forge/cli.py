@@ -85,7 +85,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from forge.llm import LLM
-    from forge.sampling import SamplingParams
+    from forge.sampling_params import SamplingParams
 
     llm = LLM(args.model, engine_config(args), progress=_progress)
     prompt = args.prompt
@@ -102,15 +102,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.model is None:
+        from forge.seed import bench as toy
+
+        result = toy.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
+                               max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
+                               num_blocks=args.blocks, block_size=args.block_size,
+                               lookahead=args.lookahead, seed=args.seed)
+        print(json.dumps(result) if args.json else toy.format_toy(result))
+        return 0
     from forge import bench
 
-    if args.model is None:
-        result = bench.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
-                                 max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
-                                 num_blocks=args.blocks, block_size=args.block_size,
-                                 lookahead=args.lookahead, seed=args.seed)
-        print(json.dumps(result) if args.json else bench.format_toy(result))
-        return 0
     try:
         concurrency = [int(n) for n in args.concurrency.split(",")]
         result = bench.model_bench(

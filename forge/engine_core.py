@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.messages import (AllocateStep, FinishReason, NewSeq, SampledToken, SeqChunk, StepAllocation,
                             StepBatch, StepOutput, TokensEmitted)
-from forge.paged_cache import PagedKVCache
-from forge.sampling import SamplingParams
+from forge.paged_cache import CacheLayout
+from forge.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
@@ -36,9 +36,9 @@ class CoreStats:
 
 
 class EngineCore:
-    def __init__(self, config: SchedulerConfig, cache: PagedKVCache, *, eos_token_id: int | None,
+    def __init__(self, config: SchedulerConfig, layout: CacheLayout, *, eos_token_id: int | None,
                  max_model_len: int, vocab_size: int) -> None:
-        self.scheduler = Scheduler(config, cache)
+        self.scheduler = Scheduler(config, layout)
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size

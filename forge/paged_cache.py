@@ -75,6 +75,14 @@ def block_hash(parent: int | None, chunk: tuple[int, ...]) -> int:
     return hash((parent, chunk))
 
 
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """The figures a planner needs about a cache it does not own: they never change after start-up."""
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool = False
+
+
 class PagedKVCache:
     """Allocates fixed-size blocks to sequences. Invariant: free + used = total, always."""
 
@@ -94,6 +102,9 @@ class PagedKVCache:
         self._block_of: dict[int, BlockId] = {}                          # chain hash -> block
         self.num_prefix_queries = 0   # tokens looked up in the prefix cache
         self.num_prefix_hits = 0      # of which found
+
+    def layout(self) -> CacheLayout:
+        return CacheLayout(self._num_blocks, self._block_size, self.enable_prefix_caching)
 
     # ---- the seed's surface -------------------------------------------------------------
 

@@ -3,8 +3,10 @@
 One rule covers prefill, chunked prefill, decode and recompute after preemption: every sequence
 has `num_computed_tokens`, which catches up with its token count (prompt + output) by at most the
 step's token budget. There are no phases. The scheduler never calls a model and never touches
-the KV cache directly: it proposes (`propose`), the cache allocator grants (`allocate_step`), and
-the scheduler records the outcome (`commit`). `schedule` does the three in one call, offline.
+the KV cache: it knows the cache only by its layout (block size, block count), proposes
+(`propose`), the cache allocator grants (`allocate_step`), and the scheduler records the outcome
+(`commit`). LocalScheduler owns a cache as well and does the three in one call (`schedule`), for
+one-process use and the seed's API.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from forge.config import SCHEDULING_POLICIES
 from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
-from forge.paged_cache import PagedKVCache, SeqId, block_hash
+from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash
 
 TokenId = int
 
@@ -128,13 +130,14 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: PagedKVCache) -> None:
+    """Plans steps for a cache it knows by its layout. Keeps state only for unfinished sequences."""
+
+    def __init__(self, config: SchedulerConfig, layout: CacheLayout) -> None:
         self.config = config
-        self._cache = cache
+        self.layout = layout
         self._seqs: dict[SeqId, Sequence] = {}
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
-        self._finished: list[SeqId] = []        # since the last take_finished
         self._to_free: list[SeqId] = []         # blocks to give back before the next allocation
         self._retired: list[SeqId] = []         # finished since the last plan
         self._step = 0                          # proposals made so far (the clock of aging)
@@ -143,13 +146,10 @@ class Scheduler:
         # what the allocator's prefix cache will find. An estimate for ordering only: the
         # allocator's lookup decides what is reused.
         self._prefix_index: OrderedDict[int, None] = OrderedDict()
-        self._index_prefixes = config.policy == "shortest-first" and cache.enable_prefix_caching
+        self._index_prefixes = config.policy == "shortest-first" and layout.enable_prefix_caching
         self.num_preemptions = 0
 
     # ---- queries ------------------------------------------------------------------------
-
-    def cache(self) -> PagedKVCache:
-        return self._cache
 
     def waiting_len(self) -> int:
         return len(self._waiting)
@@ -174,11 +174,11 @@ class Scheduler:
         """Queue a sequence. One that could never fit in the whole cache is refused at once."""
         if seq.id in self._seqs:
             raise ValueError(f"sequence {seq.id} is already submitted")
-        cache = self._cache
+        layout = self.layout
         worst = len(seq.prompt) + max(seq.max_new_tokens, 0)
-        if -(-worst // cache.block_size()) > cache.total_blocks():
+        if -(-worst // layout.block_size) > layout.num_blocks:
             raise CapacityError(f"sequence {seq.id} needs {worst} tokens; the KV cache holds "
-                                f"{cache.total_blocks() * cache.block_size()}")
+                                f"{layout.num_blocks * layout.block_size}")
         seq.state = SeqState.WAITING
         seq.arrival_step = self._step
         self._seqs[seq.id] = seq
@@ -206,23 +206,11 @@ class Scheduler:
         self._retire(seq)
         return True
 
-    def take_finished(self) -> list[SeqId]:
-        """Sequences that finished (or were aborted) since the last call."""
-        out, self._finished = self._finished, []
-        return out
-
     def take_frees(self) -> list[SeqId]:
         out, self._to_free = self._to_free, []
         return out
 
     # ---- one step -----------------------------------------------------------------------
-
-    def schedule(self) -> StepPlan:
-        """Plan one step against the local cache: propose, allocate, commit."""
-        step = self.propose()
-        for seq_id in step.frees:
-            self._cache.free(seq_id)
-        return self.commit(self._cache.allocate_step(step.asks, step.admit_budget))
 
     def propose(self) -> AllocateStep:
         """Retire complete sequences, then share the step's token budget out by the policy.
@@ -276,7 +264,7 @@ class Scheduler:
 
     def _prompt_hashes(self, seq: Sequence) -> list[int]:
         if seq.prompt_hashes is None:
-            bs, parent, hashes = self._cache.block_size(), None, []
+            bs, parent, hashes = self.layout.block_size, None, []
             for i in range(len(seq.prompt) // bs):
                 parent = block_hash(parent, tuple(seq.prompt[i * bs:(i + 1) * bs]))
                 hashes.append(parent)
@@ -288,7 +276,7 @@ class Scheduler:
         prompt, as the allocator leaves the last one to compute)."""
         if not self._index_prefixes:
             return 0
-        bs = self._cache.block_size()
+        bs = self.layout.block_size
         hashes = self._prompt_hashes(seq)[: (len(seq.prompt) - 1) // bs]
         num = 0
         while num < len(hashes) and hashes[num] in self._prefix_index:
@@ -297,12 +285,12 @@ class Scheduler:
 
     def _index_computed(self, seq: Sequence) -> None:
         hashes = self._prompt_hashes(seq)
-        full = min(seq.num_computed_tokens // self._cache.block_size(), len(hashes))
+        full = min(seq.num_computed_tokens // self.layout.block_size, len(hashes))
         for h in hashes[seq.num_indexed_blocks:full]:
             self._prefix_index[h] = None
             self._prefix_index.move_to_end(h)
         seq.num_indexed_blocks = max(seq.num_indexed_blocks, full)
-        while len(self._prefix_index) > self._cache.total_blocks():
+        while len(self._prefix_index) > self.layout.num_blocks:
             self._prefix_index.popitem(last=False)
 
     def commit(self, alloc: StepAllocation) -> StepPlan:
@@ -355,5 +343,33 @@ class Scheduler:
             self._waiting.remove(seq)
         seq.state = SeqState.FINISHED
         del self._seqs[seq.id]
-        self._finished.append(seq.id)
         self._retired.append(seq.id)
+
+
+class LocalScheduler(Scheduler):
+    """A scheduler that owns its cache too, for one process (the seed's Scheduler::new(config, cache)).
+
+    In the daemon the two are apart: the cache allocator actor owns the cache and the scheduler
+    actor's Scheduler sees only its layout.
+    """
+
+    def __init__(self, config: SchedulerConfig, cache: PagedKVCache) -> None:
+        super().__init__(config, cache.layout())
+        self._cache = cache
+
+    def cache(self) -> PagedKVCache:
+        return self._cache
+
+    def schedule(self) -> StepPlan:
+        """Plan one step against the local cache: propose, allocate, commit."""
+        step = self.propose()
+        for seq_id in step.frees:
+            self._cache.free(seq_id)
+        return self.commit(self._cache.allocate_step(step.asks, step.admit_budget))
+
+    def take_finished(self) -> list[SeqId]:
+        """Always empty, as in the seed: finished sequences are reported by StepPlan.finished.
+
+        Kept for the seed's engine loop; a list that nothing drains would grow for ever.
+        """
+        return []

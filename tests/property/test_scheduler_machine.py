@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import Scheduler, SchedulerConfig, SeqState, Sequence
+from forge.scheduler import LocalScheduler, SchedulerConfig, SeqState, Sequence
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 10          # 40 tokens: far too small for all sequences, enough for each alone
@@ -20,7 +20,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.cache = PagedKVCache(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
-        self.sched = Scheduler(SchedulerConfig(max_batch_size=MAX_BATCH, max_num_batched_tokens=12,
+        self.sched = LocalScheduler(SchedulerConfig(max_batch_size=MAX_BATCH, max_num_batched_tokens=12,
                                                policy=self.policy), self.cache)
         self.submitted: set[int] = set()
         self.finished: set[int] = set()
@@ -41,7 +41,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, pick: int) -> None:
         live = sorted(self.submitted - self.finished)
         if live:
-            self.sched.abort(live[pick % len(live)])
+            seq_id = live[pick % len(live)]
+            assert self.sched.abort(seq_id)
+            self.finished.add(seq_id)                          # the caller knows its own aborts
 
     def _step(self, eos_pick: int = 5) -> None:
         running_before = {s.id for s in self.sched._running}
@@ -52,7 +54,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not self.cache.contains(seq_id)          # preemption frees every block
         for seq_id in plan.decode_batch:
             self.sched.push_token(seq_id, 3, is_eos=(seq_id % 11 == eos_pick))
-        self.finished.update(self.sched.take_finished())
+        self.finished.update(plan.finished)
 
     @invariant()
     def limits_and_exclusive_states(self) -> None:
@@ -74,7 +76,6 @@ class SchedulerMachine(RuleBasedStateMachine):
                 break
             self._step()
         assert not self.sched.has_work()
-        self.finished.update(self.sched.take_finished())
         assert self.finished == self.submitted                 # every sequence finished
         assert self.cache.free_blocks() == NUM_BLOCKS          # and gave back every block
 

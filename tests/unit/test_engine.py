@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-import forge.engine
-from forge.engine import Engine
+import forge.seed.engine
+from forge.seed.engine import Engine
 from forge.errors import EngineError
-from forge.model import TinyTransformer
+from forge.seed.model import TinyTransformer
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import SchedulerConfig
 
@@ -44,7 +44,7 @@ def test_step_reports_eos() -> None:
 
 
 def test_iteration_guard_raises_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forge.engine, "MAX_ITERATIONS", 5)
+    monkeypatch.setattr(forge.seed.engine, "MAX_ITERATIONS", 5)
     engine = Engine(TinyTransformer(320, 1), SchedulerConfig(), PagedKVCache(64, 4))
     engine.submit(1, [1, 2], 100)
     with pytest.raises(EngineError, match="5 iterations"):

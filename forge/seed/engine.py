@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge.errors import EngineError
-from forge.model import Model
+from forge.seed.model import Model
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import Scheduler, SchedulerConfig, Sequence, TokenId
+from forge.scheduler import LocalScheduler, SchedulerConfig, Sequence, TokenId
 
 MAX_ITERATIONS = 1_000_000
 
@@ -25,7 +25,7 @@ class GenerationOutput:
 class Engine:
     def __init__(self, model: Model, config: SchedulerConfig, cache: PagedKVCache) -> None:
         self.model = model
-        self.scheduler = Scheduler(config, cache)
+        self.scheduler = LocalScheduler(config, cache)
         self._outputs: dict[int, list[TokenId]] = {}
 
     def submit(self, id: int, prompt: list[TokenId], max_new_tokens: int) -> None:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FORGE := $(VENV)/bin/forge
 
-.PHONY: install model serve test test-deps bench clean
+.PHONY: install model serve test test-deps lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,11 +23,16 @@ serve: model
 test-deps: install
 	bash scripts/install-test-deps
 
-test: test-deps model
+# Lint and type-check first: a failing check stops `make test` before the (slower) tests run.
+lint: install
+	$(VENV)/bin/ruff check forge actors tests scripts
+	$(VENV)/bin/mypy forge actors
+
+test: test-deps model lint
 	$(PY) -m pytest -q
 
 bench: model
 	$(FORGE) bench --model default
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """The cache allocator actor: sole owner of the block tables, reference counts and prefix cache.
 
-It answers the scheduler's AllocateStep with a StepAllocation and frees what FreeSeqs names.
-It holds no K/V data; the model worker's arrays are addressed by the block ids granted here.
+It answers the scheduler's AllocateStep with a StepAllocation, first freeing the sequences the
+step names. It holds no K/V data; the model worker's arrays are addressed by the block ids granted
+here. Nothing else in the daemon holds the PagedKVCache: the scheduler knows only its layout.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from forge.messages import AllocateStep, CacheStats, FreeSeqs, StepAllocation
+from forge.messages import AllocateStep, CacheStats, StepAllocation
 from forge.paged_cache import PagedKVCache
 
 
 class AllocatorActor:
-    def __init__(self, cache: PagedKVCache, inbox: MemoryObjectReceiveStream[AllocateStep | FreeSeqs],
+    def __init__(self, cache: PagedKVCache, inbox: MemoryObjectReceiveStream[AllocateStep],
                  replies: MemoryObjectSendStream[StepAllocation]) -> None:
         self._cache = cache
         self._inbox = inbox
@@ -26,15 +27,14 @@ class AllocatorActor:
         return CacheStats(num_free_blocks=c.free_blocks(), num_total_blocks=c.total_blocks(),
                           prefix_hit_rate=c.prefix_hit_rate())
 
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-request tables: the block tables of live sequences."""
+        return {"allocator.seqs": len(self._cache.sequences())}
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._replies:
             task_status.started()
-            async for msg in self._inbox:
-                match msg:
-                    case AllocateStep(frees=frees, asks=asks, admit_budget=admit_budget):
-                        for seq_id in frees:
-                            self._cache.free(seq_id)
-                        await self._replies.send(self._cache.allocate_step(asks, admit_budget))
-                    case FreeSeqs(seq_ids=seq_ids):
-                        for seq_id in seq_ids:
-                            self._cache.free(seq_id)
+            async for step in self._inbox:
+                for seq_id in step.frees:
+                    self._cache.free(seq_id)
+                await self._replies.send(self._cache.allocate_step(step.asks, step.admit_budget))

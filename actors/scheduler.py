@@ -8,23 +8,18 @@ only when there is nothing to run, and it never awaits a client.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import anyio
-import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.metrics import Metrics
 from forge.engine_core import CoreStats, EngineCore
-from forge.errors import ForgeError, RequestError
+from forge.errors import RequestError
 from forge.messages import (Abort, Accepted, AllocateStep, Rejected, StepAllocation, StepBatch, StepOutput,
                             Tokenised, TokensEmitted)
 
-log = structlog.get_logger("forge.scheduler")
-
 SchedulerInbox = Tokenised | Abort
-MAX_EARLY_ABORTS = 4096
 ToTokeniser = Accepted | Rejected | TokensEmitted
 
 
@@ -46,12 +41,14 @@ class SchedulerActor:
         self._rids: dict[str, int] = {}
         self._num_queued_tokens = 0
         self._queued: dict[int, int] = {}            # seq id -> prompt tokens, while waiting
-        # Aborts that overtook their request (the client left while it was being tokenised): the
-        # request is dropped when it arrives. Bounded: ids of requests that never come are forgotten.
-        self._early_aborts: OrderedDict[str, None] = OrderedDict()
 
     def statistics(self) -> CoreStats:
         return self._core.stats()
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-request tables here and in the core: all zero when nothing is in flight."""
+        return {"scheduler.arrivals": len(self._arrivals), "scheduler.rids": len(self._rids),
+                "scheduler.queued": len(self._queued), **self._core.tracked()}
 
     @property
     def num_queued_tokens(self) -> int:
@@ -80,20 +77,10 @@ class SchedulerActor:
     async def _handle(self, msg: SchedulerInbox) -> None:
         match msg:
             case Tokenised(request_id=rid, prompt_ids=ids, params=params):
-                if self._early_aborts.pop(rid, 0) is None:
-                    await self._to_tokeniser.send(TokensEmitted(request_id=rid, token_ids=(),
-                                                                finish_reason="abort"))
-                    return
                 try:
                     seq_id = self._core.add_request(rid, list(ids), params)
                 except RequestError as exc:
-                    await self._to_tokeniser.send(Rejected(
-                        request_id=rid, status=exc.status, message=exc.message, error_type=exc.type,
-                        param=exc.param, code=exc.code))
-                    return
-                except ForgeError as exc:
-                    await self._to_tokeniser.send(Rejected(request_id=rid, status=503, message=str(exc),
-                                                           error_type="server_error"))
+                    await self._to_tokeniser.send(Rejected.of(rid, exc))
                     return
                 self._arrivals[seq_id] = time.monotonic()
                 self._rids[rid] = seq_id
@@ -102,14 +89,11 @@ class SchedulerActor:
                 self._metrics.prompt_tokens.inc(len(ids))
                 await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
             case Abort(request_id=rid):
-                if self._core.abort(rid):
-                    self._dequeue(self._rids.pop(rid, -1))
-                    await self._to_tokeniser.send(TokensEmitted(request_id=rid, token_ids=(),
-                                                                finish_reason="abort"))
-                elif rid not in self._rids:
-                    self._early_aborts[rid] = None
-                    if len(self._early_aborts) > MAX_EARLY_ABORTS:
-                        self._early_aborts.popitem(last=False)
+                # It comes behind its own Tokenised; unknown here, the request already ended.
+                seq_id = self._rids.pop(rid, None)
+                if seq_id is not None:
+                    self._core.abort(rid)
+                    self._dequeue(seq_id)
 
     async def _step(self) -> None:
         await self._to_allocator.send(self._core.propose())

@@ -26,13 +26,13 @@ from actors.gateway import Gateway, GatewayConfig, Pipeline
 from actors.metrics import Metrics
 from actors.router import Router
 from actors.scheduler import SchedulerActor
-from actors.tokeniser import TokeniserActor
+from actors.tokeniser import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.llama.linear import configure_matmul
 from forge.llm import LoadedModel, plan_cache
-from forge.messages import AllocateStep, FreeSeqs, StepAllocation, StepBatch, StepOutput
+from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.scheduler import SchedulerConfig
@@ -56,14 +56,28 @@ class Daemon:
         self.metrics = Metrics()
         self.gateway = Gateway(config.gateway, self.metrics)
         self.loaded = loaded
-        self.cache: PagedKVCache | None = None
+        self.tokeniser: TokeniserActor | None = None
         self.scheduler: SchedulerActor | None = None
         self.allocator: AllocatorActor | None = None
+        self.worker: ModelWorkerActor | None = None
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
     def app(self) -> Any:
         return AccessLog(self.gateway.app())
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of every per-request table in the gateway and the actors: all zero when idle.
+
+        A daemon that runs for weeks must keep nothing for a request after it ends.
+        """
+        sizes = {"gateway.inflight": self.gateway.num_inflight}
+        if self.gateway.pipeline is not None:
+            sizes["router.requests"] = len(self.gateway.pipeline.router)
+        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
+            if actor is not None:
+                sizes.update(actor.tracked())
+        return sizes
 
     def request_drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
@@ -80,40 +94,40 @@ class Daemon:
         loaded, cfg = self.loaded, self.config.engine
         configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
         num_blocks, max_model_len = plan_cache(loaded.model, cfg)
-        self.cache = cache = PagedKVCache(num_blocks, cfg.block_size,
-                                          enable_prefix_caching=cfg.enable_prefix_caching)
+        cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig(max_batch_size=cfg.max_num_seqs,
                                           max_num_batched_tokens=cfg.max_num_batched_tokens,
                                           policy=cfg.scheduling_policy),
-                          cache, eos_token_id=eos, max_model_len=max_model_len,
+                          cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos))
-        # Inboxes fed by several producers are unbounded: requests are bounded by admission
-        # control at the gateway, and a bounded ring of actors could deadlock on itself.
-        to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
-        to_sched, sched_in = anyio.create_memory_object_stream[Any](math.inf)
-        to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep | FreeSeqs](1)
+        # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
+        # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
+        # The cache allocator actor is the only owner of `cache` from here on.
+        to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
+        to_sched, sched_in = anyio.create_memory_object_stream[Tokenised | Abort](math.inf)
+        to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
         alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
         to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
         worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
         router = Router()
         self.allocator = AllocatorActor(cache, alloc_in, alloc_out)
-        worker = ModelWorkerActor(runner, worker_in, worker_out)
+        self.worker = ModelWorkerActor(runner, worker_in, worker_out)
         self.scheduler = SchedulerActor(core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
                                         from_allocator=from_alloc, to_worker=to_worker,
                                         from_worker=from_worker, to_tokeniser=to_tok.clone())
-        tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
-                                   inbox=tok_in, to_scheduler=to_sched.clone())
+        self.tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
+                                        inbox=tok_in, to_scheduler=to_sched)
         self._register_gauges()
-        with to_tok, to_sched:                  # the gateway's ends: closed when the daemon stops
+        with to_tok:                            # the gateway's end: closed when the daemon stops
             async with anyio.create_task_group() as tg:
-                for actor in (self.allocator, worker, self.scheduler, tokeniser):
+                for actor in (self.allocator, self.worker, self.scheduler, self.tokeniser):
                     await tg.start(actor.run)
                 scheduler = self.scheduler
                 self.gateway.pipeline = Pipeline(
-                    router=router, to_tokeniser=to_tok, to_scheduler=to_sched, tokenizer=loaded.tokenizer,
+                    router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
                 log.info("ready", model=loaded.path, num_blocks=num_blocks, block_size=cfg.block_size,

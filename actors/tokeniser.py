@@ -3,6 +3,12 @@
 Prompt text, token ids or chat messages become ids under the model's chat template. Sampled ids
 become text incrementally (never half a UTF-8 character, never the start of a stop string); a
 stop string ends the request here and tells the scheduler to drop it.
+
+It is the one way in and out of the engine for a request: the gateway's Submit and Abort come
+here in order (so an Abort can never overtake its request), and it is the only task that feeds
+the router, so a request's verdict (Accepted or Rejected, relayed from the scheduler) always
+reaches its reader before its text. Its own state for a request lives from Submit until the
+request ends (finish, stop string, abort or rejection).
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import anyio
-import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -23,9 +28,7 @@ from forge.messages import (Abort, Accepted, Rejected, Submit, TextDelta, Tokeni
                             TokensEmitted)
 from forge.tokenizer import Tokenizer
 
-log = structlog.get_logger("forge.tokeniser")
-
-TokeniserInbox = Submit | Accepted | Rejected | TokensEmitted
+TokeniserInbox = Submit | Abort | Accepted | Rejected | TokensEmitted
 
 
 @dataclass(slots=True)
@@ -47,6 +50,10 @@ class TokeniserActor:
         self._to_scheduler = to_scheduler
         self._streams: dict[str, _Stream] = {}
 
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-request tables: all zero when no request is in flight."""
+        return {"tokeniser.streams": len(self._streams)}
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._to_scheduler:
             task_status.started()
@@ -54,6 +61,10 @@ class TokeniserActor:
                 match msg:
                     case Submit():
                         await self._submit(msg)
+                    case Abort(request_id=rid):
+                        # Unknown here: it already ended (finished, stopped or rejected).
+                        if self._streams.pop(rid, None) is not None:
+                            await self._to_scheduler.send(msg)
                     case Accepted():
                         self._router.deliver(msg)
                     case Rejected():
@@ -78,8 +89,7 @@ class TokeniserActor:
         try:
             ids = self.encode(msg)
         except RequestError as exc:
-            self._router.deliver(Rejected(request_id=msg.request_id, status=exc.status, message=exc.message,
-                                          error_type=exc.type, param=exc.param, code=exc.code))
+            self._router.deliver(Rejected.of(msg.request_id, exc))
             return
         p = msg.params
         detok = IncrementalDetokenizer(self._tok, stop=p.stop, skip_special_tokens=p.skip_special_tokens,
@@ -89,10 +99,7 @@ class TokeniserActor:
 
     async def _emitted(self, msg: TokensEmitted) -> None:
         stream = self._streams.get(msg.request_id)
-        if stream is None:                       # ended here already (stop string) or rejected
-            return
-        if msg.finish_reason == "abort":
-            del self._streams[msg.request_id]
+        if stream is None:                       # ended here already: a stop string or an abort
             return
         text = stream.detok.push(msg.token_ids)
         stream.num_tokens += len(msg.token_ids)

@@ -24,6 +24,10 @@ class ModelWorkerActor:
         self.num_steps = 0
         self.busy_s = 0.0
 
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-request tables: the sampling state of each live sequence."""
+        return {"worker.seqs": self._runner.num_tracked()}
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._outbox:
             task_status.started()

@@ -38,7 +38,7 @@ from forge.api_responses import (
     sse_frame,
 )
 from forge.errors import InvalidRequest
-from forge.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+from forge.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 
 __all__ = [
     "SSE_DONE", "SSE_PING", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ContentPart",
@@ -70,26 +70,26 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True):
     """A request body. Unknown fields are ignored (clients send extras); a null field counts as absent."""
 
 
-class StreamOptions(_Wire, kw_only=True):
+class StreamOptions(_Wire, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
-class ContentPart(_Wire, kw_only=True):
+class ContentPart(_Wire, frozen=True, kw_only=True):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Wire, kw_only=True):
+class ChatMessage(_Wire, frozen=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None           # None only for an assistant turn
     name: str | None = None
 
 
-class ResponseFormat(_Wire, kw_only=True):
+class ResponseFormat(_Wire, frozen=True, kw_only=True):
     type: str
 
 
-class _Sampling(_Wire, kw_only=True):
+class _Sampling(_Wire, frozen=True, kw_only=True):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -119,7 +119,7 @@ class _Sampling(_Wire, kw_only=True):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class CompletionRequest(_Sampling, kw_only=True):
+class CompletionRequest(_Sampling, frozen=True, kw_only=True):
     """POST /v1/completions. prompt: a string, a list of strings, a token list, or a list of token lists."""
 
     prompt: str | list[str | TokenId | list[TokenId]]
@@ -130,7 +130,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     suffix: str | None = None
 
 
-class ChatCompletionRequest(_Sampling, kw_only=True):
+class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     """POST /v1/chat/completions. max_tokens is the deprecated alias of max_completion_tokens."""
 
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -143,14 +143,14 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
 
 
-class GenerateRequest(_Wire, kw_only=True):
+class GenerateRequest(_Wire, frozen=True, kw_only=True):
     """POST /generate, the legacy endpoint."""
 
     prompt: str
     max_tokens: MaxTokens = 32
 
 
-class TokenizeRequest(_Wire, kw_only=True):
+class TokenizeRequest(_Wire, frozen=True, kw_only=True):
     """POST /tokenize: exactly one of prompt (plain text) or messages (rendered with the chat template)."""
 
     model: str | None = None
@@ -160,7 +160,7 @@ class TokenizeRequest(_Wire, kw_only=True):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Wire, kw_only=True):
+class DetokenizeRequest(_Wire, frozen=True, kw_only=True):
     """POST /detokenize."""
 
     model: str | None = None

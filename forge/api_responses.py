@@ -181,7 +181,7 @@ def _completion_envelope(header: ResponseHeader) -> dict[str, Any]:
 def chat_choice(
     index: int, content: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": []}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "tool_calls": []}
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 

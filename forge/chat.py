@@ -88,8 +88,8 @@ class ChatTemplate:
             ) from exc
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Validate chat messages and flatten list-of-parts content into one string.
+def normalize_messages(messages: object) -> list[dict[str, Any]]:
+    """Validate chat messages (client JSON: any object) and flatten list-of-parts content into one string.
 
     Each message needs a non-empty string "role" and a "content" that is a string or a list of
     {"type": "text", "text": ...} parts (concatenated without separator). An assistant message may

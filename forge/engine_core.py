@@ -90,6 +90,11 @@ class EngineCore:
         s = self.scheduler
         return CoreStats(s.running_len(), s.waiting_len(), s.num_preemptions)
 
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-request tables (requests, the scheduler's sequences, drops not yet sent)."""
+        return {"core.requests": len(self._requests), "core.seq_of": len(self._seq_of),
+                "core.to_drop": len(self._to_drop), **self.scheduler.tracked()}
+
     def num_cached_tokens(self, request_id: str) -> int:
         seq_id = self._seq_of.get(request_id)
         return self._requests[seq_id].seq.num_cached_tokens if seq_id is not None else 0

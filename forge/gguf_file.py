@@ -119,7 +119,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         mapped = np.memmap(name, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{short}: cannot read the file ({' '.join(str(exc).split())[:160]})") from exc
-    cur = _Cursor(memoryview(mapped), short)
+    cur = _Cursor(mapped.data, short)  # the array's own memoryview: numpy's stubs do not type memmap as a Buffer
     if len(mapped) < 24 or bytes(mapped[:4]) != MAGIC:
         raise ModelLoadError(f"{short}: not a readable GGUF file (no GGUF magic)")
     cur.pos = 4

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 from forge.chat import ChatTemplate
 from forge.config import EngineConfig
@@ -25,7 +25,7 @@ from forge.llama.model import LlamaModel
 from forge.messages import SampledToken, StepOutput, TokensEmitted
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
-from forge.sampling import SamplingParams
+from forge.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
 from forge.tokenizer import Tokenizer
 
@@ -85,7 +85,7 @@ class LLMEngine:
             SchedulerConfig(max_batch_size=config.max_num_seqs,
                             max_num_batched_tokens=config.max_num_batched_tokens,
                             policy=config.scheduling_policy),
-            self.cache, eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
+            self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   eos_token_id=self.tokenizer.eos_token_id)
@@ -141,7 +141,7 @@ class LLM:
         if len(params) != len(prompts):
             raise InvalidRequest("one SamplingParams per prompt, or one for all", param="params")
         completions: dict[str, Completion] = {}
-        for event in self._run(prompts, params, completions):
+        for _ in self._run(prompts, params, completions):
             pass
         return [completions[f"gen-{i}"] for i in range(len(prompts))]
 
@@ -152,7 +152,7 @@ class LLM:
     def _run(self, prompts: Sequence[str | Sequence[int]], params: Sequence[SamplingParams],
              completions: dict[str, Completion]) -> Iterator[tuple[str, str]]:
         detoks: dict[str, IncrementalDetokenizer] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             rid = f"gen-{i}"
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             self.engine.core.add_request(rid, ids, p)

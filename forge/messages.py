@@ -11,7 +11,8 @@ from typing import Literal
 
 import msgspec
 
-from forge.sampling import SamplingParams
+from forge.errors import RequestError
+from forge.sampling_params import SamplingParams
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -50,17 +51,13 @@ class StepAllocation(Message):
     num_total_blocks: int
 
 
-class FreeSeqs(Message):
-    seq_ids: tuple[int, ...]
-
-
 class CacheStats(Message):
     num_free_blocks: int
     num_total_blocks: int
     prefix_hit_rate: float
 
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length"]   # an aborted request ends without one: nobody reads it
 
 
 # ---- scheduler <-> model worker -------------------------------------------------------------
@@ -103,7 +100,7 @@ class StepOutput(Message):
     elapsed_s: float = 0.0
 
 
-# ---- scheduler -> tokeniser -> gateway ------------------------------------------------------
+# ---- scheduler -> tokeniser ------------------------------------------------------------------
 
 class TokensEmitted(Message):
     """New tokens of one request, and its end when finish_reason is set."""
@@ -115,7 +112,7 @@ class TokensEmitted(Message):
     num_cached_tokens: int = 0
 
 
-# ---- gateway -> tokeniser -> scheduler ------------------------------------------------------
+# ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
 
 class Submit(Message):
     """A request as the gateway accepted it; exactly one of text, token_ids, messages is set."""
@@ -134,11 +131,13 @@ class Tokenised(Message):
 
 
 class Abort(Message):
-    """Drop a request: its client went away, or a stop string ended it."""
+    """Drop a request: its client went away (gateway -> tokeniser -> scheduler), or a stop string
+    ended it (tokeniser -> scheduler). Never answered: whoever sends it has already let go."""
     request_id: str
 
 
-# ---- tokeniser -> gateway (one stream per request) ------------------------------------------
+# ---- to the router (the gateway's per-request streams), all through the tokeniser -------------
+#      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokeniser's own text.
 
 class Accepted(Message):
     """The scheduler queued the request: from here the response is a success."""
@@ -147,12 +146,22 @@ class Accepted(Message):
 
 
 class Rejected(Message):
+    """The request will not run: a RequestError, as data (it crosses actors; exceptions do not)."""
     request_id: str
     status: int
     message: str
     error_type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+    @classmethod
+    def of(cls, request_id: str, exc: RequestError) -> Rejected:
+        return cls(request_id=request_id, status=exc.status, message=exc.message, error_type=exc.type,
+                   param=exc.param, code=exc.code)
+
+    def error(self) -> RequestError:
+        return RequestError(self.message, param=self.param, status=self.status, type=self.error_type,
+                            code=self.code)
 
 
 class TokenLogprobInfo(Message):

@@ -9,18 +9,25 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from forge.batch import ForwardBatch
 from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
-from forge.sampling import Sampler, SamplingBatch, SamplingParams, TokenCounts, make_generator
+from forge.penalties import TokenCounts
+from forge.sampler import Sampler, SamplingBatch
+from forge.sampling_params import SamplingParams, make_generator
+
+F32 = npt.NDArray[np.float32]
 
 
 class BatchedModel(Protocol):
-    def forward(self, batch: ForwardBatch, kv: object) -> np.ndarray: ...
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> object: ...
+    # kv is the model's own cache, made by new_kv_cache and handed back to forward: opaque to the
+    # runner, so Any (a model's forward takes its own cache type, which `object` would not admit).
+    def forward(self, batch: ForwardBatch, kv: Any) -> F32: ...
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -87,7 +94,7 @@ class ModelRunner:
             counts=[s.counts for s in states],
             num_output_tokens=[c.num_output_tokens for c in rows]))
         sampled = []
-        for c, state, token, lp in zip(rows, states, out.token_ids.tolist(), out.logprobs):
+        for c, state, token, lp in zip(rows, states, out.token_ids.tolist(), out.logprobs, strict=True):
             if state.counts is not None:
                 state.counts.add(token)
             if lp is None:

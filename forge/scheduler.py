@@ -158,8 +158,17 @@ class Scheduler:
         return len(self._running)
 
     def has_work(self) -> bool:
-        """Sequences to run, or blocks of retired ones still to give back."""
-        return bool(self._waiting or self._running or self._to_free)
+        """Sequences to run, or ended ones whose blocks or end are still to be given out."""
+        return bool(self._waiting or self._running or self._to_free or self._retired)
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the per-sequence tables: all zero once every sequence has ended and been freed.
+
+        The prefix index is not per sequence: it is bounded by the cache's block count.
+        """
+        return {"scheduler.seqs": len(self._seqs), "scheduler.waiting": len(self._waiting),
+                "scheduler.running": len(self._running), "scheduler.to_free": len(self._to_free),
+                "scheduler.retired": len(self._retired)}
 
     def running_seq(self, seq_id: SeqId) -> Sequence | None:
         seq = self._seqs.get(seq_id)

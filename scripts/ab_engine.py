@@ -7,7 +7,7 @@ docs/benchmarks.md ("Tried since").
 
     .venv/bin/python scripts/ab_engine.py load        # start-up: header, tokenizer, dequantize
     .venv/bin/python scripts/ab_engine.py rows        # row-parallel layers vs the column split
-    .venv/bin/python scripts/ab_engine.py one-row     # one decoding sequence: split products, KV in place
+    .venv/bin/python scripts/ab_engine.py one-row     # one decoding sequence: split matmuls, KV in place
     .venv/bin/python scripts/ab_engine.py matvec      # each one-row projection whole vs split
     .venv/bin/python scripts/ab_engine.py pool        # the pool's hand-off vs a futures executor
     .venv/bin/python scripts/ab_engine.py attention   # one layer's decode attention, piece by piece
@@ -16,6 +16,7 @@ docs/benchmarks.md ("Tried since").
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -74,8 +75,9 @@ def paired(cases: dict[str, Callable[[], Any]], variants: dict[str, Callable[[],
     for case in cases:
         base = times[(case, names[0])]
         cols = [f"{n} {statistics.median(times[(case, n)]) * 1e3:8.1f} ms" for n in names]
-        ratios = [f"{n}/{names[0]} {statistics.median([b / a for a, b in zip(base, times[(case, n)])]):.3f}"
-                  for n in names[1:]]
+        medians = {n: statistics.median([b / a for a, b in zip(base, times[(case, n)], strict=True)])
+                   for n in names[1:]}
+        ratios = [f"{n}/{names[0]} {ratio:.3f}" for n, ratio in medians.items()]
         print(f"{case:18s} " + "  ".join(cols + ratios))
 
 
@@ -115,7 +117,7 @@ def _model(path: Path) -> tuple[LlamaModel, Any]:
 
 def cmd_rows(model_path: Path, reps: int) -> None:
     model, kv = _model(model_path)
-    cases = {f"{t}x{s}@{c}": (lambda b=batch_for(t, s, c): model.forward(b, kv))
+    cases = {f"{t}x{s}@{c}": functools.partial(model.forward, batch_for(t, s, c), kv)
              for t, s, c in ((64, 1, 100), (256, 1, 100), (480, 4, 100), (512, 1, 0), (1000, 1, 0))}
     paired(cases, {"column": lambda: setattr(model_mod, "MIN_ROW_SPLIT_TOKENS", 1 << 62),
                    "rows": lambda: setattr(model_mod, "MIN_ROW_SPLIT_TOKENS", 256)}, reps)
@@ -123,8 +125,8 @@ def cmd_rows(model_path: Path, reps: int) -> None:
 
 def cmd_one_row(model_path: Path, reps: int) -> None:
     model, kv = _model(model_path)
-    cases = {f"decode1@{c}": (lambda b=batch_for(1, 1, c): model.forward(b, kv)) for c in (300, 1000)}
-    cases["prefill512@1000"] = lambda b=batch_for(512, 1, 1000): model.forward(b, kv)
+    cases = {f"decode1@{c}": functools.partial(model.forward, batch_for(1, 1, c), kv) for c in (300, 1000)}
+    cases["prefill512@1000"] = functools.partial(model.forward, batch_for(512, 1, 1000), kv)
     in_place = attention.Scratch.gather
 
     def copy(self: attention.Scratch, slot: int, cache: Any, block_ids: Any) -> Any:
@@ -150,14 +152,14 @@ def cmd_matvec(model_path: Path, reps: int) -> None:
     mats = {"qkv": (x, [la.wqkv for la in layers]), "wo": (x, [la.wo for la in layers]),
             "gate_up": (x, [la.w_gate_up for la in layers]), "down": (f, [la.w_down for la in layers]),
             "head": (x, [w.head])}
-    cases = {name: (lambda xi=xi, ws=ws: [linear_mod.linear(xi, wi) for wi in ws]) for name, (xi, ws) in mats.items()}
+    cases = {name: (lambda xi=xi, ws=ws: [linear_mod.matmul(xi, wi) for wi in ws]) for name, (xi, ws) in mats.items()}
     paired(cases, {"whole": lambda: setattr(linear_mod, "MIN_SPLIT_MACS_FEW_ROWS", 1 << 62),
                    "split": lambda: setattr(linear_mod, "MIN_SPLIT_MACS_FEW_ROWS", 0)}, reps)
 
 
 def cmd_pool(reps: int) -> None:
     executor = ThreadPoolExecutor(1)
-    pool = linear_mod.Matmul("split", 2)
+    pool = linear_mod.MatmulPool("split", 2)
 
     def noop(_: object = None) -> None:
         pass
@@ -178,7 +180,7 @@ def cmd_pool(reps: int) -> None:
             run = make(noop)
             for _ in range(100):
                 run()
-            seconds = min(_once(lambda: [run() for _ in range(n)]) for _ in range(reps)) / n
+            seconds = min(_once(lambda run=run: [run() for _ in range(n)]) for _ in range(reps)) / n
             print(f"{label:11s} {seconds * 1e6:6.1f} us per hand-off round trip (empty parts)")
     executor.shutdown()
     pool.close()
@@ -205,14 +207,14 @@ def cmd_attention(reps: int) -> None:
 
     pieces = {
         "gather K (take)": lambda: np.take(cache, tables, axis=0, out=keys_buf, mode="clip"),
-        "q K^T (96 products)": lambda: np.matmul(q, keys.transpose(0, 2, 3, 1), out=scores),
+        "q K^T (96 matmuls)": lambda: np.matmul(q, keys.transpose(0, 2, 3, 1), out=scores),
         "softmax": softmax,
-        "P V (96 products)": lambda: np.matmul(scores, keys.transpose(0, 2, 1, 3)),
+        "P V (96 matmuls)": lambda: np.matmul(scores, keys.transpose(0, 2, 1, 3)),
     }
+    count = 100
     with threadpool_limits(1):
         for name, fn in pieces.items():
             fn()
-            count = 100
             seconds = min(_once(lambda fn=fn: [fn() for _ in range(count)]) for _ in range(reps)) / count
             print(f"{name:20s} {seconds * 1e3:6.3f} ms per layer (V is gathered like K)")
 

@@ -38,15 +38,15 @@ import forge.llama.rope as rope_mod  # noqa: E402
 import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
 from forge.llama.attention import KVCache  # noqa: E402
-from forge.llama.linear import linear  # noqa: E402
+from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
-from forge.sampling import SamplingParams  # noqa: E402
+from forge.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 # Names in forge.llama.model timed as one part each; missing ones (older code) are skipped.
 FORWARD_PARTS = {
-    "linear": "matmul", "attend": "attention", "plan_attention": "attention", "write_kv": "attention",
+    "matmul": "matmul", "attend": "attention", "plan_attention": "attention", "write_kv": "attention",
     "rms_norm": "norm/rope/act", "apply_rope": "norm/rope/act", "swiglu": "norm/rope/act",
     "check_batch": "checks",
 }
@@ -93,7 +93,7 @@ def install(engine: LLMEngine, timers: Timers) -> None:
 
 
 def breakdown(acc: dict[str, float], step_s: float) -> dict[str, float]:
-    """Per-part seconds of one step; without a `linear` hook the matmuls are the forward's rest."""
+    """Per-part seconds of one step; without a `matmul` hook the matmuls are the forward's rest."""
     fwd = acc.get("forward", 0.0)
     inner = sum(acc.get(p, 0.0) for p in ("attention", "norm/rope/act", "checks"))
     out = {
@@ -119,7 +119,7 @@ class StubForward:
     def __init__(self, kv: KVCache, vocab_size: int, seed: int) -> None:
         self.kv, self.vocab_size, self.rng = kv, vocab_size, np.random.default_rng(seed)
 
-    def __call__(self, batch: Any, kv: Any) -> np.ndarray:
+    def __call__(self, batch: Any, _kv: Any) -> np.ndarray:
         for cache in (self.kv.k, self.kv.v):
             flat = cache.reshape(cache.shape[0], -1, *cache.shape[3:])                 # [L, slots, nkv, hd]
             fill = self.rng.standard_normal((cache.shape[0], batch.num_tokens, *cache.shape[3:]))
@@ -213,7 +213,7 @@ def restore() -> None:
 
 
 def matmul_only(loaded: LoadedModel, num_tokens: int, num_sampled: int, repeats: int) -> float:
-    """Median seconds of the step's matmuls alone (every layer plus the head), with forge's linear()
+    """Median seconds of the step's matmuls alone (every layer plus the head), with forge's matmul()
     under the strategy the last engine set."""
     w, c = loaded.model.weights, loaded.model.config
     rng = np.random.default_rng(1)
@@ -224,11 +224,11 @@ def matmul_only(loaded: LoadedModel, num_tokens: int, num_sampled: int, repeats:
     for _ in range(repeats + 1):
         started = clock()
         for layer in w.layers:
-            linear(x, layer.wqkv)
-            linear(a, layer.wo)
-            linear(x, layer.w_gate_up)
-            linear(f, layer.w_down)
-        linear(x[:num_sampled], w.head)
+            matmul(x, layer.wqkv)
+            matmul(a, layer.wo)
+            matmul(x, layer.w_gate_up)
+            matmul(f, layer.w_down)
+        matmul(x[:num_sampled], w.head)
         times.append(clock() - started)
     return statistics.median(times[1:])
 
@@ -299,7 +299,7 @@ def run_cases(loaded: LoadedModel, args: argparse.Namespace, modes: list[tuple[s
             print(row(f"prefill {case}", step_s, parts, num_prompts * prompt_len, mm_s), flush=True)
     print(f"load average at end {load_average()}")
     print("columns: per-step medians; !mm = share of the step outside the matmuls; mm-only = the same "
-          "matmuls alone (forge's linear); ratio = mm-only / step (the engine's rate as a share of its matmuls')")
+          "matmuls alone (forge's matmul); ratio = mm-only / step (the engine's rate as a share of its matmuls')")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from forge.batch import ForwardBatch
 from forge.llama.config import LlamaConfig
-from forge.llama.linear import active_matmul
+from forge.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -182,7 +182,7 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
     if num_parts < 2 or total < MIN_PARALLEL_PREFILL_COST:
         return [seqs] + [[] for _ in range(num_parts - 1)]
     items: list[tuple[int, int, list[PrefillTile]]] = []  # (cost, sequence index, tiles)
-    for i, (p, cost) in enumerate(zip(seqs, seq_costs)):
+    for i, (p, cost) in enumerate(zip(seqs, seq_costs, strict=True)):
         if cost * 2 * num_parts > total:
             items.extend((_tile_cost(t), i, [t]) for t in p.tiles)
         else:
@@ -200,13 +200,13 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
                    num_parts: int | None = None) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
-    matmul's pool) of decode groups, and prefill sequences; the batch is assumed validated."""
+    MatmulPool) of decode groups, and prefill sequences; the batch is assumed validated."""
     starts = batch.query_start
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 
     decode_seqs = np.flatnonzero(lengths == 1)
-    num_parts = max(1, active_matmul().num_parts if num_parts is None else num_parts)
+    num_parts = max(1, active_pool().num_parts if num_parts is None else num_parts)
     num_decode_parts = num_parts if len(decode_seqs) >= MIN_PARALLEL_DECODE_SEQS else 1
     parts = _split_decodes(decode_seqs, num_blocks_needed, num_decode_parts)
     decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed) for seqs in parts]
@@ -263,13 +263,14 @@ def _exp_shifted_(scores: F32) -> F32:
     product with the values by these sums instead of normalising every score."""
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    return scores.sum(axis=-1, keepdims=True)
+    sums: F32 = scores.sum(axis=-1, keepdims=True)  # numpy's stubs type a keepdims sum as Any
+    return sums
 
 
 def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
-    already written. Returns [T, nh, hd]. The decode parts run on the active matmul's pool, the
+    already written. Returns [T, nh, hd]. The decode parts run on the active MatmulPool, the
     calling thread taking the first; a thread runs its part's decode groups, then its prefill
     tiles (decode part i and prefill part i form job i, on scratch part i)."""
     scratch = scratch if scratch is not None else Scratch()
@@ -285,7 +286,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scr
         for p in prefills:
             _prefill(p, q, k_cache, v_cache, part_scratch, out)
 
-    active_matmul().run_parts(run, jobs)
+    active_pool().run_parts(run, jobs)
     return out
 
 
@@ -296,8 +297,9 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: F32, v_cache: F32, scrat
     group = num_heads // num_kv_heads
     for g in groups:
         num_seqs = len(g.rows)
-        keys = scratch.gather(0, k_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)    # [S, L, nkv, hd]
-        values = scratch.gather(1, v_cache, g.block_ids).reshape(num_seqs, -1, num_kv_heads, head_dim)  # [S, L, nkv, hd]
+        kv_shape = (num_seqs, -1, num_kv_heads, head_dim)
+        keys = scratch.gather(0, k_cache, g.block_ids).reshape(kv_shape)                 # [S, L, nkv, hd]
+        values = scratch.gather(1, v_cache, g.block_ids).reshape(kv_shape)               # [S, L, nkv, hd]
         qg = q[g.rows].reshape(num_seqs, num_kv_heads, group, head_dim)                  # [S, nkv, g, hd]
         # transposed views, not copies: numpy hands each [g, hd] x [hd, L] product to BLAS
         scores = scratch.get(2, (num_seqs, num_kv_heads, group, keys.shape[1]))          # [S, nkv, g, L]
@@ -324,8 +326,8 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch
     for t in p.tiles:
         n = t.hi - t.lo
         # fold the GQA group into the rows of each KV head's matmul: rows ordered (token, group)
-        qt = q[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
-        qt = qt.reshape(num_kv_heads, n * group, head_dim)                               # [nkv, n*g, hd]
+        q4 = q[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)  # [nkv, n, g, hd]
+        qt = q4.reshape(num_kv_heads, n * group, head_dim)                               # [nkv, n*g, hd]
         scores = scratch.get(2, (num_kv_heads, n * group, t.num_keys))                  # [nkv, n*g, K]
         np.matmul(qt, keys_t[..., : t.num_keys], out=scores)
         scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]

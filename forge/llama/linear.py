@@ -1,7 +1,7 @@
-"""The forward's projections, y = x @ W, in one place: how each product is laid out and how it uses the cores.
+"""The forward's projections, y = x @ W, in one place: every x @ w of the forward is a `matmul`.
 
-Owns the matmul strategy of the process: "blas" hands each product whole to BLAS and its thread pool;
-"split" cuts the output columns into one slice per thread of a persistent pool of Python threads (the
+Owns the process's MatmulPool: under "blas" each matmul goes whole to BLAS and its thread pool; under
+"split" the output columns are cut into one slice per thread of a persistent pool of Python threads (the
 caller takes one slice), each slice on 1-thread BLAS while numpy releases the GIL. The pool hands work
 over with one lock per direction per thread: a round trip costs 16-19 us where a concurrent.futures
 executor costs 24-36 us (scripts/ab_engine.py pool), and a decode step makes ~150 hand-offs.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,12 +23,13 @@ from forge.config import MATMUL_STRATEGIES
 
 F32 = npt.NDArray[np.float32]
 T = TypeVar("T")
+MatmulFn = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out] -> [T, out]: matmul or matmul_unsplit
 
 # Output columns of a slice are a multiple of this (one 64-byte cache line of float32).
 COLUMN_ALIGN = 16
-# Products smaller than this many multiply-adds run whole: a hand-off costs more than it saves.
+# Matmuls smaller than this many multiply-adds run whole: a hand-off costs more than it saves.
 MIN_SPLIT_MACS = 1 << 16
-# A product of fewer rows than this (a single decoding sequence: a matrix-vector product, bound by
+# A matmul of fewer rows than this (a single decoding sequence: a matrix-vector product, bound by
 # reading the weight) is split only from MIN_SPLIT_MACS_FEW_ROWS multiply-adds: measured on 2 cores
 # at one row (scripts/ab_engine.py matvec), the gate/up projection (1.8M) 28% faster split and the
 # 49k-row head (28M) 43%, while q/k/v (0.55M), the output (0.33M) and down (0.88M) projections were
@@ -39,11 +41,11 @@ MIN_SPLIT_MACS_FEW_ROWS = 1 << 20
 MAX_WEIGHT_FIRST_ROWS = 64
 
 
-def _product(x: F32, w: F32, out: F32) -> None:
+def _matmul_into(x: F32, w: F32, out: F32) -> None:
     """out[...] = x @ w for x [T, in], w [in, out'] (a slice of the weight), out [T, out'] (may be a
     column slice of a wider array)."""
     if w.flags.f_contiguous and not w.flags.c_contiguous and x.shape[0] <= MAX_WEIGHT_FIRST_ROWS:
-        out[...] = (w.T @ x.T).T                                 # [out', T] product, transposed into place
+        out[...] = (w.T @ x.T).T                                 # [out', T], transposed into place
     else:
         np.matmul(x, w, out=out)                                 # [T, out']
 
@@ -55,7 +57,7 @@ def _column_cuts(num_cols: int, num_parts: int) -> list[tuple[int, int]]:
         cut = -(-num_cols * i // num_parts // COLUMN_ALIGN) * COLUMN_ALIGN
         bounds.append(min(max(cut, bounds[-1]), num_cols))
     bounds.append(num_cols)
-    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    return [(lo, hi) for lo, hi in pairwise(bounds) if hi > lo]
 
 
 class _Worker:
@@ -100,9 +102,9 @@ class _Worker:
         self._thread.join()
 
 
-class _Pool:
+class _Workers:
     """num_threads - 1 workers; the calling thread is the first. One caller at a time: a call that
-    finds the pool busy (another thread, or a job calling back in) runs its parts itself."""
+    finds them busy (another thread, or a job calling back in) runs its parts itself."""
 
     def __init__(self, num_threads: int) -> None:
         self._workers = [_Worker(f"forge-matmul-{i}") for i in range(1, num_threads)]
@@ -114,7 +116,7 @@ class _Pool:
                 fn(part)
             return
         try:
-            started = list(zip(self._workers, parts[1:]))
+            started = list(zip(self._workers, parts[1:], strict=False))  # either may be the longer
             for worker, part in started:
                 worker.start(fn, part)
             errors: list[BaseException] = []
@@ -139,9 +141,10 @@ class _Pool:
             self._workers = []
 
 
-class Matmul:
-    """y = x @ w for x [T, in] and w [in, out] (C-contiguous, or an F-ordered view of an [out, in]
-    array); returns a C-contiguous [T, out] float32 array. Thread-safe."""
+class MatmulPool:
+    """A matmul strategy and, under "split" with more than one thread, its pool of worker threads:
+    matmul() computes x @ w on it, run_parts() lends it to other row- or part-parallel work.
+    Thread-safe."""
 
     def __init__(self, strategy: str = "blas", num_threads: int = 1) -> None:
         if strategy not in MATMUL_STRATEGIES:
@@ -150,78 +153,82 @@ class Matmul:
             raise ValueError(f"matmul threads must be positive, got {num_threads}")
         self.strategy = strategy
         self.num_threads = num_threads
-        self._pool: _Pool | None = None
+        self._workers: _Workers | None = None
         if strategy == "split" and num_threads > 1:
-            self._pool = _Pool(num_threads)
+            self._workers = _Workers(num_threads)
 
-    def __call__(self, x: F32, w: F32) -> F32:
-        pool = self._pool
+    def matmul(self, x: F32, w: F32) -> F32:
+        """x @ w for x [T, in] and w [in, out] (C-contiguous, or an F-ordered view of an [out, in]
+        array): a C-contiguous [T, out] float32 array, its columns split over the workers when it
+        is big enough."""
+        workers = self._workers
         macs = x.shape[0] * w.shape[0] * w.shape[1]
-        if pool is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
-            return product(x, w)
+        if workers is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
+            return matmul_unsplit(x, w)
         out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                # [T, out]
         cuts = _column_cuts(w.shape[1], self.num_threads)
-        pool.run(lambda cut: _product(x, w[:, cut[0]:cut[1]], out[:, cut[0]:cut[1]]), cuts)
+        workers.run(lambda cut: _matmul_into(x, w[:, cut[0]:cut[1]], out[:, cut[0]:cut[1]]), cuts)
         return out
 
     @property
     def num_parts(self) -> int:
         """How many pieces of work run_parts runs at once: the threads under "split", else 1."""
-        return self.num_threads if self._pool is not None else 1
+        return self.num_threads if self._workers is not None else 1
 
     def run_parts(self, fn: Callable[[T], None], parts: Sequence[T]) -> None:
-        """fn(part) for every part: parts[1:] on the pool (when there is one), parts[0] on the
+        """fn(part) for every part: parts[1:] on the workers (when there are any), parts[0] on the
         calling thread; returns once all are done, raising the first failure. The parts must
         write disjoint memory; fn should spend its time in numpy calls that release the GIL."""
-        pool = self._pool
-        if pool is None or len(parts) < 2:
+        workers = self._workers
+        if workers is None or len(parts) < 2:
             for part in parts:
                 fn(part)
             return
-        pool.run(fn, parts)
+        workers.run(fn, parts)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def __repr__(self) -> str:
-        return f"Matmul({self.strategy!r}, num_threads={self.num_threads})"
+        return f"MatmulPool({self.strategy!r}, num_threads={self.num_threads})"
 
 
-def product(x: F32, w: F32) -> F32:
+def matmul_unsplit(x: F32, w: F32) -> F32:
     """x [T, in] @ w [in, out] -> C-contiguous [T, out] on the calling thread alone (BLAS's own
     threads aside): for callers that split the work over the pool themselves (run_parts)."""
     out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                    # [T, out]
-    _product(x, w, out)
+    _matmul_into(x, w, out)
     return out
 
 
 _lock = threading.Lock()
-_active = Matmul()
+_active = MatmulPool()
 
 
-def linear(x: F32, w: F32) -> F32:
-    """x [T, in] @ w [in, out] -> C-contiguous [T, out], with the process's matmul strategy."""
-    return _active(x, w)
+def matmul(x: F32, w: F32) -> F32:
+    """x [T, in] @ w [in, out] -> C-contiguous [T, out], on the process's MatmulPool."""
+    return _active.matmul(x, w)
 
 
-def active_matmul() -> Matmul:
+def active_pool() -> MatmulPool:
+    """The process's MatmulPool, as configure_matmul() last set it."""
     return _active
 
 
-def configure_matmul(strategy: str, num_threads: int | None) -> Matmul:
+def configure_matmul(strategy: str, num_threads: int | None) -> MatmulPool:
     """Set the process-wide strategy and pin BLAS to match: "blas" sets the BLAS pool to num_threads
     (None: leaves the BLAS default); "split" runs num_threads slices (None: the usable cores) on
-    1-thread BLAS. Call it while no forward runs; returns the new Matmul."""
+    1-thread BLAS. Call it while no forward runs; returns the new MatmulPool."""
     global _active
     if strategy == "split":
         if num_threads is None:
             num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threadpool_limits(limits=1, user_api="blas")
-        new = Matmul("split", num_threads)
+        new = MatmulPool("split", num_threads)
     else:
-        new = Matmul(strategy, num_threads or 1)
+        new = MatmulPool(strategy, num_threads or 1)
         if num_threads is not None:
             threadpool_limits(limits=num_threads, user_api="blas")
     with _lock:

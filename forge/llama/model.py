@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import pairwise
 from typing import NoReturn
 
 import numpy as np
@@ -21,18 +22,17 @@ from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
-from forge.llama.linear import active_matmul, linear, product
+from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
 from forge.llama.rope import RopeTables, apply_rope
 from forge.llama.weights import LayerWeights, LlamaWeights, load_weights
 
 F32 = npt.NDArray[np.float32]
 C64 = npt.NDArray[np.complex64]
 I64 = npt.NDArray[np.int64]
-MatmulFn = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out]: linear() or product()
 
 # Block size of the throwaway cache that forward_context() builds for a full recompute.
 CONTEXT_BLOCK_SIZE = 16
-# From this many tokens a step runs its layers row-parallel: each thread of the matmul pool takes a
+# From this many tokens a step runs its layers row-parallel: each thread of the MatmulPool takes a
 # contiguous range of the rows through norm, projections, RoPE, SwiGLU and the residual adds (all
 # on both cores, with one hand-off before and one after attention), in tiles of at most ROW_TILE
 # rows to bound the temporaries. Below it each projection's columns are split instead, which keeps
@@ -47,7 +47,7 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     """x * weight / rms(x) over the last axis; x is [T, H]."""
     sum_sq = np.einsum("th,th->t", x, x)                         # [T] one pass, no [T, H] temporary
     inv_rms = 1.0 / np.sqrt(sum_sq * np.float32(1.0 / x.shape[-1]) + np.float32(eps))  # [T]
-    out = x * inv_rms[:, None]                                   # [T, H]
+    out: F32 = x * inv_rms[:, None]                              # [T, H]
     out *= weight
     return out
 
@@ -121,7 +121,8 @@ class LlamaModel:
             block_tables=np.arange(num_blocks, dtype=np.int64)[None, :],
             sample_indices=np.array([num_tokens - 1], dtype=np.int64),
         )
-        return self.forward(batch, kv)[0]
+        logits: F32 = self.forward(batch, kv)[0]                               # [V]
+        return logits
 
     # -- the engine's batched interface ---------------------------------------------------------
 
@@ -142,30 +143,30 @@ class LlamaModel:
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         x = w.embedding[batch.token_ids]                                        # [T, H]
-        matmul = active_matmul()
-        row_parts = _row_parts(num_tokens, matmul.num_parts) if num_tokens >= MIN_ROW_SPLIT_TOKENS else []
+        pool = active_pool()
+        row_parts = _row_parts(num_tokens, pool.num_parts) if num_tokens >= MIN_ROW_SPLIT_TOKENS else []
         for i, layer in enumerate(w.layers):
             q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)      # [T, nh, hd]
             inputs = functools.partial(self._attention_inputs, layer, i, x, rotation, batch.slot_mapping, kv, scale, q)
             if row_parts:
-                matmul.run_parts(functools.partial(inputs, product), row_parts)
+                pool.run_parts(functools.partial(inputs, matmul_unsplit), row_parts)
             else:
-                inputs(linear, [(0, num_tokens)])
+                inputs(matmul, [(0, num_tokens)])
             attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
                 row_parts = []
             if row_parts:
-                matmul.run_parts(functools.partial(self._block_outputs, layer, x, attn, product), row_parts)
+                pool.run_parts(functools.partial(self._block_outputs, layer, x, attn, matmul_unsplit), row_parts)
             else:
-                self._block_outputs(layer, x, attn, linear, [(0, len(x))])
+                self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
-        return linear(x, w.head)                                                # [N, V]
+        return matmul(x, w.head)                                                # [N, V]
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
                           scale: np.float32, q: F32, mm: MatmulFn, rows: list[tuple[int, int]]) -> None:
-        """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v (by `mm`: linear, or
-        product inside a pool part), rotated; their K/V written to layer `index` of the cache,
+        """Rows [lo, hi) of each tile in `rows`: normed, projected to q/k/v (by `mm`: matmul, or
+        matmul_unsplit inside a pool part), rotated; their K/V written to layer `index` of the cache,
         their scaled queries into q [T, nh, hd]."""
         c = self.config
         nh, nkv = c.num_heads, c.num_kv_heads
@@ -179,7 +180,7 @@ class LlamaModel:
     def _block_outputs(self, layer: LayerWeights, x: F32, attn: F32, mm: MatmulFn,
                        rows: list[tuple[int, int]]) -> None:
         """Rows [lo, hi) of each tile in `rows`: x += the attention's projection, then the MLP
-        (products by `mm`, as in _attention_inputs)."""
+        (matmuls by `mm`, as in _attention_inputs)."""
         eps = self.config.rms_eps
         for lo, hi in rows:
             xt = x[lo:hi]                                                       # [n, H] view
@@ -196,7 +197,7 @@ def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:
         if stop > start:
             num_tiles = -(-(stop - start) // ROW_TILE)
             cuts = [start + (stop - start) * t // num_tiles for t in range(num_tiles + 1)]
-            parts.append(list(zip(cuts, cuts[1:])))
+            parts.append(list(pairwise(cuts)))
     return parts
 
 

@@ -89,7 +89,7 @@ class _TensorSource:
         width = shapes[0][1]
         out = np.empty((width, sum(rows for rows, _ in shapes)), dtype=np.float32)  # [in, out]
         col = 0
-        for name, shape in zip(names, shapes):
+        for name, shape in zip(names, shapes, strict=True):
             out[:, col:col + shape[0]] = self.load(name, shape).T  # one dequantized temporary at a time
             col += shape[0]
         return out

@@ -18,7 +18,7 @@ from forge.llama.model import LlamaModel
 from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
-from forge.sampling import SamplingParams
+from forge.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
 from tests.tiny_gguf import EOS_ID, write_tiny_llama
 
@@ -29,10 +29,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
 
 
 async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], PagedKVCache]:
-    """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser."""
+    """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser.
+
+    Once the scheduler has no work left, every per-request table of the three actors is empty.
+    """
     cache = PagedKVCache(32, 4, enable_prefix_caching=True)
     core = EngineCore(SchedulerConfig(max_batch_size=4, max_num_batched_tokens=16, policy="shortest-first"),
-                      cache, eos_token_id=EOS_ID,
+                      cache.layout(), eos_token_id=EOS_ID,
                       max_model_len=64, vocab_size=model.config.vocab_size)
     runner = ModelRunner(model, num_blocks=32, block_size=4, eos_token_id=EOS_ID)
     to_sched, sched_in = anyio.create_memory_object_stream[Any](math.inf)
@@ -43,11 +46,13 @@ async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int)
     to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
     scheduler = SchedulerActor(core, Metrics(), inbox=sched_in, to_allocator=to_alloc, from_allocator=from_alloc,
                                to_worker=to_worker, from_worker=from_worker, to_tokeniser=to_tok)
+    allocator = AllocatorActor(cache, alloc_in, alloc_out)
+    worker = ModelWorkerActor(runner, worker_in, worker_out)
     received: list[Any] = []
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
-            await tg.start(AllocatorActor(cache, alloc_in, alloc_out).run)
-            await tg.start(ModelWorkerActor(runner, worker_in, worker_out).run)
+            await tg.start(allocator.run)
+            await tg.start(worker.run)
             await tg.start(scheduler.run)
             for msg in inbox_messages:
                 await to_sched.send(msg)
@@ -57,6 +62,8 @@ async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int)
                 while core.has_work():
                     await anyio.sleep(0.01)
             await to_sched.aclose()             # the scheduler ends; its ends close the others
+    tables = {**scheduler.tracked(), **allocator.tracked(), **worker.tracked()}
+    assert set(tables.values()) == {0}, tables
     return received, cache
 
 
@@ -70,11 +77,15 @@ async def test_requests_run_to_the_end_and_give_back_every_block(tiny: LlamaMode
     assert cache.free_blocks() == cache.total_blocks()
 
 
-async def test_an_abort_that_overtakes_its_request_drops_it(tiny: LlamaModel) -> None:
-    params = SamplingParams(max_tokens=5, temperature=0.0)
-    msgs = [Abort(request_id="early"), Tokenised(request_id="early", prompt_ids=(3, 4, 5), params=params)]
-    received, cache = await drive(tiny, msgs, 1)
-    assert received == [TokensEmitted(request_id="early", token_ids=(), finish_reason="abort")]
+async def test_an_abort_behind_its_request_drops_it_without_an_answer(tiny: LlamaModel) -> None:
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    msgs = [Tokenised(request_id="gone", prompt_ids=(3, 4, 5), params=params), Abort(request_id="gone"),
+            Abort(request_id="never-seen"),                     # an abort of an ended request is a no-op
+            Tokenised(request_id="ok", prompt_ids=(3, 4), params=SamplingParams(max_tokens=2, ignore_eos=True))]
+    received, cache = await drive(tiny, msgs, 2 + 2)
+    assert received[:2] == [Accepted(request_id="gone", num_prompt_tokens=3),
+                            Accepted(request_id="ok", num_prompt_tokens=2)]
+    assert [m.request_id for m in received[2:]] == ["ok", "ok"]  # nothing of "gone" comes back
     assert cache.free_blocks() == cache.total_blocks()
 
 

@@ -15,7 +15,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from actors.supervisor import Daemon, running_daemon
-from tests.integration.harness import (HANG_GUARD_S, MODEL_PATH, PROMPT, SERVED_MODEL, MakeDaemon, assert_error,
+from tests.integration.harness import (HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, assert_error,
                                        data_payloads, free_port, generated_tokens, long_prompt, wait_healthy,
                                        wait_idle, wait_until)
 
@@ -84,11 +84,12 @@ async def test_disconnect_during_prefill(make_daemon: MakeDaemon, stream: bool) 
     body = {"prompt": long_prompt(300), "max_tokens": 200, "ignore_eos": True}
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=None) as http:
-            cache = daemon.cache
-            assert cache is not None
+            allocator = daemon.allocator
+            assert allocator is not None
             async with anyio.create_task_group() as tg:
                 client = Client(tg, http, body, stream=stream)
-                await wait_until(lambda: cache.used_blocks() > 0)             # the prefill has begun
+                await wait_until(lambda: allocator.statistics().num_free_blocks
+                                 < allocator.statistics().num_total_blocks)   # the prefill has begun
                 assert generated_tokens(daemon) == 0 and not client.first_frame.is_set()
                 client.disconnect()
             await wait_idle(daemon, max_generated=16)
@@ -141,12 +142,10 @@ async def test_overload_gets_503_with_retry_after(make_daemon: MakeDaemon) -> No
         assert resp.headers["retry-after"] == "7"
 
 
-async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
-    if not MODEL_PATH.is_file():
-        pytest.skip(f"the real model is not at {MODEL_PATH}")
+async def test_sigterm_drains_then_exits_0(tmp_path: Path, default_model_path: Path) -> None:
     port = free_port()
     log = tmp_path / "forge.log"
-    command = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", str(MODEL_PATH),
+    command = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", str(default_model_path),
                "--served-model-name", SERVED_MODEL, "--kv-cache-memory", "256MiB", "--max-model-len", "1024",
                "--blas-threads", "1", "--log-format", "json"]
     body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 48, "ignore_eos": True}

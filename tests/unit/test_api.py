@@ -27,7 +27,7 @@ from forge.api import (
     to_sampling_params,
 )
 from forge.errors import InvalidRequest
-from forge.sampling import SamplingParams
+from forge.sampling_params import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
 DECODERS = [decode_completion, decode_chat, decode_generate, decode_tokenize, decode_detokenize]

@@ -1,8 +1,8 @@
-"""Sampling: one step's logits [N, V] in, one token per row out.
+"""The Sampler: one step's logits [N, V] in, one token per row out.
 
-Owns SamplingParams (a request's knobs and their validation), TokenCounts (a request's token counts,
-grown one token at a time, for penalties) and Sampler (penalties, min_tokens, temperature, top-k/top-p/
-min-p, the draw, logprobs). Pure numpy; it never decides that a sequence stops.
+Owns the draw for a batch of rows: penalties and min_tokens masking (through forge.penalties),
+temperature, top-k/top-p/min-p, the inverse-CDF draw, and logprobs. Pure numpy; it never decides
+that a sequence stops.
 """
 
 from __future__ import annotations
@@ -10,158 +10,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from forge.errors import EngineError, InvalidRequest
+from forge.errors import EngineError
+from forge.penalties import TokenCounts, apply_penalties
+from forge.sampling_params import SamplingParams
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 4
-_MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
 _BLOCK = 256                   # the draw walks block sums first, then one block
 _GROUPS = 256                  # strided groups whose maxima give cheap floors under a row's top values
 _POOL = 2048                   # top-p sorts at most this many candidates, else buckets them
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """One request's sampling knobs. Construction checks nothing; call validate() at the edge."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0            # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0                      # 0 or -1 = off
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None         # k: the sampled token's logprob plus the top k
-    skip_special_tokens: bool = True
-
-    @property
-    def is_greedy(self) -> bool:
-        """Argmax with no randomness: temperature 0 (below 1e-5), or top_k 1."""
-        return self.temperature < _MIN_TEMPERATURE or self.top_k == 1
-
-    @property
-    def has_penalties(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-
-    def validate(self, *, vocab_size: int) -> None:
-        """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
-        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
-        _require(0.0 <= self.temperature <= 2.0, "temperature", f"must be in [0, 2], got {self.temperature}")
-        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _require(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
-        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
-            _require(-2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value}")
-        _require(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
-                 f"must be in (0, 2], got {self.repetition_penalty}")
-        _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
-                 f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
-                 f"at most {MAX_STOP_STRINGS} stop sequences, got {len(self.stop)}")
-        _require(all(self.stop), "stop", "stop sequences must not be empty")
-        bad_ids = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-        _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
-        _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
-                 f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
-                 f"must fit in a signed 64-bit integer, got {self.seed}")
-
-
-def _require(ok: bool, param: str, message: str) -> None:
-    if not ok:
-        raise InvalidRequest(f"{param} {message}", param=param)
-
-
-def make_generator(seed: int | None) -> np.random.Generator:
-    """A request's own generator: from `seed` (any signed 64-bit int) when given, else fresh entropy."""
-    if seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng(seed & 0xFFFF_FFFF_FFFF_FFFF)   # two's complement: negatives are seeds too
-
-
-class TokenCounts:
-    """A request's distinct prompt+output token ids and output counts. Built once from the prompt;
-    the owner add()s each emitted token. Properties are views, valid until the next add()."""
-
-    __slots__ = ("_prompt", "_seen", "_num_seen", "_out_ids", "_out_counts", "_out_index")
-
-    def __init__(self, prompt_ids: Sequence[int] | I64 = ()) -> None:
-        self._prompt = np.unique(np.asarray(prompt_ids, dtype=np.int64))      # [P] sorted, distinct
-        self._seen = np.zeros(self._prompt.size + 16, np.int64)               # prompt, then new output ids
-        self._seen[: self._prompt.size] = self._prompt
-        self._num_seen = int(self._prompt.size)
-        self._out_ids = np.zeros(16, np.int64)
-        self._out_counts = np.zeros(16, np.float32)
-        self._out_index: dict[int, int] = {}                                  # token id -> slot
-
-    def add(self, token_id: int) -> None:
-        slot = self._out_index.get(token_id)
-        if slot is not None:
-            self._out_counts[slot] += 1.0
-            return
-        slot = len(self._out_index)
-        self._out_ids, self._out_counts = _room(self._out_ids, slot), _room(self._out_counts, slot)
-        self._out_ids[slot], self._out_counts[slot] = token_id, 1.0
-        self._out_index[token_id] = slot
-        at = int(np.searchsorted(self._prompt, token_id))
-        if at == self._prompt.size or self._prompt[at] != token_id:          # not in the prompt either
-            self._seen = _room(self._seen, self._num_seen)
-            self._seen[self._num_seen] = token_id
-            self._num_seen += 1
-
-    @property
-    def seen_ids(self) -> I64:
-        """Distinct ids in the prompt or the output: [S]."""
-        return self._seen[: self._num_seen]
-
-    @property
-    def output_ids(self) -> I64:
-        """Distinct ids in the output, in order of first appearance: [D]."""
-        return self._out_ids[: len(self._out_index)]
-
-    @property
-    def output_counts(self) -> F32:
-        """How often each of output_ids was emitted: [D]."""
-        return self._out_counts[: len(self._out_index)]
-
-
-def _room(buffer: npt.NDArray[Any], index: int) -> npt.NDArray[Any]:
-    """`buffer`, or a copy twice as long when `index` falls past its end."""
-    if index < buffer.size:
-        return buffer
-    grown = np.zeros(2 * buffer.size, buffer.dtype)
-    grown[: buffer.size] = buffer
-    return grown
-
-
-def apply_penalties(row: F32, params: SamplingParams, counts: TokenCounts) -> None:
-    """Penalise one row of logits [V] in place, touching only tokens the request has seen: repetition
-    first (prompt or output; positive logits divided, negative multiplied), then frequency * count +
-    presence subtracted (output tokens only)."""
-    if params.repetition_penalty != 1.0:
-        ids = counts.seen_ids                                                 # [S]
-        seen = row[ids]                                                       # [S]
-        penalty = np.float32(params.repetition_penalty)
-        row[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
-    if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
-        ids, num = counts.output_ids, counts.output_counts                    # [D], [D]
-        row[ids] -= np.float32(params.frequency_penalty) * num + np.float32(params.presence_penalty)
 
 
 @dataclass(slots=True)
@@ -239,7 +103,7 @@ class Sampler:
             raise EngineError(f"logits {logits.shape} do not match a batch of {len(batch)} rows")
         if not len(batch.generators) == len(batch.counts) == len(batch.num_output_tokens) == len(batch):
             raise EngineError("sampling batch columns differ in length")
-        for p, counts in zip(batch.params, batch.counts):
+        for p, counts in zip(batch.params, batch.counts, strict=True):
             if p.has_penalties and counts is None:
                 raise EngineError("a row with penalties needs its TokenCounts")
 

@@ -1,0 +1,196 @@
+"""Response assembly: one response's choices read from its ResponseGroup, as one JSON body or SSE frames.
+
+A ChoiceReader accumulates each choice's text, logprobs, token counts and timing as deltas arrive
+(observing the latency metrics on the way); the functions below turn what it read into the OpenAI
+wire shapes (forge.api). Nothing here admits, routes or aborts: the gateway does that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+
+from actors.metrics import Metrics
+from actors.router import ResponseGroup
+from forge import api
+from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
+from forge.messages import TextDelta
+
+# Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
+# tokens, and one gap per token would flood the histogram with one figure.
+MAX_GAPS_PER_DELTA = 64
+
+
+@dataclass(slots=True)
+class Choice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class ChoiceReader:
+    """Reads the choices of one response to their ends. Used by one task: the response's."""
+
+    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float) -> None:
+        self.group = group
+        self.choices = [Choice() for _ in group.request_ids]
+        self._metrics = metrics
+        self._arrival = arrival
+        self._ping_interval = ping_interval
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(c.num_completion_tokens for c in self.choices)
+
+    def usage(self, n: int) -> Usage:
+        """Token counts; the n choices of one prompt share it, so its tokens count once."""
+        prompt = sum(c.num_prompt_tokens for c in self.choices[::n])
+        return Usage(prompt_tokens=prompt, completion_tokens=self.num_completion_tokens,
+                     cached_tokens=sum(c.num_cached_tokens for c in self.choices[::n]))
+
+    async def collect(self, request: Request) -> list[Choice]:
+        """Every choice to its end. A client that goes away cancels the wait (the caller aborts)."""
+        async with anyio.create_task_group() as tg:
+            async def watch_disconnect() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_disconnect)
+            while self.group.unfinished:
+                deltas = await self.group.next_deltas()
+                now = time.monotonic()
+                for i, delta in deltas:
+                    self._observe(self.choices[i], delta, now)
+            tg.cancel_scope.cancel()
+        if self.group.unfinished:
+            raise anyio.get_cancelled_exc_class()()
+        return self.choices
+
+    async def deltas(self) -> AsyncIterator[tuple[int, TextDelta, Choice] | None]:
+        """Deltas as they come; None (a ping) while none comes for a while, as in a long prefill."""
+        while self.group.unfinished:
+            deltas = None
+            with anyio.move_on_after(self._ping_interval):
+                deltas = await self.group.next_deltas()
+            if deltas is None:
+                yield None
+                continue
+            now = time.monotonic()
+            for i, delta in deltas:
+                self._observe(self.choices[i], delta, now)
+                yield i, delta, self.choices[i]
+
+    def _observe(self, choice: Choice, delta: TextDelta, now: float) -> None:
+        m = self._metrics
+        if delta.num_tokens:
+            if choice.first_token_at is None:
+                choice.first_token_at = now
+                m.time_to_first_token.observe(now - self._arrival)
+                if delta.num_tokens > 1:
+                    m.inter_token_latency.observe(0.0)
+            elif choice.last_token_at is not None:
+                gap = (now - choice.last_token_at) / delta.num_tokens
+                for _ in range(min(delta.num_tokens, MAX_GAPS_PER_DELTA)):
+                    m.inter_token_latency.observe(gap)
+            choice.last_token_at = now
+        choice.text += delta.text
+        for lp in delta.logprobs:
+            choice.logprobs.append(TokenLogprob(text=lp.text, token_bytes=lp.token_bytes, logprob=lp.logprob,
+                                                top=lp.top))
+        choice.num_prompt_tokens = delta.num_prompt_tokens or choice.num_prompt_tokens
+        choice.num_completion_tokens = delta.num_completion_tokens
+        choice.num_cached_tokens = delta.num_cached_tokens or choice.num_cached_tokens
+        if delta.finish_reason is not None:
+            choice.finish_reason = delta.finish_reason
+            m.e2e_request_latency.observe(now - self._arrival)
+
+
+# ---- /v1/completions ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CompletionShape:
+    """What a completion response needs besides its choices."""
+    header: ResponseHeader
+    n: int                          # choices per prompt
+    echoes: list[str]               # per choice: the prompt text it repeats ("" without echo)
+    want_logprobs: bool
+
+
+def _completion_logprobs(entries: list[TokenLogprob], start: int) -> dict[str, Any]:
+    """Logprobs with each token's text offset, counted from `start` in the choice's text."""
+    offsets = []
+    for entry in entries:
+        offsets.append(start)
+        start += len(entry.text)
+    return api.completion_logprobs(entries, offsets)
+
+
+def completion_body(reader: ChoiceReader, shape: CompletionShape) -> dict[str, Any]:
+    items = []
+    for k, c in enumerate(reader.choices):
+        echo = shape.echoes[k]
+        lp = _completion_logprobs(c.logprobs, len(echo)) if shape.want_logprobs else None
+        items.append(api.completion_choice(k, echo + c.text, c.finish_reason or "length", lp))
+    return api.completion_response(shape.header, items, reader.usage(shape.n))
+
+
+async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> AsyncIterator[bytes]:
+    header = shape.header
+    offsets = [len(echo) for echo in shape.echoes]     # where each choice's next token starts
+    for k, echo in enumerate(shape.echoes):
+        if echo:
+            yield api.sse_frame(api.completion_chunk(header, index=k, text=echo))
+    async for item in reader.deltas():
+        if item is None:
+            yield api.SSE_PING
+            continue
+        k, delta, choice = item
+        # Text held back (half a character, a possible stop string) still sends its logprobs.
+        if not delta.text and delta.finish_reason is None and not (shape.want_logprobs and delta.logprobs):
+            continue
+        lp = None
+        if shape.want_logprobs:
+            entries = choice.logprobs[-len(delta.logprobs):] if delta.logprobs else []
+            lp = _completion_logprobs(entries, offsets[k])
+            offsets[k] += sum(len(e.text) for e in entries)
+        yield api.sse_frame(api.completion_chunk(header, index=k, text=delta.text,
+                                                 finish_reason=choice.finish_reason, logprobs=lp))
+    if header.include_usage:
+        yield api.sse_frame(api.completion_usage_chunk(header, reader.usage(shape.n)))
+
+
+# ---- /v1/chat/completions ----------------------------------------------------------------------
+
+def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> dict[str, Any]:
+    items = [api.chat_choice(k, c.text, c.finish_reason or "length",
+                             api.chat_logprobs(c.logprobs) if want_logprobs else None)
+             for k, c in enumerate(reader.choices)]
+    return api.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
+
+
+async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> AsyncIterator[bytes]:
+    for k in range(len(reader.choices)):
+        yield api.sse_frame(api.chat_role_chunk(header, index=k))
+    async for item in reader.deltas():
+        if item is None:
+            yield api.SSE_PING
+            continue
+        k, delta, choice = item
+        if delta.text or delta.logprobs:
+            lp = api.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs else None
+            yield api.sse_frame(api.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
+        if choice.finish_reason is not None and delta.finish_reason is not None:
+            yield api.sse_frame(api.chat_finish_chunk(header, index=k, finish_reason=choice.finish_reason))
+    if header.include_usage:
+        yield api.sse_frame(api.chat_usage_chunk(header, reader.usage(len(reader.choices))))

@@ -1,0 +1,81 @@
+"""SamplingParams: one request's sampling knobs, their validation, and the generator its seed gives.
+
+Owns the ranges a request may ask for (validate() raises InvalidRequest at the edge) and how a seed
+becomes a numpy Generator. Holds no per-step state and never touches logits.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from forge.errors import InvalidRequest
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+_MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """One request's sampling knobs. Construction checks nothing; call validate() at the edge."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0            # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 or -1 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None         # k: the sampled token's logprob plus the top k
+    skip_special_tokens: bool = True
+
+    @property
+    def is_greedy(self) -> bool:
+        """Argmax with no randomness: temperature 0 (below 1e-5), or top_k 1."""
+        return self.temperature < _MIN_TEMPERATURE or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def validate(self, *, vocab_size: int) -> None:
+        """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
+        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(0.0 <= self.temperature <= 2.0, "temperature", f"must be in [0, 2], got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
+        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
+            _require(-2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value}")
+        _require(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
+                 f"must be in (0, 2], got {self.repetition_penalty}")
+        _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+                 f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
+                 f"at most {MAX_STOP_STRINGS} stop sequences, got {len(self.stop)}")
+        _require(all(self.stop), "stop", "stop sequences must not be empty")
+        bad_ids = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
+        _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+                 f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
+                 f"must fit in a signed 64-bit integer, got {self.seed}")
+
+
+def _require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(f"{param} {message}", param=param)
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """A request's own generator: from `seed` (any signed 64-bit int) when given, else fresh entropy."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(seed & 0xFFFF_FFFF_FFFF_FFFF)   # two's complement: negatives are seeds too

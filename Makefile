@@ -25,8 +25,8 @@ test-deps: install
 
 # Lint and type-check first: a failing check stops `make test` before the (slower) tests run.
 lint: install
-	$(VENV)/bin/ruff check forge actors tests scripts
-	$(VENV)/bin/mypy forge actors
+	$(VENV)/bin/ruff check forge forge_bench actors tests scripts
+	$(VENV)/bin/mypy forge forge_bench actors
 
 test: test-deps model lint
 	$(PY) -m pytest -q

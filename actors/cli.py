@@ -14,8 +14,8 @@ from typing import Any
 import structlog
 
 from forge import cli as core_cli
-from forge.errors import ForgeError
 from forge.cli import add_engine_flags, engine_config, env
+from forge.errors import ForgeError
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
                                       else "SmolLM2-135M-Instruct")
     config = DaemonConfig(
-        engine=engine_config(args),  # type: ignore[arg-type]
+        engine=engine_config(args),
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
         model=args.model, drain_timeout=args.drain_timeout)
@@ -88,7 +88,7 @@ def register(sub: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] in (["bench", "serve"], ["bench", "compare"]):
-        from actors import benchcli
+        from forge_bench import cli as bench_cli
 
-        return benchcli.main(argv[1:])
+        return bench_cli.main(argv[1:])
     return core_cli.main(argv, register)

@@ -111,10 +111,10 @@ class Gateway:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return json_response(api.error_body(message, kind), exc.status_code)
 
-    async def _request_error(self, request: Request, exc: RequestError) -> Response:
+    async def _request_error(self, _request: Request, exc: RequestError) -> Response:
         return error_response(exc)
 
-    async def _unexpected(self, request: Request, exc: Exception) -> Response:
+    async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
         return json_response(api.error_body("internal error", "server_error"), 500)
 
@@ -176,7 +176,7 @@ class Gateway:
 
     # ---- plain routes -----------------------------------------------------------------------
 
-    async def healthz(self, request: Request) -> Response:
+    async def healthz(self, _request: Request) -> Response:
         if self.is_draining:
             return json_response({"status": "draining"}, 503)
         if self.pipeline is None:

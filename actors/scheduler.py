@@ -16,8 +16,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from actors.metrics import Metrics
 from forge.engine_core import CoreStats, EngineCore
 from forge.errors import RequestError
-from forge.messages import (Abort, Accepted, AllocateStep, Rejected, StepAllocation, StepBatch, StepOutput,
-                            Tokenised, TokensEmitted)
+from forge.messages import (
+    Abort,
+    Accepted,
+    AllocateStep,
+    Rejected,
+    StepAllocation,
+    StepBatch,
+    StepOutput,
+    Tokenised,
+    TokensEmitted,
+)
 
 SchedulerInbox = Tokenised | Abort
 ToTokeniser = Accepted | Rejected | TokensEmitted
@@ -90,10 +99,10 @@ class SchedulerActor:
                 await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
             case Abort(request_id=rid):
                 # It comes behind its own Tokenised; unknown here, the request already ended.
-                seq_id = self._rids.pop(rid, None)
-                if seq_id is not None:
+                aborted = self._rids.pop(rid, None)
+                if aborted is not None:
                     self._core.abort(rid)
-                    self._dequeue(seq_id)
+                    self._dequeue(aborted)
 
     async def _step(self) -> None:
         await self._to_allocator.send(self._core.propose())

@@ -6,7 +6,8 @@ write), or when the server cancels it; `cleanup` runs exactly once in every case
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -21,7 +22,7 @@ class SSEResponse(StreamingResponse):
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._cleanup = cleanup
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, _scope: Any, receive: Any, send: Any) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 async def stream() -> None:

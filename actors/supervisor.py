@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import signal
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import structlog
@@ -180,7 +181,7 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
     http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         async def http() -> None:
-            await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)  # type: ignore[arg-type]
+            await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)
 
         tg.start_soon(http)
         async with anyio.create_task_group() as signals:

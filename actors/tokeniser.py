@@ -24,8 +24,7 @@ from actors.router import Router
 from forge.chat import ChatTemplate
 from forge.detokenizer import IncrementalDetokenizer
 from forge.errors import InvalidRequest, RequestError
-from forge.messages import (Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokenLogprobInfo,
-                            TokensEmitted)
+from forge.messages import Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokenLogprobInfo, TokensEmitted
 from forge.tokenizer import Tokenizer
 
 TokeniserInbox = Submit | Abort | Accepted | Rejected | TokensEmitted

@@ -11,7 +11,8 @@ import random
 import resource
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +21,8 @@ from forge.llama import KVCache
 from forge.llama.linear import configure_matmul, matmul
 from forge.llama.weights import LlamaWeights
 from forge.llm import LLMEngine, LoadedModel
-from forge.messages import StepBatch, StepOutput
+from forge.messages import StepBatch
 from forge.sampling_params import SamplingParams
-
 
 # ---- the real model ---------------------------------------------------------------------------
 
@@ -34,19 +34,15 @@ def _quiet(message: str) -> None:
 
 
 class _StepRecorder:
-    """Wraps the runner's execute to note each step's size, shape and time (the engine loop is untouched)."""
+    """Notes each step's size, shape and time (LLMEngine.on_step; the engine loop is untouched)."""
 
-    def __init__(self, execute: Callable[[StepBatch], StepOutput]) -> None:
-        self._execute = execute
+    def __init__(self) -> None:
         self.steps: list[tuple[int, bool, float]] = []     # (tokens computed, is pure decode, seconds)
 
-    def __call__(self, batch: StepBatch) -> StepOutput:
-        t0 = time.perf_counter()
-        out = self._execute(batch)
+    def __call__(self, batch: StepBatch, seconds: float) -> None:
         num_tokens = sum(len(c.token_ids) for c in batch.chunks)
         is_decode = bool(batch.chunks) and all(len(c.token_ids) == 1 for c in batch.chunks)
-        self.steps.append((num_tokens, is_decode, time.perf_counter() - t0))
-        return out
+        self.steps.append((num_tokens, is_decode, seconds))
 
 
 def _prompts(num: int, length: int, vocab_size: int, rng: random.Random) -> list[list[int]]:
@@ -57,8 +53,7 @@ def _prompts(num: int, length: int, vocab_size: int, rng: random.Random) -> list
 
 def _run_requests(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict[str, Any]:
     """All prompts at once, stepped to the end; wall time, first-token times and the step log."""
-    recorder = _StepRecorder(engine.runner.execute)
-    engine.runner.execute = recorder  # type: ignore[method-assign]
+    recorder = engine.on_step = _StepRecorder()
     t0, cpu0 = time.perf_counter(), time.process_time()
     for i, ids in enumerate(prompts):
         engine.add_request(f"bench-{i}", ids, params)
@@ -69,7 +64,7 @@ def _run_requests(engine: LLMEngine, prompts: list[list[int]], params: SamplingP
             first_token_s.setdefault(ev.request_id, time.perf_counter() - t0)
             num_output += len(ev.token_ids)
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    engine.runner.execute = recorder._execute  # type: ignore[method-assign]
+    engine.on_step = None
     decode = [(n, s) for n, is_decode, s in recorder.steps if is_decode]
     decode_tokens, decode_s = sum(n for n, _ in decode), sum(s for _, s in decode)
     ttft = sorted(first_token_s.values())

@@ -10,23 +10,28 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, overload
 
+from forge.config import EngineConfig, parse_size
 from forge.errors import ForgeError
 
 
+@overload
+def env(name: str, default: str) -> str: ...
+@overload
+def env(name: str, default: None) -> str | None: ...
 def env(name: str, default: str | None) -> str | None:
+    """A setting from the environment; unset or empty means the default."""
     value = os.environ.get(name)
-    return value if value not in (None, "") else default
+    return value if value else default
 
 
 def _progress(message: str) -> None:
     print(f"forge: {message}", file=sys.stderr, flush=True)
 
 
-def engine_config(args: argparse.Namespace) -> object:
-    from forge.config import EngineConfig, parse_size
-
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     try:
         return EngineConfig(block_size=args.block_size, kv_cache_memory=parse_size(args.kv_cache_memory),
                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -128,7 +133,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser(register: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     """The command line; `register` adds subcommands that live outside the core (serve)."""
-    parser = argparse.ArgumentParser(prog="forge", description="forge: serve GGUF language models over an OpenAI-compatible HTTP API")
+    parser = argparse.ArgumentParser(
+        prog="forge", description="forge: serve GGUF language models over an OpenAI-compatible HTTP API")
     sub = parser.add_subparsers(dest="command", required=True)
 
     pull = sub.add_parser("pull", help="fetch the default model (or check a model file) and print its path")

@@ -12,8 +12,17 @@ import itertools
 from dataclasses import dataclass
 
 from forge.errors import InvalidRequest, PromptTooLong
-from forge.messages import (AllocateStep, FinishReason, NewSeq, SampledToken, SeqChunk, StepAllocation,
-                            StepBatch, StepOutput, TokensEmitted)
+from forge.messages import (
+    AllocateStep,
+    FinishReason,
+    NewSeq,
+    SampledToken,
+    SeqChunk,
+    StepAllocation,
+    StepBatch,
+    StepOutput,
+    TokensEmitted,
+)
 from forge.paged_cache import CacheLayout
 from forge.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig, Sequence

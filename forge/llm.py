@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from forge.hub import resolve_model
 from forge.llama.attention import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
-from forge.messages import SampledToken, StepOutput, TokensEmitted
+from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.sampling_params import SamplingParams
@@ -89,6 +90,8 @@ class LLMEngine:
             vocab_size=loaded.model.config.vocab_size)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   eos_token_id=self.tokenizer.eos_token_id)
+        # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
+        self.on_step: Callable[[StepBatch, float], None] | None = None
 
     def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> int:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -108,7 +111,11 @@ class LLMEngine:
         batch = self.core.build(self.cache.allocate_step(proposal.asks, proposal.admit_budget))
         if not batch.chunks and not batch.new_seqs and not batch.dropped:
             return self.core.apply(StepOutput(step_id=batch.step_id, sampled=()))
-        return self.core.apply(self.runner.execute(batch))
+        t0 = time.perf_counter()
+        output = self.runner.execute(batch)
+        if self.on_step is not None:
+            self.on_step(batch, time.perf_counter() - t0)
+        return self.core.apply(output)
 
 
 @dataclass(slots=True)

@@ -16,12 +16,15 @@ from forge.sampling_params import SamplingParams
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Immutable, keyword-only, tagged by class name."""
+    """Immutable, keyword-only, tagged by class name.
+
+    Subclasses repeat frozen=True: msgspec inherits it, but type checkers would see them mutable.
+    """
 
 
 # ---- scheduler <-> cache allocator ----------------------------------------------------------
 
-class BlockAsk(Message):
+class BlockAsk(Message, frozen=True):
     """One sequence's wish for this step, in priority order (running first, then waiting)."""
     seq_id: int
     new_token_ids: tuple[int, ...]   # tokens the allocator has not seen yet for this sequence
@@ -29,7 +32,7 @@ class BlockAsk(Message):
     is_running: bool                 # False: admit it now (prefix lookup) if blocks and budget allow
 
 
-class Grant(Message):
+class Grant(Message, frozen=True):
     seq_id: int
     num_cached: int                  # leading tokens found in the prefix cache (new sequences)
     start: int                       # first position computed this step
@@ -37,21 +40,21 @@ class Grant(Message):
     block_ids: tuple[int, ...]       # the sequence's whole block table after this step
 
 
-class AllocateStep(Message):
+class AllocateStep(Message, frozen=True):
     frees: tuple[int, ...]           # sequences that finished or were aborted since the last step
     asks: tuple[BlockAsk, ...]
     admit_budget: int | None = None  # tokens the waiting asks may compute in all, counted after
                                      # their prefix-cache hits; None: no limit
 
 
-class StepAllocation(Message):
+class StepAllocation(Message, frozen=True):
     grants: tuple[Grant, ...]
     preempted: tuple[int, ...]       # running sequences whose blocks were taken back, in order
     num_free_blocks: int
     num_total_blocks: int
 
 
-class CacheStats(Message):
+class CacheStats(Message, frozen=True):
     num_free_blocks: int
     num_total_blocks: int
     prefix_hit_rate: float
@@ -62,7 +65,7 @@ FinishReason = Literal["stop", "length"]   # an aborted request ends without one
 
 # ---- scheduler <-> model worker -------------------------------------------------------------
 
-class SeqChunk(Message):
+class SeqChunk(Message, frozen=True):
     """Tokens of one sequence to compute this step."""
     seq_id: int
     token_ids: tuple[int, ...]
@@ -72,28 +75,28 @@ class SeqChunk(Message):
     num_output_tokens: int           # tokens the request has emitted so far (for min_tokens)
 
 
-class NewSeq(Message):
+class NewSeq(Message, frozen=True):
     """Sampling state the worker keeps for a sequence from its first step until it is dropped."""
     seq_id: int
     prompt_ids: tuple[int, ...]
     params: SamplingParams
 
 
-class StepBatch(Message):
+class StepBatch(Message, frozen=True):
     step_id: int
     chunks: tuple[SeqChunk, ...]
     new_seqs: tuple[NewSeq, ...] = ()
     dropped: tuple[int, ...] = ()    # sequences that ended: forget their sampling state
 
 
-class SampledToken(Message):
+class SampledToken(Message, frozen=True):
     seq_id: int
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
-class StepOutput(Message):
+class StepOutput(Message, frozen=True):
     step_id: int
     sampled: tuple[SampledToken, ...]
     num_tokens: int = 0              # tokens computed in the step
@@ -102,7 +105,7 @@ class StepOutput(Message):
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
 
-class TokensEmitted(Message):
+class TokensEmitted(Message, frozen=True):
     """New tokens of one request, and its end when finish_reason is set."""
     request_id: str
     token_ids: tuple[int, ...]
@@ -114,7 +117,7 @@ class TokensEmitted(Message):
 
 # ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
 
-class Submit(Message):
+class Submit(Message, frozen=True):
     """A request as the gateway accepted it; exactly one of text, token_ids, messages is set."""
     request_id: str
     params: SamplingParams
@@ -124,13 +127,13 @@ class Submit(Message):
     add_special_tokens: bool = True
 
 
-class Tokenised(Message):
+class Tokenised(Message, frozen=True):
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
 
 
-class Abort(Message):
+class Abort(Message, frozen=True):
     """Drop a request: its client went away (gateway -> tokeniser -> scheduler), or a stop string
     ended it (tokeniser -> scheduler). Never answered: whoever sends it has already let go."""
     request_id: str
@@ -139,13 +142,13 @@ class Abort(Message):
 # ---- to the router (the gateway's per-request streams), all through the tokeniser -------------
 #      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokeniser's own text.
 
-class Accepted(Message):
+class Accepted(Message, frozen=True):
     """The scheduler queued the request: from here the response is a success."""
     request_id: str
     num_prompt_tokens: int
 
 
-class Rejected(Message):
+class Rejected(Message, frozen=True):
     """The request will not run: a RequestError, as data (it crosses actors; exceptions do not)."""
     request_id: str
     status: int
@@ -164,7 +167,7 @@ class Rejected(Message):
                             code=self.code)
 
 
-class TokenLogprobInfo(Message):
+class TokenLogprobInfo(Message, frozen=True):
     token_id: int
     text: str
     token_bytes: bytes
@@ -172,7 +175,7 @@ class TokenLogprobInfo(Message):
     top: tuple[tuple[str, bytes, float], ...] = ()
 
 
-class TextDelta(Message):
+class TextDelta(Message, frozen=True):
     """New text of one request; the last one carries finish_reason and the token counts."""
     request_id: str
     text: str

@@ -17,8 +17,8 @@ Evictable blocks count as free: they are reused (and forgotten) only when the fr
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from forge.errors import ForgeError
 from forge.messages import BlockAsk, Grant, StepAllocation

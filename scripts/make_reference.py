@@ -245,7 +245,7 @@ def check_against_recompute(model: Any, prompt_ids: list[int], output_ids: list[
     full = torch.tensor([prompt_ids + output_ids[:-1]])
     logits = model(input_ids=full, use_cache=False).logits[0, len(prompt_ids) - 1 :].float()  # [48, vocab]
     argmax_ids = torch.argmax(logits, dim=-1).tolist()
-    for step, (cached_id, full_id, gap) in enumerate(zip(output_ids, argmax_ids, gaps)):
+    for step, (cached_id, full_id, gap) in enumerate(zip(output_ids, argmax_ids, gaps, strict=False)):
         if cached_id != full_id and gap > 1e-3:
             sys.exit(f"cached greedy step {step} gave {cached_id}, full recompute {full_id} (gap {gap})")
 
@@ -256,7 +256,7 @@ def top_logprobs(model: Any, prompt_ids: list[int]) -> list[list[float]]:
     logits = model(input_ids=torch.tensor([prompt_ids]), use_cache=False).logits[0, -1].float()  # [vocab]
     logprobs = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logprobs, NUM_TOP_LOGPROBS)
-    return [[int(i), round(float(v), 6)] for v, i in zip(top.values, top.indices)]
+    return [[int(i), round(float(v), 6)] for v, i in zip(top.values, top.indices, strict=False)]
 
 
 def render_chat(tok: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge.errors import EngineError
-from forge.seed.model import Model
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import LocalScheduler, SchedulerConfig, Sequence, TokenId
+from forge.seed.model import Model
 
 MAX_ITERATIONS = 1_000_000
 

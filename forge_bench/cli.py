@@ -26,7 +26,9 @@ from typing import Any
 import anyio
 import httpx
 
-from actors import loadgen
+from forge.hub import resolve_model
+from forge.tokenizer import Tokenizer
+from forge_bench import loadgen
 
 LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-repack", "--no-webui"]
 
@@ -35,15 +37,12 @@ def _levels(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _tokenizer(model: str | None) -> Any:
-    from forge.hub import resolve_model
-    from forge.tokenizer import Tokenizer
-
+def _tokenizer(model: str | None) -> Tokenizer:
     return Tokenizer.from_gguf(resolve_model(model, lambda m: print(f"forge: {m}", file=sys.stderr)))
 
 
 def _requests_for(concurrency: int, args: argparse.Namespace) -> int:
-    return max(args.min_requests, args.requests_per_stream * concurrency)
+    return max(int(args.min_requests), int(args.requests_per_stream) * concurrency)
 
 
 async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: argparse.Namespace,
@@ -125,7 +124,8 @@ def _find_llama_server(given: str | None) -> str:
     raise SystemExit("forge: llama-server not found; pass --llama-server PATH (see docs/benchmarks.md)")
 
 
-def _start(server: str, args: argparse.Namespace, model_path: str, max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start(server: str, args: argparse.Namespace, model_path: str,
+           max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = dict(os.environ)
     if server == "forge":
@@ -203,15 +203,15 @@ def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> s
     for c in _levels(args.concurrency):
         for key, label in metrics:
             f = _median([r.get(key) for r in records if r["server"] == "forge" and r["concurrency"] == c])
-            l = _median([r.get(key) for r in records if r["server"] == "llama-server" and r["concurrency"] == c])
-            ratio = f"{f / l:.2f}" if f is not None and l else "n/a"
-            lines.append(f"| {c} | {label} | {f} | {l} | {ratio} |")
+            p = _median([r.get(key) for r in records if r["server"] == "llama-server" and r["concurrency"] == c])
+            ratio = f"{f / p:.2f}" if f is not None and p else "n/a"
+            lines.append(f"| {c} | {label} | {f} | {p} | {ratio} |")
         grounded = [(r["server"], r["by_kind"].get("grounded", {}).get("output_tok_s")) for r in records
                     if r["concurrency"] == c]
         f = _median([v for s, v in grounded if s == "forge"])
-        l = _median([v for s, v in grounded if s == "llama-server"])
-        if f is not None and l:
-            lines.append(f"| {c} | output tok/s of the input-grounded third | {f} | {l} | {f / l:.2f} |")
+        p = _median([v for s, v in grounded if s == "llama-server"])
+        if f is not None and p:
+            lines.append(f"| {c} | output tok/s of the input-grounded third | {f} | {p} | {f / p:.2f} |")
     machine = f"{platform.node() and 'host'}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
     return "\n".join([
         f"Command: `forge bench compare --concurrency {args.concurrency} --rounds {args.rounds} "

@@ -1,0 +1,44 @@
+"""The router: per-request events to the response that reads them, never blocking the producer."""
+
+from __future__ import annotations
+
+import anyio
+
+from actors.router import Router
+from forge.messages import Accepted, Rejected, TextDelta
+
+
+def delta(rid: str, text: str, finish: bool = False) -> TextDelta:
+    return TextDelta(request_id=rid, text=text, num_tokens=1, finish_reason="length" if finish else None,
+                     num_prompt_tokens=3, num_completion_tokens=len(text))
+
+
+async def test_an_unread_choice_coalesces_into_one_delta_and_delivery_never_waits() -> None:
+    router = Router()
+    group = router.open(["a", "b"])
+    for i in range(1000):                                  # a stalled reader: nothing is read meanwhile
+        router.deliver(delta("a", "x", finish=i == 999))   # deliver() is synchronous: it cannot block
+    router.deliver(delta("b", "y"))
+    with anyio.fail_after(1):
+        got = dict(await group.next_deltas())
+    assert got[0].text == "x" * 1000 and got[0].num_tokens == 1000 and got[0].finish_reason == "length"
+    assert got[1].text == "y" and group.unfinished == {1}
+
+
+async def test_the_first_rejection_answers_for_the_whole_response() -> None:
+    router = Router()
+    group = router.open(["a", "b", "c"])
+    router.deliver(Accepted(request_id="a", num_prompt_tokens=2))
+    router.deliver(Rejected(request_id="b", status=400, message="no"))
+    with anyio.fail_after(1):
+        statuses = await group.wait_statuses()             # c has no verdict yet: no need to wait
+    assert [type(s) for s in statuses] == [Accepted, Rejected]
+
+
+async def test_events_for_a_closed_response_are_dropped_and_nothing_is_kept() -> None:
+    router = Router()
+    group = router.open(["a"])
+    router.close(group)
+    router.deliver(delta("a", "late"))
+    router.deliver(delta("never-opened", "stray"))
+    assert len(router) == 0

@@ -1,0 +1,137 @@
+"""The tokeniser actor with real channels, the real tokenizer and a real router.
+
+It is the one way in and out of the engine for a request: Submit and Abort pass through it in
+order, a stop string ends a request here (and tells the scheduler), and a reader that stops
+reading never holds it up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from actors.metrics import Metrics
+from actors.router import Router
+from actors.tokeniser import TokeniserActor
+from forge.chat import ChatTemplate
+from forge.messages import Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokensEmitted
+from forge.sampling_params import SamplingParams
+from forge.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(default_model_path)
+
+
+@dataclass
+class Rig:
+    actor: TokeniserActor
+    router: Router
+    inbox: MemoryObjectSendStream[Any]
+    to_scheduler: MemoryObjectReceiveStream[Any]
+
+    def scheduler_got(self) -> list[Any]:
+        out = []
+        while True:
+            try:
+                out.append(self.to_scheduler.receive_nowait())
+            except anyio.WouldBlock:
+                return out
+
+    async def settle(self) -> None:
+        """Until the actor has taken everything sent so far (its inbox is unbounded)."""
+        while self.inbox.statistics().current_buffer_used:
+            await anyio.sleep(0)
+        await anyio.sleep(0)
+
+
+@asynccontextmanager
+async def running(tokenizer: Tokenizer) -> AsyncIterator[Rig]:
+    """The actor in its own task group (entered in the test's own task: none may straddle a fixture)."""
+    inbox, actor_in = anyio.create_memory_object_stream[Any](math.inf)
+    actor_out, to_scheduler = anyio.create_memory_object_stream[Any](math.inf)
+    router = Router()
+    actor = TokeniserActor(tokenizer, ChatTemplate(None), router, Metrics(), inbox=actor_in,
+                           to_scheduler=actor_out)
+    with anyio.fail_after(10), to_scheduler:
+        async with anyio.create_task_group() as tg:
+            await tg.start(actor.run)
+            yield Rig(actor, router, inbox, to_scheduler)
+            await inbox.aclose()
+
+
+def ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(tokenizer: Tokenizer) -> None:
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["r"])
+        await rig.inbox.send(Submit(request_id="r", params=SamplingParams(stop=("Paris",)), text="The capital is"))
+        await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
+        for tok in ids(tokenizer, " Paris, of course"):
+            await rig.inbox.send(TokensEmitted(request_id="r", token_ids=(tok,)))
+        await rig.settle()
+        got = rig.scheduler_got()
+        assert [type(m) for m in got] == [Tokenised, Abort] and got[1].request_id == "r"
+        assert await group.wait_statuses() == [Accepted(request_id="r", num_prompt_tokens=3)]
+        [(_, delta)] = await group.next_deltas()
+        assert delta.finish_reason == "stop" and "Paris" not in delta.text
+        assert not group.unfinished and set(rig.actor.tracked().values()) == {0}
+
+
+async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Tokenizer) -> None:
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["a"])
+        await rig.inbox.send(Submit(request_id="a", params=SamplingParams(), text="Hello"))
+        await rig.inbox.send(Abort(request_id="a"))
+        await rig.inbox.send(Abort(request_id="a"))              # a second abort: the request already ended
+        await rig.inbox.send(Abort(request_id="never-submitted"))
+        await rig.inbox.send(TokensEmitted(request_id="a", token_ids=ids(tokenizer, " world")))  # in flight
+        await rig.settle()
+        assert [(type(m), m.request_id) for m in rig.scheduler_got()] == [(Tokenised, "a"), (Abort, "a")]
+        rig.router.close(group)
+        assert set(rig.actor.tracked().values()) == {0} and len(rig.router) == 0
+
+
+async def test_a_prompt_that_cannot_be_encoded_is_rejected_before_the_scheduler(tokenizer: Tokenizer) -> None:
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["bad"])
+        await rig.inbox.send(Submit(request_id="bad", params=SamplingParams(), token_ids=(1, 10**9)))
+        [status] = await group.wait_statuses()
+        assert isinstance(status, Rejected) and status.status == 400 and status.param == "prompt"
+        await rig.settle()
+        assert rig.scheduler_got() == [] and set(rig.actor.tracked().values()) == {0}
+
+
+async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_delta(
+        tokenizer: Tokenizer) -> None:
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["slow", "fast"])
+        for rid in ("slow", "fast"):
+            await rig.inbox.send(Submit(request_id=rid, params=SamplingParams(max_tokens=500), text="Count"))
+            await rig.inbox.send(Accepted(request_id=rid, num_prompt_tokens=1))
+        words = ids(tokenizer, " one two three four five six seven eight nine ten" * 20)
+        for i, tok in enumerate(words):                         # nobody reads while all of this goes in
+            last = i == len(words) - 1
+            for rid in ("slow", "fast"):
+                await rig.inbox.send(TokensEmitted(request_id=rid, token_ids=(tok,),
+                                                   finish_reason="length" if last else None))
+        await rig.settle()                                      # the actor took every message
+        assert set(rig.actor.tracked().values()) == {0}
+        merged = dict(await group.next_deltas())
+        assert set(merged) == {0, 1}
+        for delta in merged.values():
+            assert isinstance(delta, TextDelta) and delta.num_tokens == len(words)
+            assert delta.text == tokenizer.decode(list(words)) and delta.finish_reason == "length"
+            assert delta.num_completion_tokens == len(words)
+        assert not group.unfinished

@@ -1,7 +1,7 @@
-"""The HTTP gateway: starlette routes, checks at the edge, admission, and disconnect -> Abort.
+"""The HTTP gateway: starlette routes, checks at the edge, and disconnect -> Abort.
 
 Requests are validated at the edge (forge.api) and admitted against explicit bounds before any
-tokenising work. Each response's choices go to the tokeniser as Submits and are read back from
+tokenising work (actors/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
 the router (actors.responses assembles the body or the SSE frames); a client that goes away, in
 any phase, aborts its requests through the same path, so their blocks are freed at the next step.
 Every error a request meets is a RequestError, rendered as OpenAI's error envelope.
@@ -25,11 +25,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from actors.admission import Admission, LoadStats
 from actors.metrics import Metrics
 from actors.responses import ChoiceReader, CompletionShape, chat_body, chat_frames, completion_body, completion_frames
 from actors.router import ResponseGroup, Router
 from actors.sse import SSEResponse
 from forge import api
+from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.chat import ChatTemplate
 from forge.errors import CapacityError, RequestError
@@ -60,7 +62,7 @@ class Pipeline:
     tokenizer: Tokenizer
     template: ChatTemplate
     max_model_len: int
-    load_stats: Callable[[], tuple[int, int]]       # (requests waiting, prompt tokens waiting)
+    load_stats: LoadStats
 
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
@@ -71,7 +73,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 def error_response(exc: RequestError) -> Response:
-    return json_response(api.error_body(exc.message, exc.type, exc.param, exc.code), exc.status, exc.headers)
+    return json_response(wire.error_body(exc.message, exc.type, exc.param, exc.code), exc.status, exc.headers)
 
 
 class Gateway:
@@ -80,13 +82,8 @@ class Gateway:
         self.metrics = metrics
         self.pipeline: Pipeline | None = None
         self.is_draining = False
-        self.num_inflight = 0
-        self._idle = anyio.Event()
-        self._idle.set()
-        # Admitted but not yet queued by the scheduler (the scheduler takes new requests only
-        # between steps): counted against the waiting bounds, or a burst would pass them all.
-        self._num_admitting = 0
-        self._num_admitting_tokens = 0
+        self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
+                                   retry_after_s=config.retry_after_s)
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -109,17 +106,14 @@ class Gateway:
         message = {404: f"route {request.url.path} not found", 405: "method not allowed"}.get(
             exc.status_code, str(exc.detail))
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return json_response(api.error_body(message, kind), exc.status_code)
+        return json_response(wire.error_body(message, kind), exc.status_code)
 
     async def _request_error(self, _request: Request, exc: RequestError) -> Response:
         return error_response(exc)
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
-        return json_response(api.error_body("internal error", "server_error"), 500)
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
+        return json_response(wire.error_body("internal error", "server_error"), 500)
 
     # ---- edge checks ------------------------------------------------------------------------
 
@@ -167,13 +161,6 @@ class Gateway:
             raise RequestError(f"the model '{model}' does not exist", param="model", status=404,
                                code="model_not_found")
 
-    def _admit(self, pipe: Pipeline, num_new: int, num_tokens_guess: int) -> None:
-        num_waiting, num_tokens = pipe.load_stats()
-        if (num_waiting + self._num_admitting + num_new > self.config.max_waiting
-                or num_tokens + self._num_admitting_tokens + num_tokens_guess > self.config.max_queued_tokens):
-            raise CapacityError("the server is overloaded; retry later", code="overloaded",
-                                retry_after_s=self.config.retry_after_s)
-
     # ---- plain routes -----------------------------------------------------------------------
 
     async def healthz(self, _request: Request) -> Response:
@@ -189,8 +176,8 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         pipe = self._ready(request)
-        card = api.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
-        return json_response(api.model_list([card]))
+        card = wire.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
+        return json_response(wire.model_list([card]))
 
     async def tokenize(self, request: Request) -> Response:
         pipe = self._ready(request)
@@ -233,17 +220,17 @@ class Gateway:
         pipe = self._ready(request)
         body = await self._body(request)
         arrival = time.monotonic()
-        self._enter()
+        self.admission.enter()
         try:
             return await handler(request, pipe, body, arrival)
         except BaseException:
-            self._leave()
+            self.admission.leave()
             raise
 
     async def _generate(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         req = api.decode_generate(body)
         params = msgspec.structs.replace(api.to_sampling_params(req, default_max_tokens=32), temperature=0.0)
-        rid = f"{api.new_request_id('cmpl')}-0"
+        rid = f"{wire.new_request_id('cmpl')}-0"
         reader = await self._start(request, pipe, [Submit(request_id=rid, params=params, text=req.prompt)],
                                     len(body), arrival)
         return await self._respond(request, pipe, reader, lambda: {
@@ -255,7 +242,7 @@ class Gateway:
         self._check_model(req.model)
         params = api.to_sampling_params(req, default_max_tokens=16)
         prompts = api.completion_prompts(req)
-        n, base = req.n, api.new_request_id("cmpl")
+        n, base = req.n, wire.new_request_id("cmpl")
         submits = []
         for i, prompt in enumerate(prompts):
             for j in range(n):
@@ -277,7 +264,7 @@ class Gateway:
         self._check_model(req.model)
         params = api.to_sampling_params(req, default_max_tokens=max(1, pipe.max_model_len))
         messages = tuple(api.chat_template_messages(req.messages))
-        base = api.new_request_id("chatcmpl")
+        base = wire.new_request_id("chatcmpl")
         submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages)
                    for j in range(req.n)]
         reader = await self._start(request, pipe, submits, len(body), arrival)
@@ -297,21 +284,15 @@ class Gateway:
     async def _start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
                      arrival: float) -> ChoiceReader:
         """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
-        num_tokens_guess = num_bytes // 4
-        self._admit(pipe, len(submits), num_tokens_guess)
-        self._num_admitting += len(submits)
-        self._num_admitting_tokens += num_tokens_guess
-        group = pipe.router.open([s.request_id for s in submits])
-        try:
-            for s in submits:
-                pipe.to_tokeniser.send_nowait(s)
-            statuses = await group.wait_statuses()
-        except BaseException:
-            self._abort(pipe, group)
-            raise
-        finally:
-            self._num_admitting -= len(submits)
-            self._num_admitting_tokens -= num_tokens_guess
+        with self.admission.admitting(pipe.load_stats, len(submits), num_bytes // 4):
+            group = pipe.router.open([s.request_id for s in submits])
+            try:
+                for s in submits:
+                    pipe.to_tokeniser.send_nowait(s)
+                statuses = await group.wait_statuses()
+            except BaseException:
+                self._abort(pipe, group)
+                raise
         rejected = next((s for s in statuses if isinstance(s, Rejected)), None)
         if rejected is not None:
             self._abort(pipe, group)
@@ -328,7 +309,7 @@ class Gateway:
             self._abort(pipe, reader.group)
         request.state.completion_tokens = reader.num_completion_tokens
         response = json_response(build())
-        self._leave()
+        self.admission.leave()
         return response
 
     def _sse(self, request: Request, pipe: Pipeline, reader: ChoiceReader,
@@ -336,12 +317,12 @@ class Gateway:
         async def body() -> AsyncIterator[bytes]:
             async for frame in frames:
                 yield frame
-            yield api.SSE_DONE
+            yield wire.SSE_DONE
 
         def cleanup() -> None:
             self._abort(pipe, reader.group)
             request.state.completion_tokens = reader.num_completion_tokens
-            self._leave()
+            self.admission.leave()
 
         return SSEResponse(body(), cleanup)
 
@@ -354,14 +335,6 @@ class Gateway:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return                        # the daemon stopped (drain timed out): nothing to free
 
-    def _enter(self) -> None:
-        self.num_inflight += 1
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
-
-    def _leave(self) -> None:
-        self.num_inflight -= 1
-        if self.num_inflight == 0:
-            self._idle.set()
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

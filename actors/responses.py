@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from actors.metrics import Metrics
 from actors.router import ResponseGroup
-from forge import api
+from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.messages import TextDelta
 
@@ -133,7 +133,7 @@ def _completion_logprobs(entries: list[TokenLogprob], start: int) -> dict[str, A
     for entry in entries:
         offsets.append(start)
         start += len(entry.text)
-    return api.completion_logprobs(entries, offsets)
+    return wire.completion_logprobs(entries, offsets)
 
 
 def completion_body(reader: ChoiceReader, shape: CompletionShape) -> dict[str, Any]:
@@ -141,8 +141,8 @@ def completion_body(reader: ChoiceReader, shape: CompletionShape) -> dict[str, A
     for k, c in enumerate(reader.choices):
         echo = shape.echoes[k]
         lp = _completion_logprobs(c.logprobs, len(echo)) if shape.want_logprobs else None
-        items.append(api.completion_choice(k, echo + c.text, c.finish_reason or "length", lp))
-    return api.completion_response(shape.header, items, reader.usage(shape.n))
+        items.append(wire.completion_choice(k, echo + c.text, c.finish_reason or "length", lp))
+    return wire.completion_response(shape.header, items, reader.usage(shape.n))
 
 
 async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> AsyncIterator[bytes]:
@@ -150,10 +150,10 @@ async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> Asy
     offsets = [len(echo) for echo in shape.echoes]     # where each choice's next token starts
     for k, echo in enumerate(shape.echoes):
         if echo:
-            yield api.sse_frame(api.completion_chunk(header, index=k, text=echo))
+            yield wire.sse_frame(wire.completion_chunk(header, index=k, text=echo))
     async for item in reader.deltas():
         if item is None:
-            yield api.SSE_PING
+            yield wire.SSE_PING
             continue
         k, delta, choice = item
         # Text held back (half a character, a possible stop string) still sends its logprobs.
@@ -164,33 +164,33 @@ async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> Asy
             entries = choice.logprobs[-len(delta.logprobs):] if delta.logprobs else []
             lp = _completion_logprobs(entries, offsets[k])
             offsets[k] += sum(len(e.text) for e in entries)
-        yield api.sse_frame(api.completion_chunk(header, index=k, text=delta.text,
+        yield wire.sse_frame(wire.completion_chunk(header, index=k, text=delta.text,
                                                  finish_reason=choice.finish_reason, logprobs=lp))
     if header.include_usage:
-        yield api.sse_frame(api.completion_usage_chunk(header, reader.usage(shape.n)))
+        yield wire.sse_frame(wire.completion_usage_chunk(header, reader.usage(shape.n)))
 
 
 # ---- /v1/chat/completions ----------------------------------------------------------------------
 
 def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> dict[str, Any]:
-    items = [api.chat_choice(k, c.text, c.finish_reason or "length",
-                             api.chat_logprobs(c.logprobs) if want_logprobs else None)
+    items = [wire.chat_choice(k, c.text, c.finish_reason or "length",
+                             wire.chat_logprobs(c.logprobs) if want_logprobs else None)
              for k, c in enumerate(reader.choices)]
-    return api.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
+    return wire.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
 
 
 async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> AsyncIterator[bytes]:
     for k in range(len(reader.choices)):
-        yield api.sse_frame(api.chat_role_chunk(header, index=k))
+        yield wire.sse_frame(wire.chat_role_chunk(header, index=k))
     async for item in reader.deltas():
         if item is None:
-            yield api.SSE_PING
+            yield wire.SSE_PING
             continue
         k, delta, choice = item
         if delta.text or delta.logprobs:
-            lp = api.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs else None
-            yield api.sse_frame(api.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
+            lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs else None
+            yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
         if choice.finish_reason is not None and delta.finish_reason is not None:
-            yield api.sse_frame(api.chat_finish_chunk(header, index=k, finish_reason=choice.finish_reason))
+            yield wire.sse_frame(wire.chat_finish_chunk(header, index=k, finish_reason=choice.finish_reason))
     if header.include_usage:
-        yield api.sse_frame(api.chat_usage_chunk(header, reader.usage(len(reader.choices))))
+        yield wire.sse_frame(wire.chat_usage_chunk(header, reader.usage(len(reader.choices))))

@@ -72,7 +72,7 @@ class Daemon:
 
         A daemon that runs for weeks must keep nothing for a request after it ends.
         """
-        sizes = {"gateway.inflight": self.gateway.num_inflight}
+        sizes = {"gateway.inflight": self.gateway.admission.num_inflight}
         if self.gateway.pipeline is not None:
             sizes["router.requests"] = len(self.gateway.pipeline.router)
         for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
@@ -83,7 +83,7 @@ class Daemon:
     def request_drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
         if not self.gateway.is_draining:
-            log.info("draining", inflight=self.gateway.num_inflight)
+            log.info("draining", inflight=self.gateway.admission.num_inflight)
             self.gateway.is_draining = True
         self._stop.set()
 
@@ -138,14 +138,14 @@ class Daemon:
                 await self._stop.wait()
                 await self._drain()
                 self.gateway.pipeline = None
-                log.info("stopped", inflight=self.gateway.num_inflight)
+                log.info("stopped", inflight=self.gateway.admission.num_inflight)
                 tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.drain_timeout) as scope:
-            await self.gateway.wait_idle()
+            await self.gateway.admission.wait_idle()
         if scope.cancelled_caught:
-            log.warning("drain_timeout", inflight=self.gateway.num_inflight)
+            log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight)
 
     def _register_gauges(self) -> None:
         m = self.metrics

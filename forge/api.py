@@ -1,7 +1,7 @@
 """The HTTP wire schema of forge's OpenAI-compatible API: request Structs, their decoders, and pure converters
 from a decoded request to SamplingParams and to chat-template messages. No I/O and no web framework here: the
 gateway hands in the body bytes and gets back a typed request or an InvalidRequest that names the bad field.
-Response shapes live in forge/api_responses.py and are re-exported here.
+Response shapes live in forge/api_responses.py.
 """
 
 from __future__ import annotations
@@ -12,44 +12,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
-from forge.api_responses import (
-    SSE_DONE,
-    SSE_PING,
-    FinishReason,
-    ResponseHeader,
-    TokenLogprob,
-    Usage,
-    chat_choice,
-    chat_content_chunk,
-    chat_finish_chunk,
-    chat_logprobs,
-    chat_response,
-    chat_role_chunk,
-    chat_usage_chunk,
-    completion_choice,
-    completion_chunk,
-    completion_logprobs,
-    completion_response,
-    completion_usage_chunk,
-    error_body,
-    model_card,
-    model_list,
-    new_request_id,
-    sse_frame,
-)
 from forge.errors import InvalidRequest
 from forge.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
-
-__all__ = [
-    "SSE_DONE", "SSE_PING", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ContentPart",
-    "DetokenizeRequest", "FinishReason", "GenerateRequest", "ResponseFormat", "ResponseHeader", "StreamOptions",
-    "TokenLogprob", "TokenizeRequest", "Usage", "chat_choice", "chat_content_chunk", "chat_finish_chunk",
-    "chat_logprobs", "chat_response", "chat_role_chunk", "chat_template_messages", "chat_usage_chunk",
-    "completion_choice", "completion_chunk", "completion_logprobs", "completion_prompts",
-    "completion_response", "completion_usage_chunk", "decode_chat", "decode_completion", "decode_detokenize",
-    "decode_generate", "decode_tokenize", "error_body", "model_card", "model_list", "new_request_id",
-    "sse_frame", "to_sampling_params",
-]
 
 _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]

@@ -25,7 +25,8 @@ from forge.messages import (
 )
 from forge.paged_cache import CacheLayout
 from forge.sampling_params import SamplingParams
-from forge.scheduler import Scheduler, SchedulerConfig, Sequence
+from forge.scheduler import Scheduler, SchedulerConfig
+from forge.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from forge.errors import EngineError
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import LocalScheduler, SchedulerConfig, Sequence, TokenId
+from forge.scheduler import LocalScheduler, SchedulerConfig
 from forge.seed.model import Model
+from forge.sequence import Sequence, TokenId
 
 MAX_ITERATIONS = 1_000_000
 

@@ -6,6 +6,7 @@ runs fixture setup and teardown in different tasks, so no task group may straddl
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,25 +14,23 @@ import pytest
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig
 from forge.llm import LoadedModel
-from tests.integration.harness import MODEL_PATH, SERVED_MODEL, MakeDaemon, engine_config
+from tests.integration.harness import SERVED_MODEL, MakeDaemon, engine_config
 
 
 @pytest.fixture(scope="session")
-def loaded() -> LoadedModel:
-    if not MODEL_PATH.is_file():
-        pytest.skip(f"the real model is not at {MODEL_PATH} (run `forge pull`)")
-    return LoadedModel.load(MODEL_PATH, progress=lambda message: None)
+def loaded(default_model_path: Path) -> LoadedModel:
+    return LoadedModel.load(default_model_path, progress=lambda message: None)
 
 
 @pytest.fixture
-def make_daemon(loaded: LoadedModel) -> MakeDaemon:
+def make_daemon(loaded: LoadedModel, default_model_path: Path) -> MakeDaemon:
     """make_daemon(engine overrides..., gateway=dict(...), drain_timeout=...) -> a fresh Daemon."""
 
     def make(*, gateway: dict[str, Any] | None = None, drain_timeout: float = 5.0,
              **engine: Any) -> Daemon:
         gateway_config = GatewayConfig(**{"served_model_name": SERVED_MODEL, **(gateway or {})})
         config = DaemonConfig(engine=engine_config(**engine), gateway=gateway_config,
-                              model=str(MODEL_PATH), drain_timeout=drain_timeout)
+                              model=str(default_model_path), drain_timeout=drain_timeout)
         return Daemon(config, loaded)
 
     return make

@@ -7,10 +7,9 @@ anyio.fail_after, which is a hang guard and never a timed assertion.
 from __future__ import annotations
 
 import json
-import os
 import socket
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -19,8 +18,6 @@ import httpx
 from actors.supervisor import Daemon
 from forge.config import EngineConfig
 
-MODEL_PATH = Path(os.environ.get("FORGE_TEST_MODEL",
-                                 "/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
 SERVED_MODEL = "forge-test"
 HANG_GUARD_S = 120.0                 # bounds a test body; generous for 2 shared, busy cores
 PROMPT = "The capital of France is"
@@ -67,11 +64,12 @@ async def wait_healthy(http: httpx.AsyncClient, proc: anyio.abc.Process, explain
 
 
 def is_idle(daemon: Daemon) -> bool:
-    """Every block back in the free pool and nothing running or waiting."""
-    assert daemon.cache is not None and daemon.scheduler is not None
-    stats = daemon.scheduler.statistics()
-    return (daemon.cache.free_blocks() == daemon.cache.total_blocks()
-            and stats.num_running == 0 and stats.num_waiting == 0)
+    """Every block back in the free pool, nothing running or waiting, and no actor holding state
+    for a request (a daemon that runs for weeks keeps nothing for a request after it ends)."""
+    assert daemon.allocator is not None and daemon.scheduler is not None
+    stats, cache = daemon.scheduler.statistics(), daemon.allocator.statistics()
+    return (cache.num_free_blocks == cache.num_total_blocks and stats.num_running == 0
+            and stats.num_waiting == 0 and set(daemon.tracked().values()) == {0})
 
 
 def sample(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> float:

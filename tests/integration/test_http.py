@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 
 from actors.supervisor import running_daemon
-from tests.integration.harness import (HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, assert_error,
-                                       completion_text, data_payloads, long_prompt, sample, sse_events)
+from tests.integration.harness import (
+    HANG_GUARD_S,
+    PROMPT,
+    SERVED_MODEL,
+    MakeDaemon,
+    assert_error,
+    completion_text,
+    data_payloads,
+    long_prompt,
+    sample,
+    sse_events,
+)
 
 CHAT = [{"role": "user", "content": "Say hi."}]
 

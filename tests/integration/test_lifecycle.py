@@ -15,9 +15,20 @@ import pytest
 from anyio.abc import TaskGroup
 
 from actors.supervisor import Daemon, running_daemon
-from tests.integration.harness import (HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, assert_error,
-                                       data_payloads, free_port, generated_tokens, long_prompt, wait_healthy,
-                                       wait_idle, wait_until)
+from tests.integration.harness import (
+    HANG_GUARD_S,
+    PROMPT,
+    SERVED_MODEL,
+    MakeDaemon,
+    assert_error,
+    data_payloads,
+    free_port,
+    generated_tokens,
+    long_prompt,
+    wait_healthy,
+    wait_idle,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,7 +156,8 @@ async def test_overload_gets_503_with_retry_after(make_daemon: MakeDaemon) -> No
 async def test_sigterm_drains_then_exits_0(tmp_path: Path, default_model_path: Path) -> None:
     port = free_port()
     log = tmp_path / "forge.log"
-    command = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", str(default_model_path),
+    command = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}",
+               "--model", str(default_model_path),
                "--served-model-name", SERVED_MODEL, "--kv-cache-memory", "256MiB", "--max-model-len", "1024",
                "--blas-threads", "1", "--log-format", "json"]
     body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 48, "ignore_eos": True}

@@ -11,17 +11,26 @@ import os
 import re
 import shutil
 import signal
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 import anyio
 import httpx
 import pytest
 
 from actors.supervisor import Daemon, running_daemon
-from tests.integration.harness import (HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, completion_text,
-                                       data_payloads, free_port, wait_healthy, wait_idle)
+from tests.integration.harness import (
+    HANG_GUARD_S,
+    PROMPT,
+    SERVED_MODEL,
+    MakeDaemon,
+    completion_text,
+    data_payloads,
+    free_port,
+    wait_healthy,
+    wait_idle,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "deploy" / "nginx" / "forge.conf"
@@ -78,8 +87,10 @@ async def running_nginx(tmp_path: Path, upstream_port: int) -> AsyncIterator[str
             try:
                 async with httpx.AsyncClient(base_url=url) as http:
                     error_log = tmp_path / "error.log"
-                    await wait_healthy(http, proc, lambda: error_log.read_text() if error_log.exists() else "nginx exited",
-                                       interval=0.05)
+                    def explain() -> str:
+                        return error_log.read_text() if error_log.exists() else "nginx exited"
+
+                    await wait_healthy(http, proc, explain, interval=0.05)
                 yield url
             finally:
                 if proc.returncode is None:

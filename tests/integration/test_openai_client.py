@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import anyio
 import openai
@@ -79,7 +79,7 @@ async def test_completion_logprobs(make_daemon: MakeDaemon) -> None:
     assert len(lp.tokens) == out.usage.completion_tokens
     assert "".join(lp.tokens) == choice.text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
-    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
         assert math.isfinite(logprob) and logprob <= 0.0
         assert 1 <= len(top) <= 2 and all(v <= 0.0 for v in top.values())
         assert token in top                                   # greedy: the pick is the best one

@@ -7,7 +7,8 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import LocalScheduler, SchedulerConfig, SeqState, Sequence
+from forge.scheduler import LocalScheduler, SchedulerConfig
+from forge.sequence import SeqState, Sequence
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 10          # 40 tokens: far too small for all sequences, enough for each alone

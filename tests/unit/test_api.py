@@ -13,12 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge import api
+from forge import api_responses as wire
 from forge.api import (
-    SSE_DONE,
-    SSE_PING,
-    ResponseHeader,
-    TokenLogprob,
-    Usage,
     decode_chat,
     decode_completion,
     decode_detokenize,
@@ -26,6 +22,7 @@ from forge.api import (
     decode_tokenize,
     to_sampling_params,
 )
+from forge.api_responses import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
 from forge.errors import InvalidRequest
 from forge.sampling_params import SamplingParams
 
@@ -210,7 +207,8 @@ def test_four_prompt_forms_decode(prompt: Any, prompts: list[Any]) -> None:
 
 def test_completion_defaults() -> None:
     req = completion()
-    assert (req.max_tokens, req.n, req.stream, req.echo, req.logprobs, req.include_usage) == (16, 1, False, False, None, False)
+    assert (req.max_tokens, req.n, req.stream, req.echo, req.logprobs, req.include_usage) == (
+        16, 1, False, False, None, False)
 
 
 def test_nulls_count_as_absent_and_unknown_fields_are_ignored() -> None:
@@ -311,8 +309,8 @@ def roundtrip(obj: Any) -> Any:
 
 
 def test_completion_response_shape() -> None:
-    choice = api.completion_choice(0, " Paris.", "stop")
-    out = api.completion_response(HEADER, [choice], Usage(prompt_tokens=5, completion_tokens=3))
+    choice = wire.completion_choice(0, " Paris.", "stop")
+    out = wire.completion_response(HEADER, [choice], Usage(prompt_tokens=5, completion_tokens=3))
     assert roundtrip(out) == {
         "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None,
@@ -322,15 +320,15 @@ def test_completion_response_shape() -> None:
 
 
 def test_completion_chunks() -> None:
-    assert api.completion_chunk(HEADER, index=1, text=" Pa") == {
+    assert wire.completion_chunk(HEADER, index=1, text=" Pa") == {
         "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None,
         "choices": [{"index": 1, "text": " Pa", "logprobs": None, "finish_reason": None}],
     }
     with_usage = msgspec.structs.replace(HEADER, include_usage=True)
-    last = api.completion_chunk(with_usage, index=0, text="", finish_reason="length")
+    last = wire.completion_chunk(with_usage, index=0, text="", finish_reason="length")
     assert last["usage"] is None and last["choices"][0]["finish_reason"] == "length"
-    assert api.completion_usage_chunk(with_usage, Usage(prompt_tokens=2, completion_tokens=1)) == {
+    assert wire.completion_usage_chunk(with_usage, Usage(prompt_tokens=2, completion_tokens=1)) == {
         "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None, "choices": [],
         "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
@@ -338,7 +336,7 @@ def test_completion_chunks() -> None:
 
 
 def test_chat_response_shape() -> None:
-    out = api.chat_response(CHAT, [api.chat_choice(0, "Hi!", "stop")], Usage(prompt_tokens=9, completion_tokens=2))
+    out = wire.chat_response(CHAT, [wire.chat_choice(0, "Hi!", "stop")], Usage(prompt_tokens=9, completion_tokens=2))
     assert roundtrip(out) == {
         "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None,
@@ -351,26 +349,26 @@ def test_chat_response_shape() -> None:
 
 def test_chat_stream_chunks() -> None:
     envelope = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
-    assert api.chat_role_chunk(CHAT, index=0) == {**envelope, "choices": [
+    assert wire.chat_role_chunk(CHAT, index=0) == {**envelope, "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
-    assert api.chat_content_chunk(CHAT, index=0, content="Hi") == {**envelope, "choices": [
+    assert wire.chat_content_chunk(CHAT, index=0, content="Hi") == {**envelope, "choices": [
         {"index": 0, "delta": {"content": "Hi"}, "logprobs": None, "finish_reason": None}]}
-    assert api.chat_finish_chunk(CHAT, index=0, finish_reason="stop") == {**envelope, "choices": [
+    assert wire.chat_finish_chunk(CHAT, index=0, finish_reason="stop") == {**envelope, "choices": [
         {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}
-    assert api.chat_usage_chunk(CHAT_USAGE, Usage(prompt_tokens=9, completion_tokens=2)) == {
+    assert wire.chat_usage_chunk(CHAT_USAGE, Usage(prompt_tokens=9, completion_tokens=2)) == {
         **envelope, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
 
 
 def test_chat_chunks_with_include_usage_carry_usage_null() -> None:
     chunks = [
-        api.chat_role_chunk(CHAT_USAGE, index=0),
-        api.chat_content_chunk(CHAT_USAGE, index=0, content="Hi"),
-        api.chat_finish_chunk(CHAT_USAGE, index=0, finish_reason="length"),
+        wire.chat_role_chunk(CHAT_USAGE, index=0),
+        wire.chat_content_chunk(CHAT_USAGE, index=0, content="Hi"),
+        wire.chat_finish_chunk(CHAT_USAGE, index=0, finish_reason="length"),
     ]
     for chunk in chunks:
         assert "usage" in chunk and chunk["usage"] is None
-        assert b'"usage":null' in api.sse_frame(chunk)
-    assert "usage" not in api.chat_role_chunk(CHAT, index=0)
+        assert b'"usage":null' in wire.sse_frame(chunk)
+    assert "usage" not in wire.chat_role_chunk(CHAT, index=0)
 
 
 TOKENS = [
@@ -381,7 +379,7 @@ TOKENS = [
 
 
 def test_completion_logprobs_shape() -> None:
-    assert roundtrip(api.completion_logprobs(TOKENS, [0, 2])) == {
+    assert roundtrip(wire.completion_logprobs(TOKENS, [0, 2])) == {
         "tokens": ["Hi", "\ufffd"],
         "token_logprobs": [-0.01, -9999.0],
         "top_logprobs": [{"Hi": -0.01, "Hey": -5.0}, {}],
@@ -390,7 +388,7 @@ def test_completion_logprobs_shape() -> None:
 
 
 def test_chat_logprobs_shape() -> None:
-    assert roundtrip(api.chat_logprobs(TOKENS)) == {"content": [
+    assert roundtrip(wire.chat_logprobs(TOKENS)) == {"content": [
         {"token": "Hi", "logprob": -0.01, "bytes": [72, 105], "top_logprobs": [
             {"token": "Hi", "logprob": -0.01, "bytes": [72, 105]},
             {"token": "Hey", "logprob": -5.0, "bytes": [72, 101, 121]},
@@ -402,32 +400,32 @@ def test_chat_logprobs_shape() -> None:
 
 def test_nan_logprob_is_json_number() -> None:
     entry = TokenLogprob(text="a", token_bytes=b"a", logprob=float("nan"))
-    assert api.chat_logprobs([entry])["content"][0]["logprob"] == -9999.0
+    assert wire.chat_logprobs([entry])["content"][0]["logprob"] == -9999.0
 
 
 def test_error_body_shape() -> None:
-    assert api.error_body("too long", "invalid_request_error", "messages", "context_length_exceeded") == {
+    assert wire.error_body("too long", "invalid_request_error", "messages", "context_length_exceeded") == {
         "error": {"message": "too long", "type": "invalid_request_error", "param": "messages",
                   "code": "context_length_exceeded"}}
-    assert api.error_body("x", "server_error") == {
+    assert wire.error_body("x", "server_error") == {
         "error": {"message": "x", "type": "server_error", "param": None, "code": None}}
 
 
 def test_model_list_shape() -> None:
-    card = api.model_card("m", created=0, max_model_len=4096)
-    assert api.model_list([card]) == {"object": "list", "data": [
+    card = wire.model_card("m", created=0, max_model_len=4096)
+    assert wire.model_list([card]) == {"object": "list", "data": [
         {"id": "m", "object": "model", "created": 0, "owned_by": "forge", "root": "m", "parent": None,
          "max_model_len": 4096}]}
 
 
 def test_request_ids() -> None:
-    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", api.new_request_id("cmpl"))
-    assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", api.new_request_id("chatcmpl"))
-    assert api.new_request_id("cmpl") != api.new_request_id("cmpl")
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", wire.new_request_id("cmpl"))
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", wire.new_request_id("chatcmpl"))
+    assert wire.new_request_id("cmpl") != wire.new_request_id("cmpl")
 
 
 def test_sse_framing() -> None:
-    assert api.sse_frame({"a": [1, None]}) == b'data: {"a":[1,null]}\n\n'
+    assert wire.sse_frame({"a": [1, None]}) == b'data: {"a":[1,null]}\n\n'
     assert SSE_DONE == b"data: [DONE]\n\n"
     assert SSE_PING == b": ping\n\n"
 

@@ -14,7 +14,6 @@ from forge.gguf_file import read_gguf
 from forge.llama import dequant
 from forge.llama.dequant import dequantize
 
-REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 
 
@@ -43,7 +42,7 @@ def test_other_types_go_to_the_gguf_package() -> None:
     np.testing.assert_array_equal(dequantize(data, GGMLQuantizationType.F32), data)
 
 
-def test_every_tensor_of_the_default_model_matches_the_gguf_package() -> None:
-    for tensor in read_gguf(REAL_MODEL).tensors.values():
+def test_every_tensor_of_the_default_model_matches_the_gguf_package(default_model_path: Path) -> None:
+    for tensor in read_gguf(default_model_path).tensors.values():
         np.testing.assert_array_equal(dequantize(tensor.data, tensor.tensor_type),
                                       gguf_dequantize(tensor.data, tensor.tensor_type), err_msg=tensor.name)

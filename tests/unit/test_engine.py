@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 
 import forge.seed.engine
-from forge.seed.engine import Engine
 from forge.errors import EngineError
-from forge.seed.model import TinyTransformer
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import SchedulerConfig
+from forge.seed.engine import Engine
+from forge.seed.model import TinyTransformer
 
 
 def greedy(model: TinyTransformer, prompt: list[int], max_new: int) -> list[int]:

@@ -16,14 +16,12 @@ from forge.errors import ModelLoadError
 from forge.gguf_file import read_gguf
 from tests.tiny_gguf import write_tiny_llama
 
-REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-
 
 def same_value(ours: Any, theirs: Any) -> bool:
     if isinstance(ours, np.ndarray):
         return list(ours.tolist()) == list(theirs)
     if isinstance(ours, list):
-        return len(ours) == len(theirs) and all(same_value(a, b) for a, b in zip(ours, theirs))
+        return len(ours) == len(theirs) and all(same_value(a, b) for a, b in zip(ours, theirs, strict=True))
     if isinstance(ours, float):
         return ours == pytest.approx(theirs, rel=1e-7)
     return bool(ours == theirs)
@@ -81,8 +79,8 @@ def test_a_quantized_model_file_reads_as_the_library_reads_it(tmp_path: Path) ->
     assert_matches_the_gguf_library(write_tiny_llama(tmp_path / "q.gguf", quant="Q4_1"))
 
 
-def test_the_default_model_reads_as_the_library_reads_it() -> None:
-    assert_matches_the_gguf_library(REAL_MODEL)
+def test_the_default_model_reads_as_the_library_reads_it(default_model_path: Path) -> None:
+    assert_matches_the_gguf_library(default_model_path)
 
 
 def _error(path: Path) -> str:

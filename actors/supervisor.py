@@ -90,8 +90,8 @@ class Daemon:
     async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the model (off the loop), wire the five actors, serve until the channels close."""
         if self.loaded is None:
-            self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(self.config.model,
-                                                                                  progress=_progress))
+            self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(
+                self.config.model, kernels=self.config.engine.kernels, progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
         configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
         num_blocks, max_model_len = plan_cache(loaded.model, cfg)
@@ -131,7 +131,10 @@ class Daemon:
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
-                log.info("ready", model=loaded.path, num_blocks=num_blocks, block_size=cfg.block_size,
+                self.metrics.kernels.labels(backend=loaded.kernels.name).set(1)
+                log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,
+                         weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
+                         num_blocks=num_blocks, block_size=cfg.block_size,
                          max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
                 task_status.started()
                 self.is_started.set()

@@ -115,7 +115,7 @@ def _chunks(num_tokens: int, budget: int) -> list[int]:
 def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[int] = (1, 8, 32, 64),
                 prompt_len: int = 200, max_new: int = 128, prefill_len: int = 1000,
                 max_num_batched_tokens: int = 512, blas_threads: int | None = None, block_size: int = 16,
-                seed: int = 0, progress: Progress = _quiet) -> dict[str, Any]:
+                seed: int = 0, kernels: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
     """Throughput of the real model: `concurrency` sequences at once (random prompts of prompt_len
     ids, max_new greedy tokens, ignore_eos), a prefill of prefill_len tokens, load time, peak RSS,
     and the matmul-only rate for the same tokens per step. Prefix caching is off: no run reuses
@@ -124,7 +124,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         raise ValueError("concurrency, prompt_len, max_new and prefill_len must be positive")
     configure_matmul("split", blas_threads)
     t0 = time.perf_counter()
-    loaded = LoadedModel.load(model, progress=progress)
+    loaded = LoadedModel.load(model, kernels=kernels, progress=progress)
     load_s = time.perf_counter() - t0
     rss_after_load = _peak_rss_mib()
     mc = loaded.model.config
@@ -137,7 +137,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         return LLMEngine(loaded, EngineConfig(
             block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=False, blas_threads=blas_threads))
+            enable_prefix_caching=False, blas_threads=blas_threads, kernels=kernels))
 
     rng = random.Random(seed)
     greedy = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
@@ -164,6 +164,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
     return {
         "mode": "model",
         "model": loaded.name,
+        "kernels": loaded.kernels.name,
         "blas": _blas_info(),
         "num_cpus": os.cpu_count(),
         "prompt_len": prompt_len, "max_new": max_new, "block_size": block_size,
@@ -194,7 +195,8 @@ def _blas_info() -> list[dict[str, Any]]:
 def format_model(result: dict[str, Any]) -> str:
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in result["blas"])
     lines = [
-        f"model bench: {result['model']}  load {result['load_s']} s  weights {result['weights_mib']} MiB  "
+        f"model bench: {result['model']}  kernels {result['kernels']}  load {result['load_s']} s  "
+        f"weights {result['weights_mib']} MiB  "
         f"peak RSS {result['peak_rss_mib']['end']} MiB",
         f"  {blas}; {result['num_cpus']} CPUs; prompt {result['prompt_len']}, {result['max_new']} new tokens, "
         f"budget {result['max_num_batched_tokens']} tokens/step",

@@ -15,6 +15,7 @@ from typing import Any, overload
 
 from forge.config import EngineConfig, parse_size
 from forge.errors import ForgeError
+from forge.kernels import KERNELS
 
 
 @overload
@@ -38,6 +39,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
+                            kernels=args.kernels,
                             scheduling_policy=args.scheduling_policy)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -72,6 +74,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="threads for the forward's matmuls: the pool of EngineConfig.matmul_strategy 'split' "
                         "(the default; BLAS pinned to 1), or BLAS's own under 'blas' "
                         "[FORGE_BLAS_THREADS; the number of cores]")
+    g.add_argument("--kernels", choices=list(KERNELS), default=env("FORGE_KERNELS", "auto"),
+                   help="who holds and multiplies the weights: onnxruntime (quantized in memory, float32 "
+                        "arithmetic), fast (onnxruntime with int8 activations), numpy (the float32 "
+                        "reference), auto (onnxruntime when installed) [FORGE_KERNELS; auto]")
     g.add_argument("--matmul-strategy", choices=["split", "blas"], default=env("FORGE_MATMUL_STRATEGY", "split"),
                    help="split: each matmul's columns over a pool of 1-thread-BLAS threads (robust when "
                         "other work shares the cores); blas: BLAS's own threads [FORGE_MATMUL_STRATEGY; split]")
@@ -124,6 +130,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             None if args.model == "default" else args.model, concurrency=concurrency,
             prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
             max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
+            kernels=args.kernels,
             block_size=args.block_size, seed=args.seed, progress=_progress)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -157,6 +164,7 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
                        help="'default' or a GGUF path: benchmark that model (without it: the toy engine)")
     bench.add_argument("--concurrency", default="1,8,32,64",
                        help="model: comma-separated numbers of sequences run at once [1,8,32,64]")
+    bench.add_argument("--kernels", choices=list(KERNELS), default="auto", help="model: the kernel backend [auto]")
     bench.add_argument("--blas-threads", type=int, default=None,
                        help="model: BLAS threads [the BLAS default]")
     bench.add_argument("--max-num-batched-tokens", type=int, default=512,

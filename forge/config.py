@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from forge.kernels import KERNELS
+
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
 # each on 1-thread BLAS, whose idle threads sleep instead of spinning.
@@ -44,6 +46,9 @@ class EngineConfig:
     # "shortest-first" lowers time to first token under load: a short prompt is not queued behind
     # long ones (a sequence that has waited forge.scheduler.AGING_STEPS steps goes first anyway).
     scheduling_policy: str = "shortest-first"
+    # Who holds and multiplies the weight matrices (forge.kernels.KERNELS): "auto" keeps them
+    # quantized under onnxruntime when it is installed; "numpy" is the float32 reference.
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -53,6 +58,8 @@ class EngineConfig:
             raise ValueError("blas_threads must be positive")
         if self.matmul_strategy not in MATMUL_STRATEGIES:
             raise ValueError(f"matmul_strategy must be one of {', '.join(MATMUL_STRATEGIES)}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -20,6 +20,7 @@ from forge.engine_core import EngineCore
 from forge.errors import ConfigError, InvalidRequest
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
+from forge.kernels import KernelChoice, choose_kernels
 from forge.llama.attention import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
@@ -43,17 +44,25 @@ class LoadedModel:
     model: LlamaModel
     tokenizer: Tokenizer
     chat_template: ChatTemplate
+    kernels: KernelChoice = field(default_factory=lambda: KernelChoice("numpy", False, "built by hand"))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, *, progress: Progress = _stderr) -> LoadedModel:
+    def load(cls, path: str | os.PathLike[str] | None = None, *, kernels: str = "auto",
+             progress: Progress = _stderr) -> LoadedModel:
+        """The model, its tokenizer and chat template; its matrices held by the `kernels` backend
+        (forge.kernels.KERNELS). Raises ConfigError for kernels that cannot be had here."""
+        try:
+            choice = choose_kernels(kernels)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         resolved = resolve_model(path, progress)
         reader = read_gguf(resolved)             # the tokenizer and the model share one read of the file
         tokenizer = Tokenizer.from_gguf(reader)
-        model = LlamaModel.from_reader(reader, resolved)
+        model = LlamaModel.from_reader(reader, resolved, choice)
         eos = tokenizer.token_str(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""
         bos = tokenizer.token_str(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
         template = ChatTemplate(tokenizer.chat_template, bos_token=bos, eos_token=eos)
-        return cls(str(resolved), model, tokenizer, template)
+        return cls(str(resolved), model, tokenizer, template, choice)
 
     @property
     def name(self) -> str:
@@ -134,7 +143,7 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike[str] | None = None, config: EngineConfig = EngineConfig(),
                  *, progress: Progress = _stderr) -> None:
-        self.loaded = LoadedModel.load(model, progress=progress)
+        self.loaded = LoadedModel.load(model, kernels=config.kernels, progress=progress)
         self.engine = LLMEngine(self.loaded, config)
         self.tokenizer = self.loaded.tokenizer
 

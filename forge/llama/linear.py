@@ -20,10 +20,11 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from forge.config import MATMUL_STRATEGIES
+from forge.llama.weights import Weight
 
 F32 = npt.NDArray[np.float32]
 T = TypeVar("T")
-MatmulFn = Callable[[F32, F32], F32]  # x [T, in] @ w [in, out] -> [T, out]: matmul or matmul_unsplit
+MatmulFn = Callable[[F32, Weight], F32]  # x [T, in] @ w [in, out] -> [T, out]: matmul or matmul_unsplit
 
 # Output columns of a slice are a multiple of this (one 64-byte cache line of float32).
 COLUMN_ALIGN = 16
@@ -157,10 +158,12 @@ class MatmulPool:
         if strategy == "split" and num_threads > 1:
             self._workers = _Workers(num_threads)
 
-    def matmul(self, x: F32, w: F32) -> F32:
+    def matmul(self, x: F32, w: Weight) -> F32:
         """x @ w for x [T, in] and w [in, out] (C-contiguous, or an F-ordered view of an [out, in]
         array): a C-contiguous [T, out] float32 array, its columns split over the workers when it
-        is big enough."""
+        is big enough. A kernel-held weight (forge.kernels) multiplies on its own threads."""
+        if not isinstance(w, np.ndarray):
+            return w.matmul(x)
         workers = self._workers
         macs = x.shape[0] * w.shape[0] * w.shape[1]
         if workers is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
@@ -195,9 +198,11 @@ class MatmulPool:
         return f"MatmulPool({self.strategy!r}, num_threads={self.num_threads})"
 
 
-def matmul_unsplit(x: F32, w: F32) -> F32:
+def matmul_unsplit(x: F32, w: Weight) -> F32:
     """x [T, in] @ w [in, out] -> C-contiguous [T, out] on the calling thread alone (BLAS's own
     threads aside): for callers that split the work over the pool themselves (run_parts)."""
+    if not isinstance(w, np.ndarray):
+        return w.matmul(x)
     out = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)                    # [T, out]
     _matmul_into(x, w, out)
     return out
@@ -207,7 +212,7 @@ _lock = threading.Lock()
 _active = MatmulPool()
 
 
-def matmul(x: F32, w: F32) -> F32:
+def matmul(x: F32, w: Weight) -> F32:
     """x [T, in] @ w [in, out] -> C-contiguous [T, out], on the process's MatmulPool."""
     return _active.matmul(x, w)
 

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
+from forge.kernels import KernelChoice
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
@@ -73,16 +74,18 @@ class LlamaModel:
         self.rope = RopeTables.build(config, weights.rope_freqs)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> LlamaModel:
-        """Read and dequantize a GGUF file; raises ModelLoadError with a one-line message."""
-        return cls.from_reader(read_gguf(path), path)
+    def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
+        """Read a GGUF file, its matrices held by `kernels` (None: the numpy reference, dequantized);
+        raises ModelLoadError with a one-line message."""
+        return cls.from_reader(read_gguf(path), path, kernels)
 
     @classmethod
-    def from_reader(cls, reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaModel:
+    def from_reader(cls, reader: GGUFFile, path: str | os.PathLike[str],
+                    kernels: KernelChoice | None = None) -> LlamaModel:
         """Build from a GGUF file already read (share one read with the tokenizer). Keeps no
-        reference to the file's mapping once the weights are dequantized."""
+        reference to the file's mapping once the weights are loaded."""
         config = config_from_reader(reader, path)
-        return cls(config, load_weights(reader, config))
+        return cls(config, load_weights(reader, config, kernels))
 
     # -- the seed's one-sequence Model protocol -------------------------------------------------
 
@@ -142,9 +145,12 @@ class LlamaModel:
         scale = np.float32(1.0 / math.sqrt(hd))
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
-        x = w.embedding[batch.token_ids]                                        # [T, H]
+        x = w.embed(batch.token_ids)                                            # [T, H]
         pool = active_pool()
-        row_parts = _row_parts(num_tokens, pool.num_parts) if num_tokens >= MIN_ROW_SPLIT_TOKENS else []
+        # Rows split over the pool only when the pool does the matmuls (dense weights): kernels run
+        # each product on threads of their own.
+        row_parts = (_row_parts(num_tokens, pool.num_parts)
+                     if num_tokens >= MIN_ROW_SPLIT_TOKENS and w.is_dense else [])
         for i, layer in enumerate(w.layers):
             q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)      # [T, nh, hd]
             inputs = functools.partial(self._attention_inputs, layer, i, x, rotation, batch.slot_mapping, kv, scale, q)

@@ -1,6 +1,7 @@
-"""Reading a Llama GGUF file into float32 arrays laid out for the forward's matmuls.
+"""Reading a Llama GGUF file into the weights of the forward: dense float32 arrays, or kernels that
+keep the file's quantized blocks (forge.kernels, chosen by the caller).
 
-Owns opening the file, dequantizing every tensor once, and the layout. Every matrix is an [in, out]
+Owns opening the file, the layout, and dequantizing what stays dense. Every dense matrix is an [in, out]
 array for forge.llama.linear: C-contiguous, except w_down, an F-ordered view of the file's [out, in]
 (multiplied weight-first, measured faster at decode sizes); q/k/v fused into one matrix and gate/up into
 another per layer; a tied head is C-contiguous [H, V] and the embedding its transposed view (measured
@@ -10,54 +11,138 @@ stay in the file's RoPE order.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from gguf.constants import GGMLQuantizationType
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
+from forge.kernels import KernelChoice
+from forge.kernels.blocks import SUPPORTED, affine_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
 
 F32 = npt.NDArray[np.float32]
 
 
+class LinearKernel(Protocol):
+    """A weight matrix held by a kernel (forge.kernels): matmul(x) = x @ W, W of shape [in, out]."""
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def matmul(self, x: F32) -> F32: ...
+
+
+Weight = F32 | LinearKernel     # what forge.llama.linear.matmul(x, w) multiplies by
+
+
+class QuantEmbedding:
+    """The token embedding [V, H] kept in its GGUF blocks; rows are dequantized when looked up."""
+
+    def __init__(self, data: npt.NDArray[np.uint8], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
+        self._data = np.array(data, dtype=np.uint8)       # [V, bytes per row], a copy: the file may close
+        self._qtype = qtype
+        self.shape = shape
+        self.nbytes = self._data.nbytes
+
+    def rows(self, token_ids: npt.NDArray[np.int64]) -> F32:
+        """[T, H] float32, exactly the file's values (forge.llama.dequant)."""
+        out: F32 = dequantize(self._data[token_ids], self._qtype).astype(np.float32, copy=False)
+        return out
+
+
 @dataclass(slots=True)
 class LayerWeights:
-    attn_norm: F32   # [H]
-    wqkv: F32        # [H, (nh + 2 * nkv) * hd]   columns: q heads, then k heads, then v heads
-    wo: F32          # [nh * hd, H]
-    ffn_norm: F32    # [H]
-    w_gate_up: F32   # [H, 2 * F]                 columns: gate, then up
-    w_down: F32      # [F, H]                     F-ordered: a view of the file's [H, F]
+    attn_norm: F32       # [H]
+    wqkv: Weight         # [H, (nh + 2 * nkv) * hd]   columns: q heads, then k heads, then v heads
+    wo: Weight           # [nh * hd, H]
+    ffn_norm: F32        # [H]
+    w_gate_up: Weight    # [H, 2 * F]                 columns: gate, then up
+    w_down: Weight       # [F, H]                     dense: F-ordered, a view of the file's [H, F]
 
 
 @dataclass(slots=True)
 class LlamaWeights:
-    embedding: F32          # [V, H]   token embedding table, rows looked up by id; F-ordered when tied
+    embedding: F32 | QuantEmbedding  # [V, H]  rows looked up by id; dense and tied: the head's transposed view
     layers: list[LayerWeights]
     out_norm: F32           # [H]
-    head: F32               # [H, V]   C-contiguous; `embedding` is its transposed view when the model is tied
+    head: Weight            # [H, V]   dense: C-contiguous
     rope_freqs: F32 | None  # [rope_dim / 2]  per-frequency divisors, when the file has them
+    kernels: str = "numpy"  # the backend that holds the matrices (forge.kernels)
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> F32:
+        """The embedding rows of token_ids: [T, H] float32."""
+        if isinstance(self.embedding, QuantEmbedding):
+            return self.embedding.rows(token_ids)
+        rows: F32 = self.embedding[token_ids]
+        return rows
+
+    @property
+    def is_dense(self) -> bool:
+        """Every matrix a float32 array (the numpy reference)."""
+        return all(isinstance(w, np.ndarray) for layer in self.layers
+                   for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)) and isinstance(self.head, np.ndarray)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the weights (the tied head shares the embedding's memory)."""
-        arrays = [self.embedding, self.out_norm]
+        """Bytes held by the weights (a tied dense head shares the embedding's memory)."""
+        held: list[Any] = [self.embedding, self.out_norm]
         for layer in self.layers:
-            arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
-        if not np.shares_memory(self.head, self.embedding):
-            arrays.append(self.head)
-        return sum(a.nbytes for a in arrays)
+            held += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
+        if not (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
+                and np.shares_memory(self.head, self.embedding)):
+            held.append(self.head)
+        return sum(int(w.nbytes) for w in held)
 
 
 class _TensorSource:
     """Looks tensors up by name and dequantizes them to float32 with checked shapes."""
 
-    def __init__(self, reader: GGUFFile, model_name: str) -> None:
+    def __init__(self, reader: GGUFFile, model_name: str, kernels: KernelChoice | None) -> None:
         self._tensors = reader.tensors
         self._model_name = model_name
+        self._kernels = kernels if kernels is not None and kernels.backend == "onnxruntime" else None
+        self._num_threads = _usable_cores()
+
+    def matrix(self, names: list[str], shapes: list[tuple[int, int]], *, f_ordered: bool = False) -> Weight:
+        """The [out_i, in] matrices side by side as one [in, sum(out_i)] weight: a kernel over the
+        file's blocks when the backend and their types allow, else dense float32 (fused; with
+        f_ordered and one matrix, the F-ordered view of the file's [out, in])."""
+        if self._kernels is not None and all(self._tensor(n).tensor_type in SUPPORTED for n in names):
+            from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
+
+            parts = []
+            for name, shape in zip(names, shapes, strict=True):
+                tensor = self._tensor(name)
+                try:
+                    parts.append(affine_blocks(tensor.data, tensor.tensor_type, shape))
+                except ValueError as exc:
+                    raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
+            level = ACCURACY_INT8 if self._kernels.int8_activations else ACCURACY_FP32
+            return OnnxLinear(parts, num_threads=self._num_threads, accuracy_level=level)
+        if f_ordered and len(names) == 1:
+            return self.owned(names[0], shapes[0]).T
+        return self.fused(names, shapes)
+
+    def embedding(self, name: str, shape: tuple[int, int]) -> F32 | QuantEmbedding:
+        """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
+        tensor = self._tensor(name)
+        if self._kernels is not None and tensor.tensor_type in SUPPORTED:
+            affine_blocks(tensor.data, tensor.tensor_type, shape)        # checks the shape, raises ValueError
+            return QuantEmbedding(tensor.data, tensor.tensor_type, shape)
+        return self.owned(name, shape)
+
+    def _tensor(self, name: str) -> Any:
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{self._model_name}: tensor {name!r} is missing")
+        return tensor
 
     def has(self, name: str) -> bool:
         return name in self._tensors
@@ -95,9 +180,10 @@ class _TensorSource:
         return out
 
 
-def load_weights(reader: GGUFFile, config: LlamaConfig) -> LlamaWeights:
-    """Every tensor of the model, dequantized once; raises ModelLoadError on a missing/odd one."""
-    src = _TensorSource(reader, config.name)
+def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
+    """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
+    dequantized once); raises ModelLoadError on a missing or odd one."""
+    src = _TensorSource(reader, config.name, kernels)
     c = config
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim
     for blk_tensor in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"):
@@ -108,21 +194,25 @@ def load_weights(reader: GGUFFile, config: LlamaConfig) -> LlamaWeights:
         p = f"blk.{i}."
         layers.append(LayerWeights(
             attn_norm=src.owned(p + "attn_norm.weight", (hidden,)),
-            wqkv=src.fused(
+            wqkv=src.matrix(
                 [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                 [(c.num_heads * hd, hidden), (c.num_kv_heads * hd, hidden), (c.num_kv_heads * hd, hidden)],
             ),
-            wo=src.fused([p + "attn_output.weight"], [(hidden, c.num_heads * hd)]),
+            wo=src.matrix([p + "attn_output.weight"], [(hidden, c.num_heads * hd)]),
             ffn_norm=src.owned(p + "ffn_norm.weight", (hidden,)),
-            w_gate_up=src.fused([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)]),
-            w_down=src.owned(p + "ffn_down.weight", (hidden, ffn)).T,            # [F, H] view of [H, F]
+            w_gate_up=src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)]),
+            w_down=src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True),
         ))
+    embedding: F32 | QuantEmbedding
     if c.tied_embeddings:
-        head = src.fused(["token_embd.weight"], [(c.vocab_size, hidden)])  # [H, V]
-        embedding = head.T                                                 # [V, H] view, no copy
+        head = src.matrix(["token_embd.weight"], [(c.vocab_size, hidden)])  # [H, V]
+        if isinstance(head, np.ndarray):
+            embedding = head.T                                                 # [V, H] view, no copy
+        else:
+            embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
     else:
-        embedding = src.owned("token_embd.weight", (c.vocab_size, hidden))  # [V, H]
-        head = src.fused(["output.weight"], [(c.vocab_size, hidden)])      # [H, V]
+        embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))  # [V, H]
+        head = src.matrix(["output.weight"], [(c.vocab_size, hidden)])         # [H, V]
     rope_freqs = None
     if src.has("rope_freqs.weight"):
         rope_freqs = src.owned("rope_freqs.weight", (c.rope_dim // 2,))
@@ -132,4 +222,9 @@ def load_weights(reader: GGUFFile, config: LlamaConfig) -> LlamaWeights:
         out_norm=src.owned("output_norm.weight", (hidden,)),
         head=head,
         rope_freqs=rope_freqs,
+        kernels=kernels.name if kernels is not None else "numpy",
     )
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,53 @@
+"""The kernel layer under the model: how a weight matrix is held and multiplied.
+
+Two backends, chosen once at load (`--kernels`):
+
+    numpy        the reference: every weight dequantized once to float32, products by numpy/BLAS
+                 (forge.llama.linear). Runs everywhere; 5x the GGUF's memory for 4-bit files.
+    onnxruntime  weights stay in their GGUF blocks' integer codes, as 4-bit planes
+                 (forge.kernels.onnx_linear): about the file's size in memory. float32 arithmetic
+                 with float32 accumulation over exactly the file's values.
+    fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
+                 faster at a few tokens per step, agrees with the reference to ~1e-2 relative.
+    auto         onnxruntime when it is installed, else numpy.
+
+A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
+every backend. forge.kernels.blocks is the reference every kernel is tested against.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+KERNELS = ("auto", "onnxruntime", "fast", "numpy")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    backend: str              # "onnxruntime" or "numpy"
+    int8_activations: bool    # the `fast` mode
+    reason: str               # why, for the start-up log line
+
+    @property
+    def name(self) -> str:
+        return "fast" if self.int8_activations else self.backend
+
+
+def choose_kernels(requested: str) -> KernelChoice:
+    """The backend for `requested` (one of KERNELS). Raises ValueError for an unknown name, or
+    when onnxruntime is asked for by name and is not installed."""
+    if requested not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {requested!r}")
+    have_ort = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+    if requested == "numpy":
+        return KernelChoice("numpy", False, "asked for the numpy reference")
+    if requested in ("onnxruntime", "fast"):
+        if not have_ort:
+            raise ValueError(f"--kernels {requested} needs onnxruntime and onnx, which are not installed")
+        if requested == "fast":
+            return KernelChoice("onnxruntime", True, "asked for int8 activations")
+        return KernelChoice("onnxruntime", False, "asked for onnxruntime")
+    if have_ort:
+        return KernelChoice("onnxruntime", False, "quantized weights in memory, float32 arithmetic")
+    return KernelChoice("numpy", False, "onnxruntime is not installed")

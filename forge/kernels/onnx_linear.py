@@ -1,0 +1,125 @@
+"""x @ W.T over quantized weights with onnxruntime's MatMulNBits, the weights kept in 4-bit planes.
+
+MatMulNBits' fast CPU path (MLAS) takes 4-bit codes with the default zero point 8 and one float
+scale per block: w = scale * (q4 - 8). Any affine block format (forge.kernels.blocks: w = s * q +
+o, q of up to 8 bits) is written exactly as a sum of such planes plus a per-block offset:
+
+    q = sum_p 16**p * n_p            (n_p: the p-th nibble of q)
+    w = sum_p (16**p s) * (n_p - 8)  +  (o + 8 s sum_p 16**p)
+
+so y = x @ W.T = sum_p MatMulNBits_p(x) + blocksum(x) @ offset'.T, where blocksum(x) [T, K/bs]
+sums x over each block. The offset term is a small dense product (K/bs rows, not K). All of it
+is one onnxruntime graph per weight. Arithmetic is float32 with float32 accumulation
+(accuracy_level 1) unless the caller asks for int8 activations (accuracy_level 4, `fast`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from forge.kernels.blocks import AffineBlocks
+
+F32 = npt.NDArray[np.float32]
+
+ACCURACY_FP32 = 1     # float32 activations and accumulation
+ACCURACY_INT8 = 4     # activations quantized to int8 per block (what llama.cpp does): faster, less exact
+_IR_VERSION = 10      # onnxruntime 1.31 reads IR versions up to 13; 10 is what opset 21 needs
+
+
+def session_options(num_threads: int) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = num_threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    # Outputs are allocated per call: an arena per session would hold each weight's largest
+    # output (hundreds of sessions, each growing to the biggest step it has seen).
+    options.enable_cpu_mem_arena = False
+    # Spinning threads would keep cores busy between the engine's many short calls, taking them
+    # from attention and from the next call's own threads.
+    options.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("SPIN", "0"))
+    return options
+
+
+def _planes(parts: list[AffineBlocks]) -> tuple[list[npt.NDArray[np.uint8]], list[F32], F32, int]:
+    """The parts stacked along rows, as 4-bit planes packed for MatMulNBits ([N, K/bs, bs/2] each),
+    their scales ([N * K/bs] each), the offset' matrix [K/bs, N] and the common block size."""
+    bs = min(p.block_size for p in parts)
+    num_planes = -(-max(p.bits for p in parts) // 4)
+    same = [p.with_block_size(bs) for p in parts]
+    codes = np.concatenate([p.codes for p in same], axis=0)                        # [N, K]
+    scale = np.concatenate([p.scale for p in same], axis=0)                        # [N, K/bs]
+    offset = np.concatenate([p.offset for p in same], axis=0)                      # [N, K/bs]
+    n, k = codes.shape
+    packed, scales = [], []
+    for p in range(num_planes):
+        nib = (codes >> (4 * p)) & 0x0F                                            # [N, K]
+        packed.append((nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8).reshape(n, k // bs, bs // 2))
+        scales.append((scale * np.float32(16 ** p)).reshape(-1))
+    with np.errstate(all="ignore"):       # inf/NaN scales stay inf/NaN, as in the reference
+        offset = offset + scale * np.float32(8 * sum(16 ** p for p in range(num_planes)))
+    return packed, scales, np.ascontiguousarray(offset.T), bs
+
+
+class OnnxLinear:
+    """y [T, N] = x [T, K] @ W.T, W [N, K] the row-wise concatenation of `parts` (one fused matrix:
+    q/k/v, or gate/up). Thread-safe: onnxruntime sessions may run concurrently."""
+
+    def __init__(self, parts: list[AffineBlocks], *, num_threads: int, accuracy_level: int = ACCURACY_FP32) -> None:
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.in_features = parts[0].shape[1]
+        if any(p.shape[1] != self.in_features for p in parts):
+            raise ValueError("fused parts must share their input size")
+        packed, scales, offset, bs = _planes(parts)
+        self.num_planes, self.block_size = len(packed), bs
+        self.nbytes = sum(a.nbytes for a in packed) + sum(s.nbytes for s in scales) + offset.nbytes
+        self._offset = offset if np.any(offset) and os.environ.get("OFS_NUMPY") else None
+        model = _graph(packed, scales, offset if self._offset is None else np.zeros_like(offset),
+                       self.in_features, self.out_features, bs, accuracy_level)
+        self._session = ort.InferenceSession(model.SerializeToString(), session_options(num_threads),
+                                             providers=["CPUExecutionProvider"])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[in, out], as the dense weights the model multiplies by on the right."""
+        return self.in_features, self.out_features
+
+    def matmul(self, x: F32) -> F32:
+        """x [T, K] -> [T, N] float32."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y: F32 = self._session.run(None, {"x": x})[0]
+        if self._offset is not None:
+            y += x.reshape(len(x), -1, self.block_size).sum(axis=2) @ self._offset
+        return y
+
+
+def _graph(packed: list[npt.NDArray[np.uint8]], scales: list[F32], offset: F32, k: int, n: int, bs: int,
+           accuracy_level: int) -> onnx.ModelProto:
+    nodes, inits, terms = [], [], []
+    for p, (b, s) in enumerate(zip(packed, scales, strict=True)):
+        inits += [numpy_helper.from_array(b, f"b{p}"), numpy_helper.from_array(s, f"s{p}")]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"b{p}", f"s{p}"], [f"y{p}"], domain="com.microsoft",
+                                      K=k, N=n, bits=4, block_size=bs, accuracy_level=accuracy_level))
+        terms.append(f"y{p}")
+    if np.any(offset):
+        inits += [numpy_helper.from_array(np.array([-1, k // bs, bs], dtype=np.int64), "blocks"),
+                  numpy_helper.from_array(np.array([2], dtype=np.int64), "last"),
+                  numpy_helper.from_array(offset, "offset")]
+        nodes += [helper.make_node("Reshape", ["x", "blocks"], ["xb"]),                # [T, K/bs, bs]
+                  helper.make_node("ReduceSum", ["xb", "last"], ["xs"], keepdims=0),  # [T, K/bs]
+                  helper.make_node("MatMul", ["xs", "offset"], ["yo"])]               # [T, N]
+        terms.append("yo")
+    total = terms[0]
+    for i, term in enumerate(terms[1:]):
+        nodes.append(helper.make_node("Add", [total, term], [f"sum{i}"]))
+        total = f"sum{i}"
+    nodes.append(helper.make_node("Identity", [total], ["y"]))
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])], inits)
+    return helper.make_model(graph, ir_version=_IR_VERSION,
+                             opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])

@@ -15,8 +15,6 @@ is one onnxruntime graph per weight. Arithmetic is float32 with float32 accumula
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import numpy.typing as npt
 import onnx
@@ -42,7 +40,7 @@ def session_options(num_threads: int) -> ort.SessionOptions:
     options.enable_cpu_mem_arena = False
     # Spinning threads would keep cores busy between the engine's many short calls, taking them
     # from attention and from the next call's own threads.
-    options.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("SPIN", "0"))
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
@@ -78,9 +76,7 @@ class OnnxLinear:
         packed, scales, offset, bs = _planes(parts)
         self.num_planes, self.block_size = len(packed), bs
         self.nbytes = sum(a.nbytes for a in packed) + sum(s.nbytes for s in scales) + offset.nbytes
-        self._offset = offset if np.any(offset) and os.environ.get("OFS_NUMPY") else None
-        model = _graph(packed, scales, offset if self._offset is None else np.zeros_like(offset),
-                       self.in_features, self.out_features, bs, accuracy_level)
+        model = _graph(packed, scales, offset, self.in_features, self.out_features, bs, accuracy_level)
         self._session = ort.InferenceSession(model.SerializeToString(), session_options(num_threads),
                                              providers=["CPUExecutionProvider"])
 
@@ -91,10 +87,7 @@ class OnnxLinear:
 
     def matmul(self, x: F32) -> F32:
         """x [T, K] -> [T, N] float32."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y: F32 = self._session.run(None, {"x": x})[0]
-        if self._offset is not None:
-            y += x.reshape(len(x), -1, self.block_size).sum(axis=2) @ self._offset
+        y: F32 = self._session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
         return y
 
 

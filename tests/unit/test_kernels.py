@@ -1,0 +1,150 @@
+"""The kernel layer against its numpy reference.
+
+forge.kernels.blocks must reproduce the gguf package's dequantization bit for bit for every block
+type; the onnxruntime kernel must multiply by exactly those values (float32 arithmetic: agreement
+to float32 rounding), fused parts of different types included; `fast` (int8 activations) must stay
+within its documented tolerance; a model loaded with the kernels must agree with the numpy model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.kernels import KERNELS, choose_kernels
+from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
+from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
+from forge.llama.model import LlamaModel
+from forge.llama.weights import QuantEmbedding
+from tests.tiny_gguf import write_tiny_llama
+
+Q = GGMLQuantizationType
+# Where each type keeps its float16 scales (byte offsets in a block); the rest of a block is any bytes.
+F16_AT = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
+          Q.Q6_K: (208,)}
+
+
+def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, cols: int,
+                  scale: float = 0.05) -> npt.NDArray[np.uint8]:
+    """Random GGUF data for an [rows, cols] tensor: random codes, finite random float16 scales."""
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, cols // elems * nbytes), dtype=np.uint8)
+    blocks = data.reshape(-1, nbytes)
+    for at in F16_AT[qtype]:
+        d = (rng.standard_normal(len(blocks)) * scale).astype(np.float16)
+        blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return data
+
+
+def reference_product(x: npt.NDArray[np.float32], parts: list[AffineBlocks]) -> npt.NDArray[np.float64]:
+    w = np.concatenate([p.dequantize() for p in parts]).astype(np.float64)        # [N, K]
+    return x.astype(np.float64) @ w.T                                             # [T, N]
+
+
+# float32 rounding of the kernel's sum of planes and offsets, relative to the output's scale. One
+# 4-bit plane rounds like numpy's own float32 product (~1e-6); two planes (5- to 8-bit codes) sum
+# larger partial terms that mostly cancel, so they round a few times more.
+EXACT = 2e-5
+
+
+def assert_close(got: npt.NDArray[np.float32], want: npt.NDArray[np.float64], rel: float) -> None:
+    """Agreement relative to the output's scale (a dot product's rounding grows with its terms)."""
+    scale = np.max(np.abs(want)) + 1e-30
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.max(np.abs(got - want)) <= rel * scale, np.max(np.abs(got - want)) / scale
+
+
+qtypes = st.sampled_from(SUPPORTED)
+
+
+@settings(max_examples=40, deadline=None)
+@given(qtype=qtypes, rows=st.integers(1, 9), num_blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_integer_codes_reproduce_the_gguf_dequantization_exactly(qtype: GGMLQuantizationType, rows: int,
+                                                                  num_blocks: int, seed: int) -> None:
+    elems = GGML_QUANT_SIZES[qtype][0]
+    data = random_blocks(np.random.default_rng(seed), qtype, rows, elems * num_blocks)
+    blocks = affine_blocks(data, qtype, (rows, elems * num_blocks))
+    assert blocks.codes.dtype == np.uint8 and int(blocks.codes.max()) < 2 ** blocks.bits
+    assert np.array_equal(blocks.dequantize(), dequantize(data, qtype).reshape(rows, -1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(qtype=qtypes, rows=st.integers(1, 70), num_blocks=st.integers(1, 3), num_tokens=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_onnxruntime_kernel_multiplies_by_exactly_the_files_values(
+        qtype: GGMLQuantizationType, rows: int, num_blocks: int, num_tokens: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cols = GGML_QUANT_SIZES[qtype][0] * num_blocks
+    parts = [affine_blocks(random_blocks(rng, qtype, rows, cols), qtype, (rows, cols))]
+    x = rng.standard_normal((num_tokens, cols)).astype(np.float32)
+    linear = OnnxLinear(parts, num_threads=2)
+    assert linear.shape == (cols, rows)
+    assert_close(linear.matmul(x), reference_product(x, parts), rel=EXACT)
+
+
+def test_fused_parts_of_different_types_and_block_sizes() -> None:
+    """A Q4_K_M file mixes types within one fused matrix (q/k in Q4_K, v in Q6_K)."""
+    rng = np.random.default_rng(1)
+    cols = 512
+    parts = [affine_blocks(random_blocks(rng, t, rows, cols), t, (rows, cols))
+             for t, rows in ((Q.Q4_K, 40), (Q.Q4_K, 8), (Q.Q6_K, 8), (Q.Q4_0, 3))]
+    linear = OnnxLinear(parts, num_threads=1)
+    assert (linear.block_size, linear.num_planes) == (16, 2)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    assert_close(linear.matmul(x), reference_product(x, parts), rel=EXACT)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 64, 300])
+def test_edge_sizes_one_row_one_block_and_many_tokens(num_tokens: int) -> None:
+    rng = np.random.default_rng(num_tokens)
+    parts = [affine_blocks(random_blocks(rng, Q.Q4_1, 1, 32), Q.Q4_1, (1, 32))]
+    x = rng.standard_normal((num_tokens, 32)).astype(np.float32)
+    assert_close(OnnxLinear(parts, num_threads=2).matmul(x), reference_product(x, parts), rel=EXACT)
+
+
+def test_int8_activations_stay_within_their_documented_tolerance() -> None:
+    rng = np.random.default_rng(2)
+    parts = [affine_blocks(random_blocks(rng, Q.Q4_1, 96, 256), Q.Q4_1, (96, 256))]
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    exact = OnnxLinear(parts, num_threads=2, accuracy_level=ACCURACY_FP32).matmul(x)
+    fast = OnnxLinear(parts, num_threads=2, accuracy_level=ACCURACY_INT8).matmul(x)
+    want = reference_product(x, parts)
+    assert_close(exact, want, rel=EXACT)
+    assert_close(fast, want, rel=3e-2)
+    assert not np.array_equal(fast, exact)        # it really is the other arithmetic
+
+
+def test_backends_are_chosen_by_name() -> None:
+    assert choose_kernels("numpy").backend == "numpy"
+    assert choose_kernels("auto").backend == "onnxruntime"      # installed with forge
+    fast = choose_kernels("fast")
+    assert (fast.backend, fast.int8_activations, fast.name) == ("onnxruntime", True, "fast")
+    assert set(KERNELS) == {"auto", "onnxruntime", "fast", "numpy"}
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        choose_kernels("cuda")
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0", "Q5_1"])
+def test_a_model_on_the_kernels_agrees_with_the_numpy_reference(tmp_path: Path, quant: str) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", quant=quant, hidden=64, heads=4, kv_heads=2, ffn=128, seed=3)
+    reference = LlamaModel.load(path)
+    quantized = LlamaModel.load(path, choose_kernels("onnxruntime"))
+    assert quantized.weights.kernels == "onnxruntime" and not quantized.weights.is_dense
+    assert isinstance(quantized.weights.embedding, QuantEmbedding)
+    assert quantized.weights.nbytes < reference.weights.nbytes / 2
+    context = [5, 9, 3, 17, 40, 2, 33]
+    want, got = reference.forward_context(context), quantized.forward_context(context)
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
+
+
+def test_unsupported_types_stay_dense_under_the_kernels(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", quant="F16", hidden=64, ffn=128)
+    model = LlamaModel.load(path, choose_kernels("onnxruntime"))
+    assert model.weights.is_dense

@@ -31,6 +31,7 @@ from actors.tokeniser import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
+from forge.kernels import compiled
 from forge.llama.linear import configure_matmul
 from forge.llm import LoadedModel, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
@@ -133,6 +134,8 @@ class Daemon:
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
                 self.metrics.kernels.labels(backend=loaded.kernels.name).set(1)
                 log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,
+                         attention="compiled" if loaded.model.fused_attention else "numpy",
+                         compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
                          num_blocks=num_blocks, block_size=cfg.block_size,
                          max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)

@@ -165,6 +165,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         "mode": "model",
         "model": loaded.name,
         "kernels": loaded.kernels.name,
+        "attention": "compiled" if loaded.model.fused_attention else "numpy",
         "blas": _blas_info(),
         "num_cpus": os.cpu_count(),
         "prompt_len": prompt_len, "max_new": max_new, "block_size": block_size,
@@ -195,7 +196,8 @@ def _blas_info() -> list[dict[str, Any]]:
 def format_model(result: dict[str, Any]) -> str:
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in result["blas"])
     lines = [
-        f"model bench: {result['model']}  kernels {result['kernels']}  load {result['load_s']} s  "
+        f"model bench: {result['model']}  kernels {result['kernels']} (attention {result['attention']})  "
+        f"load {result['load_s']} s  "
         f"weights {result['weights_mib']} MiB  "
         f"peak RSS {result['peak_rss_mib']['end']} MiB",
         f"  {blas}; {result['num_cpus']} CPUs; prompt {result['prompt_len']}, {result['max_new']} new tokens, "

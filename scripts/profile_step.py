@@ -37,12 +37,13 @@ import forge.llama.model as model_mod  # noqa: E402
 import forge.llama.rope as rope_mod  # noqa: E402
 import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
+from forge.hub import default_model_path  # noqa: E402
 from forge.llama.attention import KVCache  # noqa: E402
 from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
 from forge.sampling_params import SamplingParams  # noqa: E402
 
-DEFAULT_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+DEFAULT_MODEL = default_model_path()
 
 # Names in forge.llama.model timed as one part each; missing ones (older code) are skipped.
 FORWARD_PARTS = {
@@ -262,13 +263,14 @@ def main() -> None:
     ap.add_argument("--prefill-repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--kernels", default="auto", help="the kernel backend (forge.kernels.KERNELS)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = ap.parse_args()
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     modes = [(m.split(":")[0], int(m.split(":")[1])) for m in args.matmul]
-    loaded = LoadedModel.load(args.model, progress=lambda _m: None)
+    loaded = LoadedModel.load(args.model, kernels=args.kernels, progress=lambda _m: None)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
     try:
         run_cases(loaded, args, modes)

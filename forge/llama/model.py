@@ -20,7 +20,7 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
-from forge.kernels import KernelChoice
+from forge.kernels import KernelChoice, compiled
 from forge.llama.attention import KVCache, attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
@@ -72,6 +72,9 @@ class LlamaModel:
         self.config = config
         self.weights = weights
         self.rope = RopeTables.build(config, weights.rope_freqs)
+        # The compiled decode attention goes with the compiled kernels; --kernels numpy keeps the
+        # whole forward on the numpy reference.
+        self.fused_attention = weights.kernels != "numpy" and compiled.library() is not None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
@@ -141,7 +144,7 @@ class LlamaModel:
         num_tokens, hd = batch.num_tokens, c.head_dim
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
-        plan = plan_attention(batch, c, kv.block_size)
+        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention)
         scale = np.float32(1.0 / math.sqrt(hd))
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex

@@ -9,6 +9,7 @@ within its documented tolerance; a model loaded with the kernels must agree with
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import numpy.typing as npt
@@ -18,9 +19,11 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.kernels import KERNELS, choose_kernels
+from forge.batch import ForwardBatch
+from forge.kernels import KERNELS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
+from forge.llama.attention import attend, plan_attention
 from forge.llama.model import LlamaModel
 from forge.llama.weights import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
@@ -148,3 +151,75 @@ def test_unsupported_types_stay_dense_under_the_kernels(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", quant="F16", hidden=64, ffn=128)
     model = LlamaModel.load(path, choose_kernels("onnxruntime"))
     assert model.weights.is_dense
+
+
+# ---- the compiled decode attention ------------------------------------------------------------
+
+def test_the_compiled_kernels_build_here_and_leave_the_process_float_mode_alone() -> None:
+    """CI installs a C compiler (scripts/install-test-deps): the fused path must be what runs.
+    Loading it must not switch the process to flush-to-zero (a library linked with -ffast-math
+    does), which would turn every denormal in numpy and msgspec into 0."""
+    assert compiled.library() is not None, compiled.status()
+    tiny = np.float64(5e-324)
+    assert tiny > 0 and np.float32(1e-45) > 0 and tiny * 2 == np.float64(1e-323)
+
+
+def paged_batch(rng: np.random.Generator, lens: list[int], query_lens: list[int], block_size: int,
+                num_blocks: int) -> ForwardBatch:
+    """Sequences of the given context lengths, each computing its last query_lens tokens this step,
+    their blocks scattered over the cache."""
+    width = max(-(-n // block_size) for n in lens)
+    free = rng.permutation(num_blocks)
+    tables = np.zeros((len(lens), width), dtype=np.int64)
+    used = 0
+    for s, n in enumerate(lens):
+        nb = -(-n // block_size)
+        tables[s, :nb] = free[used:used + nb]
+        used += nb
+    positions = np.concatenate([np.arange(n - m, n) for n, m in zip(lens, query_lens, strict=True)])
+    starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)
+    return ForwardBatch(token_ids=np.zeros(len(positions), np.int64), positions=positions.astype(np.int64),
+                        slot_mapping=np.zeros(len(positions), np.int64), query_start=starts,
+                        context_lens=np.array(lens, dtype=np.int64), block_tables=tables,
+                        sample_indices=starts[1:] - 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=9), kv_heads=st.sampled_from([1, 2, 3]),
+       group=st.sampled_from([1, 3, 4]), block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3),
+       prefill_every=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
+def test_fused_decode_attention_equals_the_numpy_reference(
+        lens: list[int], kv_heads: int, group: int, block_size: int, num_parts: int, prefill_every: int,
+        seed: int) -> None:
+    """Decode rows through the compiled kernel (mixed with prefill chunks, split over parts) give
+    the numpy path's output."""
+    rng = np.random.default_rng(seed)
+    head_dim = 16 * int(rng.integers(1, 5))
+    query_lens = [min(n, 5) if prefill_every and s % prefill_every == 0 else 1 for s, n in enumerate(lens)]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    batch = paged_batch(rng, lens, query_lens, block_size, num_blocks)
+    config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)
+    k = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
+    v = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
+    q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 4).astype(np.float32)
+    want = attend(plan_attention(batch, config, block_size, num_parts), q, k, v)
+    fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True)
+    assert fused_plan.fused_parts or not any(n == 1 for n in query_lens)
+    got = attend(fused_plan, q, k, v)
+    assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+def test_the_compiled_kernel_refuses_arrays_it_would_misread() -> None:
+    q = np.zeros((1, 3, 16), np.float32)
+    k = np.zeros((2, 4, 1, 16), np.float32)
+    rows, tables, lens = np.zeros(1, np.int64), np.zeros((1, 1), np.int64), np.ones(1, np.int64)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        compiled.paged_decode_attention(q, k, k, rows, tables.astype(np.int32), lens, np.zeros(3, np.float32), q)
+    with pytest.raises(ValueError, match="scratch"):
+        compiled.paged_decode_attention(q, k, k, rows, tables, lens * 3, np.zeros(3, np.float32), q)
+
+
+def test_the_model_runs_fused_attention_only_off_the_numpy_reference(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128, seed=4)
+    assert not LlamaModel.load(path).fused_attention
+    assert LlamaModel.load(path, choose_kernels("onnxruntime")).fused_attention

@@ -1,0 +1,115 @@
+"""forge's own compiled kernels: C sources in this package, built for the host on first use.
+
+The shared library is compiled with the host's C compiler (`cc`, or $CC) for the CPU it runs on
+(-march=native) into $FORGE_HOME/kernels/, named by a hash of the source, the flags and the
+compiler, and loaded with ctypes (whose foreign calls release the GIL, so pool threads run in
+parallel). With no compiler or a failed build the library is None and callers use their numpy
+path; `status()` says why, for the start-up log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from forge.hub import forge_home
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+# -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
+# the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
+# to compiling only: linking with it would add crtfastmath.o, which sets flush-to-zero for the whole
+# process when the library loads (denormals would read as 0 in numpy and msgspec alike).
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
+LDFLAGS = ["-shared"]
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_status = "not built yet"
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, building them on first call; None when they cannot be had here."""
+    global _library, _status
+    with _lock:
+        if _status == "not built yet":
+            try:
+                _library = _load()
+                _status = "compiled"
+            except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+                _library, _status = None, f"unavailable ({exc})"
+        return _library
+
+
+def status() -> str:
+    return _status
+
+
+def _load() -> ctypes.CDLL:
+    if os.environ.get("FORGE_NO_COMPILED_KERNELS"):
+        raise RuntimeError("FORGE_NO_COMPILED_KERNELS is set")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    flags = " ".join(CFLAGS + LDFLAGS).encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + flags + version.encode()).hexdigest()[:16]
+    target = forge_home() / "kernels" / f"{SOURCE.stem}-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
+            for command in ([compiler, *CFLAGS, "-c", "-o", str(obj), str(SOURCE)],
+                            [compiler, *LDFLAGS, "-o", str(built), str(obj), "-lm"]):
+                result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+                if result.returncode != 0:
+                    raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-400:]}")
+            os.replace(built, target)              # atomic: a concurrent build loses nothing
+    lib = ctypes.CDLL(str(target))
+    fn = lib.paged_decode_attention
+    p = ctypes.c_void_p
+    i64 = ctypes.c_int64
+    fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, p, p]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def _ptr(a: npt.NDArray[np.generic]) -> int:
+    return int(a.ctypes.data)
+
+
+def paged_decode_attention(q: F32, k_cache: F32, v_cache: F32, rows: I64, block_tables: I64,
+                           context_lens: I64, scratch: F32, out: F32) -> None:
+    """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c.
+
+    q, out [T, nh, hd]; k_cache, v_cache [num_blocks, block_size, nkv, hd]; rows [S];
+    block_tables [S, W]; context_lens [S]; scratch at least group * max(context_lens) floats.
+    Every array C-contiguous with the dtypes above (checked: a wrong one would read stray memory).
+    """
+    lib = library()
+    assert lib is not None, "paged_decode_attention called without the compiled kernels"
+    for a, dtype in ((q, np.float32), (k_cache, np.float32), (v_cache, np.float32), (rows, np.int64),
+                     (block_tables, np.int64), (context_lens, np.int64), (scratch, np.float32), (out, np.float32)):
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            raise ValueError(f"paged_decode_attention needs C-contiguous {np.dtype(dtype).name} arrays")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    if len(rows) and scratch.size < group * int(context_lens.max()):
+        raise ValueError("scratch too small for the longest context")
+    rc = lib.paged_decode_attention(
+        _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
+        _ptr(context_lens), len(rows), num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
+    if rc != 0:
+        raise ValueError(f"paged_decode_attention: {num_heads // num_kv_heads} query heads per KV head is too many")

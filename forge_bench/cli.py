@@ -124,6 +124,23 @@ def _find_llama_server(given: str | None) -> str:
     raise SystemExit("forge: llama-server not found; pass --llama-server PATH (see docs/benchmarks.md)")
 
 
+def _server_info(server: str, base: str, log_path: Path) -> str:
+    """What each server runs on: llama-server's build and CPU-features lines from its log (a peer
+    built without native CPU flags is several times slower and makes every ratio meaningless);
+    forge's kernel backend from its metrics."""
+    if server == "forge":
+        try:
+            text = httpx.get(base + "/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return "forge: kernels unknown"
+        backends = [line.split('"')[1] for line in text.splitlines()
+                    if line.startswith("forge:kernels_info{") and line.rstrip().endswith(" 1.0")]
+        return f"forge: kernels {', '.join(backends) or 'unknown'}"
+    lines = log_path.read_text(errors="replace").splitlines()
+    wanted = [line.strip() for line in lines if line.lstrip().startswith(("build:", "system_info:"))]
+    return "llama-server: " + (" / ".join(wanted[:2]) if wanted else "build and CPU features not in its log")
+
+
 def _start(server: str, args: argparse.Namespace, model_path: str,
            max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
@@ -139,13 +156,17 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
                "-c", str(ctx), "-np", str(max(max_streams, 1)), *LLAMA_FLAGS, *args.llama_args.split()]
         health = "/health"
     base = f"http://127.0.0.1:{port}"
-    log = open(Path(args.logs) / f"{server}-{port}.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log_path = Path(args.logs) / f"{server}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_healthy(base + health, proc)
     except BaseException:
         proc.kill()
         raise
+    info = _server_info(server, base, log_path)
+    print(info, file=sys.stderr)
+    args.server_info[server] = info
     return proc, base
 
 
@@ -166,6 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     workload = loadgen.build_workload(_tokenizer(model_path), num_requests=args.workload_size,
                                       max_tokens=args.max_tokens, seed=args.seed)
     max_streams = max(_levels(args.concurrency))
+    args.server_info = {}
     records: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for server in ("forge", "llama-server"):
@@ -216,7 +238,8 @@ def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> s
     return "\n".join([
         f"Command: `forge bench compare --concurrency {args.concurrency} --rounds {args.rounds} "
         f"--max-tokens {args.max_tokens}`  ",
-        f"Machine: {machine}; medians over {args.rounds} rounds, servers run one at a time (A B A B).",
+        f"Machine: {machine}; medians over {args.rounds} rounds, servers run one at a time (A B A B).  ",
+        *[f"{info}  " for info in getattr(args, "server_info", {}).values()],
         "", *lines])
 
 

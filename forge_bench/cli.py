@@ -124,10 +124,21 @@ def _find_llama_server(given: str | None) -> str:
     raise SystemExit("forge: llama-server not found; pass --llama-server PATH (see docs/benchmarks.md)")
 
 
-def _server_info(server: str, base: str, log_path: Path) -> str:
-    """What each server runs on: llama-server's build and CPU-features lines from its log (a peer
-    built without native CPU flags is several times slower and makes every ratio meaningless);
-    forge's kernel backend from its metrics."""
+def _cpu_features() -> str:
+    """The host's vector and matrix extensions, from /proc/cpuinfo (Linux)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    wanted = sorted({f for f in flags.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx"))})
+    return " ".join(wanted) or "no AVX2/AVX-512/AMX"
+
+
+def _server_info(server: str, base: str, log_path: Path, binary: str | None = None) -> str:
+    """What each server runs on: llama-server's version and build lines (a peer built without
+    native CPU flags is several times slower and makes every ratio meaningless: see
+    docs/benchmarks.md for how to check its build), the host's CPU features; forge's kernel
+    backend from its metrics."""
     if server == "forge":
         try:
             text = httpx.get(base + "/metrics", timeout=5).text
@@ -138,7 +149,13 @@ def _server_info(server: str, base: str, log_path: Path) -> str:
         return f"forge: kernels {', '.join(backends) or 'unknown'}"
     lines = log_path.read_text(errors="replace").splitlines()
     wanted = [line.strip() for line in lines if line.lstrip().startswith(("build:", "system_info:"))]
-    return "llama-server: " + (" / ".join(wanted[:2]) if wanted else "build and CPU features not in its log")
+    if binary is not None:
+        try:
+            version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+            wanted += [line.strip() for line in (version.stdout + version.stderr).splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return f"llama-server: {' / '.join(wanted) or 'version unknown'}; host CPU: {_cpu_features()}"
 
 
 def _start(server: str, args: argparse.Namespace, model_path: str,
@@ -164,7 +181,7 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
     except BaseException:
         proc.kill()
         raise
-    info = _server_info(server, base, log_path)
+    info = _server_info(server, base, log_path, None if server == "forge" else cmd[0])
     print(info, file=sys.stderr)
     args.server_info[server] = info
     return proc, base

@@ -32,6 +32,7 @@ from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
+from forge.llama.attention import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llm import LoadedModel, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
@@ -104,7 +105,8 @@ class Daemon:
                           cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
-            loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos))
+            loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
+            kv_cache_dtype=cfg.kv_cache_dtype))
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.
@@ -137,7 +139,9 @@ class Daemon:
                          attention="compiled" if loaded.model.fused_attention else "numpy",
                          compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
-                         num_blocks=num_blocks, block_size=cfg.block_size,
+                         kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,
+                         kv_tokens=num_blocks * cfg.block_size,
+                         kv_bytes_per_token=KVCache.bytes_per_block(loaded.model.config, 1, cfg.kv_cache_dtype),
                          max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
                 task_status.started()
                 self.is_started.set()

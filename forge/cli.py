@@ -16,6 +16,7 @@ from typing import Any, overload
 from forge.config import EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS
+from forge.llama.kv_dtype import KV_CACHE_DTYPES
 
 
 @overload
@@ -39,7 +40,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
-                            kernels=args.kernels,
+                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
                             scheduling_policy=args.scheduling_policy)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -78,6 +79,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who holds and multiplies the weights: onnxruntime (quantized in memory, float32 "
                         "arithmetic), fast (onnxruntime with int8 activations), numpy (the float32 "
                         "reference), auto (onnxruntime when installed) [FORGE_KERNELS; auto]")
+    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float32"),
+                   help="how the K/V cache stores values; float16 and bfloat16 hold twice the tokens in "
+                        "--kv-cache-memory (attention computes in float32 either way) [FORGE_KV_CACHE_DTYPE; float32]")
     g.add_argument("--matmul-strategy", choices=["split", "blas"], default=env("FORGE_MATMUL_STRATEGY", "split"),
                    help="split: each matmul's columns over a pool of 1-thread-BLAS threads (robust when "
                         "other work shares the cores); blas: BLAS's own threads [FORGE_MATMUL_STRATEGY; split]")

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS
+from forge.llama.kv_dtype import KV_CACHE_DTYPES
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
@@ -49,6 +50,9 @@ class EngineConfig:
     # Who holds and multiplies the weight matrices (forge.kernels.KERNELS): "auto" keeps them
     # quantized under onnxruntime when it is installed; "numpy" is the float32 reference.
     kernels: str = "auto"
+    # How the K/V cache stores values (forge.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
+    # float32 whatever the storage. Half precision holds twice the tokens in kv_cache_memory.
+    kv_cache_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -58,6 +62,8 @@ class EngineConfig:
             raise ValueError("blas_threads must be positive")
         if self.matmul_strategy not in MATMUL_STRATEGIES:
             raise ValueError(f"matmul_strategy must be one of {', '.join(MATMUL_STRATEGIES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

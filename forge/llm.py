@@ -84,7 +84,7 @@ def _release_free_memory() -> None:
 
 def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
     """(num_blocks, max_model_len) from the memory budget; one sequence of max length must fit."""
-    per_block = KVCache.bytes_per_block(model.config, config.block_size)
+    per_block = KVCache.bytes_per_block(model.config, config.block_size, config.kv_cache_dtype)
     num_blocks = config.kv_cache_memory // per_block
     max_len = min(config.max_model_len or model.config.max_position, model.config.max_position)
     if num_blocks * config.block_size < max_len:
@@ -111,6 +111,7 @@ class LLMEngine:
             self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
+                                  kv_cache_dtype=config.kv_cache_dtype,
                                   eos_token_id=self.tokenizer.eos_token_id)
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None

@@ -27,7 +27,7 @@ class BatchedModel(Protocol):
     # kv is the model's own cache, made by new_kv_cache and handed back to forward: opaque to the
     # runner, so Any (a model's forward takes its own cache type, which `object` would not admit).
     def forward(self, batch: ForwardBatch, kv: Any) -> F32: ...
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> Any: ...
+    def new_kv_cache(self, num_blocks: int, block_size: int, dtype: str = "float32") -> Any: ...
 
 
 @dataclass(slots=True)
@@ -65,10 +65,10 @@ class ModelRunner:
     """Executes steps. One thread at a time; every call is synchronous and may take a while."""
 
     def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
-                 eos_token_id: int | None) -> None:
+                 eos_token_id: int | None, kv_cache_dtype: str = "float32") -> None:
         self.model = model
         self.block_size = block_size
-        self.kv = model.new_kv_cache(num_blocks, block_size)
+        self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
         self.sampler = Sampler(eos_token_id=eos_token_id)
         self._seqs: dict[int, _SeqSampling] = {}
 

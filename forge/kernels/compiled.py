@@ -77,29 +77,41 @@ def _load() -> ctypes.CDLL:
                     raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-400:]}")
             os.replace(built, target)              # atomic: a concurrent build loses nothing
     lib = ctypes.CDLL(str(target))
-    fn = lib.paged_decode_attention
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
-    fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, p, p]
-    fn.restype = ctypes.c_int
+    for name in _DECODE_BY_STORAGE.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, p, p]
+        fn.restype = ctypes.c_int
     return lib
+
+
+# The kernel for each storage type of the K/V cache (forge.llama.kv_dtype: uint16 is bfloat16).
+_DECODE_BY_STORAGE = {np.dtype(np.float32): "paged_decode_attention_f32",
+                      np.dtype(np.float16): "paged_decode_attention_f16",
+                      np.dtype(np.uint16): "paged_decode_attention_bf16"}
 
 
 def _ptr(a: npt.NDArray[np.generic]) -> int:
     return int(a.ctypes.data)
 
 
-def paged_decode_attention(q: F32, k_cache: F32, v_cache: F32, rows: I64, block_tables: I64,
+def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
+                           rows: I64, block_tables: I64,
                            context_lens: I64, scratch: F32, out: F32) -> None:
     """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c.
 
-    q, out [T, nh, hd]; k_cache, v_cache [num_blocks, block_size, nkv, hd]; rows [S];
-    block_tables [S, W]; context_lens [S]; scratch at least group * max(context_lens) floats.
-    Every array C-contiguous with the dtypes above (checked: a wrong one would read stray memory).
+    q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16
+    or bfloat16 (uint16 bits); rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
+    group * max(context_lens) floats. Every array C-contiguous with the dtypes above (checked: a
+    wrong one would read stray memory).
     """
     lib = library()
     assert lib is not None, "paged_decode_attention called without the compiled kernels"
-    for a, dtype in ((q, np.float32), (k_cache, np.float32), (v_cache, np.float32), (rows, np.int64),
+    kernel = _DECODE_BY_STORAGE.get(k_cache.dtype)
+    if kernel is None or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"no paged_decode_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
+    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (rows, np.int64),
                      (block_tables, np.int64), (context_lens, np.int64), (scratch, np.float32), (out, np.float32)):
         if a.dtype != dtype or not a.flags.c_contiguous:
             raise ValueError(f"paged_decode_attention needs C-contiguous {np.dtype(dtype).name} arrays")
@@ -108,7 +120,7 @@ def paged_decode_attention(q: F32, k_cache: F32, v_cache: F32, rows: I64, block_
     group = num_heads // num_kv_heads
     if len(rows) and scratch.size < group * int(context_lens.max()):
         raise ValueError("scratch too small for the longest context")
-    rc = lib.paged_decode_attention(
+    rc = getattr(lib, kernel)(
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
         _ptr(context_lens), len(rows), num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
     if rc != 0:

@@ -2,13 +2,18 @@
  *
  * For each sequence and each KV head: the scores of the group's query heads against every key of
  * the context (read in place from the paged cache, no gather), a softmax, and the weighted sum of
- * the values, in one pass over the sequence's blocks. Float32 throughout; the dot products keep
- * 16 partial sums (vectorised), the exponentials come from the C library.
+ * the values, in one pass over the sequence's blocks. The cache may hold float32, float16 or
+ * bfloat16 (raw uint16 bits); every value is widened to float32 as it is read, and all arithmetic
+ * is float32. The dot products keep 16 partial sums (vectorised).
+ *
+ * The body below is compiled once per storage type: this file includes itself with KV_NAME,
+ * KV_T and KV_LOAD defined (paged_decode_attention_f32, _f16, _bf16).
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL, so the engine's pool threads run parts of a step at once.
  * forge.llama.attention's numpy decode path is the reference it is tested against.
  */
+#ifndef KV_NAME
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -16,17 +21,48 @@
 #define LANES 16
 #define MAX_GROUP 64
 
-static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
+static inline float bf16_to_f32(uint16_t x) {
+    union { uint32_t u; float f; } c = {.u = (uint32_t)x << 16};
+    return c.f;
+}
+
+#define KV_NAME f32
+#define KV_T float
+#define KV_LOAD(x) (x)
+#include __FILE__
+#undef KV_NAME
+#undef KV_T
+#undef KV_LOAD
+
+#define KV_NAME f16
+#define KV_T _Float16
+#define KV_LOAD(x) ((float)(x))
+#include __FILE__
+#undef KV_NAME
+#undef KV_T
+#undef KV_LOAD
+
+#define KV_NAME bf16
+#define KV_T uint16_t
+#define KV_LOAD(x) bf16_to_f32(x)
+#include __FILE__
+
+#else  /* the body, once per storage type */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+static inline float CAT(dot_, KV_NAME)(const float *restrict a, const KV_T *restrict b, int64_t n) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int j = 0; j < LANES; j++)
-            acc[j] += a[i + j] * b[i + j];
+            acc[j] += a[i + j] * KV_LOAD(b[i + j]);
     float s = 0.0f;
     for (int j = 0; j < LANES; j++)
         s += acc[j];
     for (; i < n; i++)
-        s += a[i] * b[i];
+        s += a[i] * KV_LOAD(b[i]);
     return s;
 }
 
@@ -38,7 +74,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP (the caller falls back). */
-int paged_decode_attention(const float *restrict q, const float *restrict k, const float *restrict v,
+int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                            const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens, int64_t num_seqs,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
@@ -56,9 +92,9 @@ int paged_decode_attention(const float *restrict q, const float *restrict k, con
             for (int64_t j = 0; j < group; j++)
                 maxes[j] = -INFINITY;
             for (int64_t p = 0; p < len; p++) {
-                const float *kp = k + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
+                const KV_T *kp = k + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
                 for (int64_t j = 0; j < group; j++) {
-                    float x = dot(qg + j * hd, kp, hd);
+                    float x = CAT(dot_, KV_NAME)(qg + j * hd, kp, hd);
                     scores[j * len + p] = x;
                     if (x > maxes[j])
                         maxes[j] = x;
@@ -75,12 +111,12 @@ int paged_decode_attention(const float *restrict q, const float *restrict k, con
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
             for (int64_t p = 0; p < len; p++) {
-                const float *vp = v + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
+                const KV_T *vp = v + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
                 for (int64_t j = 0; j < group; j++) {
                     const float w = scores[j * len + p];
                     float *o = og + j * hd;
                     for (int64_t d = 0; d < hd; d++)
-                        o[d] += w * vp[d];
+                        o[d] += w * KV_LOAD(vp[d]);
                 }
             }
             for (int64_t j = 0; j < group; j++) {
@@ -92,3 +128,5 @@ int paged_decode_attention(const float *restrict q, const float *restrict k, con
     }
     return 0;
 }
+
+#endif

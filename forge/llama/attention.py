@@ -24,10 +24,12 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.kernels import compiled
 from forge.llama.config import LlamaConfig
+from forge.llama.kv_dtype import itemsize, storage_dtype, to_float32, to_storage
 from forge.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+KV = npt.NDArray[np.generic]   # a K or V array in its storage dtype (forge.llama.kv_dtype)
 
 # Upper bound on the floats of one temporary (gathered keys, or one tile of scores): 16 MiB.
 MAX_TEMP_FLOATS = 1 << 22
@@ -71,31 +73,40 @@ class Scratch:
             self._buffers[slot] = np.empty(size, np.float32)
         return self._buffers[slot][:size].reshape(shape)
 
-    def gather(self, slot: int, cache: F32, block_ids: I64) -> F32:
-        """cache[block_ids] as [*block_ids.shape, *cache.shape[1:]]: a view of the cache when the
-        ids are one run of consecutive blocks (one sequence whose blocks were allocated in order,
-        as a lone sequence's usually are), else copied into buffer `slot`. mode="clip" lets take
-        write straight into `out` (mode="raise" buffers a second copy); the block ids were
-        checked against the cache before the step. Read-only: the result may be the cache."""
+    def gather(self, slot: int, cache: KV, block_ids: I64) -> F32:
+        """cache[block_ids] as float32 [*block_ids.shape, *cache.shape[1:]]: for a float32 cache, a
+        view of it when the ids are one run of consecutive blocks (one sequence whose blocks were
+        allocated in order, as a lone sequence's usually are), else copied (and widened from a
+        half-precision cache) into buffer `slot`. mode="clip" lets take write straight into `out`
+        (mode="raise" buffers a second copy); the block ids were checked against the cache before
+        the step. Read-only: the result may be the cache."""
+        shape = (*block_ids.shape, *cache.shape[1:])
         flat = block_ids.reshape(-1)
         if flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
             first, n = int(flat[0]), flat.size
             if int(flat[-1]) == first + n - 1 and (n < 3 or bool(np.all(np.diff(flat) == 1))):
-                return cache[first:first + n].reshape(*block_ids.shape, *cache.shape[1:])
-        out = self.get(slot, (*block_ids.shape, *cache.shape[1:]))
-        return np.take(cache, block_ids, axis=0, out=out, mode="clip")
+                run = cache[first:first + n].reshape(shape)
+                return run if run.dtype == np.float32 else to_float32(run, self.get(slot, shape))
+        out = self.get(slot, shape)
+        if cache.dtype == np.float32:
+            return np.take(cache, block_ids, axis=0, out=out, mode="clip")
+        return to_float32(np.take(cache, block_ids, axis=0, mode="clip"), out)
 
 
 class KVCache:
-    """The K and V arrays of every layer; a flat slot is block_id * block_size + offset."""
+    """The K and V arrays of every layer; a flat slot is block_id * block_size + offset. Stored in
+    `dtype` (forge.llama.kv_dtype: float32, float16, or bfloat16 as uint16 bits); attention
+    widens what it reads to float32 and computes in float32."""
 
-    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int) -> None:
+    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype: str = "float32") -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.dtype = dtype
+        storage = storage_dtype(dtype)
         # zeros, not empty: padded reads multiply stale slots by probability 0, which needs finite values
-        self.k: F32 = np.zeros(shape, dtype=np.float32)
-        self.v: F32 = np.zeros(shape, dtype=np.float32)
+        self.k: KV = np.zeros(shape, dtype=storage)
+        self.v: KV = np.zeros(shape, dtype=storage)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch = Scratch()
@@ -104,14 +115,16 @@ class KVCache:
         self._v_slots = self.v.reshape(flat)
 
     def write(self, layer: int, slot_mapping: I64, k: F32, v: F32) -> None:
-        """Store one layer's new keys and values [T, nkv, hd] at their flat slots."""
-        self._k_slots[layer, slot_mapping] = k
-        self._v_slots[layer, slot_mapping] = v
+        """Store one layer's new keys and values [T, nkv, hd] (float32) at their flat slots, in the
+        cache's dtype (rounded to nearest)."""
+        storage = self.k.dtype
+        self._k_slots[layer, slot_mapping] = to_storage(k, storage)
+        self._v_slots[layer, slot_mapping] = to_storage(v, storage)
 
     @staticmethod
-    def bytes_per_block(config: LlamaConfig, block_size: int) -> int:
-        """Bytes one block costs across all layers, K and V together (float32)."""
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 4
+    def bytes_per_block(config: LlamaConfig, block_size: int, dtype: str = "float32") -> int:
+        """Bytes one block costs across all layers, K and V together, stored in `dtype`."""
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize(dtype)
 
     @property
     def num_slots(self) -> int:
@@ -291,7 +304,7 @@ def _exp_shifted_(scores: F32) -> F32:
     return sums
 
 
-def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch | None = None) -> F32:
+def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
     already written. Returns [T, nh, hd]. The decode parts run on the active MatmulPool, the
@@ -320,7 +333,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: F32, v_cache: F32, scratch: Scr
     return out
 
 
-def _decode(groups: list[DecodeGroup], q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:
+def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32) -> None:
     """Attention of one part's decode groups; writes their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
@@ -341,7 +354,7 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: F32, v_cache: F32, scrat
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill(p: PrefillSeq, q: F32, k_cache: F32, v_cache: F32, scratch: Scratch, out: F32) -> None:
+def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32) -> None:
     """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
     their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]

@@ -132,8 +132,8 @@ class LlamaModel:
 
     # -- the engine's batched interface ---------------------------------------------------------
 
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
-        return KVCache(self.config, num_blocks, block_size)
+    def new_kv_cache(self, num_blocks: int, block_size: int, dtype: str = "float32") -> KVCache:
+        return KVCache(self.config, num_blocks, block_size, dtype)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> F32:
         """One step: every token of `batch` runs through every layer; its K/V land in `kv` at

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -23,7 +24,8 @@ from forge.batch import ForwardBatch
 from forge.kernels import KERNELS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
-from forge.llama.attention import attend, plan_attention
+from forge.llama.attention import KVCache, attend, plan_attention
+from forge.llama.kv_dtype import KV_CACHE_DTYPES, storage_dtype, to_float32, to_storage
 from forge.llama.model import LlamaModel
 from forge.llama.weights import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
@@ -223,3 +225,63 @@ def test_the_model_runs_fused_attention_only_off_the_numpy_reference(tmp_path: P
     path = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128, seed=4)
     assert not LlamaModel.load(path).fused_attention
     assert LlamaModel.load(path, choose_kernels("onnxruntime")).fused_attention
+
+
+# ---- half-precision K/V -------------------------------------------------------------------------
+
+finite_or_not = st.floats(width=32, allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(finite_or_not, min_size=1, max_size=64))
+def test_bfloat16_storage_rounds_to_nearest_even_and_reads_back_exactly(values: list[float]) -> None:
+    """Against ml_dtypes' bfloat16 (the type numpy lacks): the same bits for every float32, NaN
+    stays NaN, infinities and signed zeros survive, and reading widens exactly."""
+    x = np.array(values, dtype=np.float32)
+    bits = to_storage(x, np.dtype(np.uint16))
+    want = x.astype(ml_dtypes.bfloat16)
+    back = to_float32(bits)
+    nan = np.isnan(x)
+    assert np.array_equal(bits[~nan], want.view(np.uint16)[~nan]) and np.isnan(back[nan]).all()
+    assert np.array_equal(back[~nan], want.astype(np.float32)[~nan])
+    assert np.array_equal(np.signbit(back[~nan]), np.signbit(x[~nan]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(finite_or_not, min_size=1, max_size=64))
+def test_float16_storage_is_numpys_rounding(values: list[float]) -> None:
+    x = np.array(values, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        stored = to_storage(x, np.dtype(np.float16))
+        want = x.astype(np.float16)
+    assert stored.dtype == np.float16 and np.array_equal(stored, want, equal_nan=True)
+    assert np.array_equal(to_float32(stored), want.astype(np.float32), equal_nan=True)
+
+
+@pytest.mark.parametrize("kv_dtype", KV_CACHE_DTYPES)
+def test_bytes_per_token_by_kv_dtype(tmp_path: Path, kv_dtype: str) -> None:
+    config = LlamaModel.load(write_tiny_llama(tmp_path / "m.gguf")).config
+    per_token = KVCache.bytes_per_block(config, 1, kv_dtype)
+    itemsize = 4 if kv_dtype == "float32" else 2
+    assert per_token == 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+    kv = KVCache(config, 3, 4, kv_dtype)
+    assert kv.k.nbytes + kv.v.nbytes == 12 * per_token
+
+
+@settings(max_examples=20, deadline=None)
+@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_dtype=st.sampled_from(["float16", "bfloat16"]),
+       block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**32 - 1))
+def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
+        lens: list[int], kv_dtype: str, block_size: int, seed: int) -> None:
+    """Both paths read the same stored values, widen them exactly and compute in float32."""
+    rng = np.random.default_rng(seed)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 2
+    batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
+    config = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=32)
+    storage = np.dtype(storage_dtype(kv_dtype))
+    k = to_storage(rng.standard_normal((num_blocks, block_size, 2, 32)).astype(np.float32), storage)
+    v = to_storage(rng.standard_normal((num_blocks, block_size, 2, 32)).astype(np.float32), storage)
+    q = (rng.standard_normal((batch.num_tokens, 6, 32)) / 4).astype(np.float32)
+    want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
+    got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
+    assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))

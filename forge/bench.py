@@ -115,7 +115,8 @@ def _chunks(num_tokens: int, budget: int) -> list[int]:
 def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[int] = (1, 8, 32, 64),
                 prompt_len: int = 200, max_new: int = 128, prefill_len: int = 1000,
                 max_num_batched_tokens: int = 512, blas_threads: int | None = None, block_size: int = 16,
-                seed: int = 0, kernels: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
+                seed: int = 0, kernels: str = "auto", kv_cache_dtype: str = "float32",
+                progress: Progress = _quiet) -> dict[str, Any]:
     """Throughput of the real model: `concurrency` sequences at once (random prompts of prompt_len
     ids, max_new greedy tokens, ignore_eos), a prefill of prefill_len tokens, load time, peak RSS,
     and the matmul-only rate for the same tokens per step. Prefix caching is off: no run reuses
@@ -131,13 +132,13 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
     max_model_len = min(mc.max_position, max(prefill_len + 1, prompt_len + max_new, 2 * block_size))
     seq_blocks = -(-(prompt_len + max_new) // block_size)
     num_blocks = max(max(concurrency) * seq_blocks, -(-max_model_len // block_size)) + 8
-    per_block = KVCache.bytes_per_block(mc, block_size)
+    per_block = KVCache.bytes_per_block(mc, block_size, kv_cache_dtype)
 
     def engine(max_num_seqs: int) -> LLMEngine:
         return LLMEngine(loaded, EngineConfig(
             block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=False, blas_threads=blas_threads, kernels=kernels))
+            enable_prefix_caching=False, blas_threads=blas_threads, kernels=kernels, kv_cache_dtype=kv_cache_dtype))
 
     rng = random.Random(seed)
     greedy = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
@@ -166,6 +167,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         "model": loaded.name,
         "kernels": loaded.kernels.name,
         "attention": "compiled" if loaded.model.fused_attention else "numpy",
+        "kv_cache_dtype": kv_cache_dtype,
         "blas": _blas_info(),
         "num_cpus": os.cpu_count(),
         "prompt_len": prompt_len, "max_new": max_new, "block_size": block_size,
@@ -196,7 +198,8 @@ def _blas_info() -> list[dict[str, Any]]:
 def format_model(result: dict[str, Any]) -> str:
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in result["blas"])
     lines = [
-        f"model bench: {result['model']}  kernels {result['kernels']} (attention {result['attention']})  "
+        f"model bench: {result['model']}  kernels {result['kernels']} (attention {result['attention']}, "
+        f"KV {result['kv_cache_dtype']})  "
         f"load {result['load_s']} s  "
         f"weights {result['weights_mib']} MiB  "
         f"peak RSS {result['peak_rss_mib']['end']} MiB",

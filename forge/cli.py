@@ -13,10 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, overload
 
-from forge.config import EngineConfig, parse_size
+from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS
-from forge.llama.kv_dtype import KV_CACHE_DTYPES
 
 
 @overload
@@ -134,7 +133,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             None if args.model == "default" else args.model, concurrency=concurrency,
             prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
             max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
-            kernels=args.kernels,
+            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
             block_size=args.block_size, seed=args.seed, progress=_progress)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -169,6 +168,8 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
     bench.add_argument("--concurrency", default="1,8,32,64",
                        help="model: comma-separated numbers of sequences run at once [1,8,32,64]")
     bench.add_argument("--kernels", choices=list(KERNELS), default="auto", help="model: the kernel backend [auto]")
+    bench.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="float32",
+                       help="model: how the K/V cache stores values [float32]")
     bench.add_argument("--blas-threads", type=int, default=None,
                        help="model: BLAS threads [the BLAS default]")
     bench.add_argument("--max-num-batched-tokens", type=int, default=512,

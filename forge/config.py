@@ -6,7 +6,6 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS
-from forge.llama.kv_dtype import KV_CACHE_DTYPES
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
@@ -15,6 +14,8 @@ MATMUL_STRATEGIES = ("blas", "split")
 # The order in which a step's token budget is handed out (forge.scheduler): "shortest-first"
 # (decode rows, then the prefills and prompts with the fewest tokens left, with aging) or "fcfs".
 SCHEDULING_POLICIES = ("fcfs", "shortest-first")
+# How the K/V cache stores values (forge.llama.kv_dtype); bfloat16 as the raw upper 16 bits.
+KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}

@@ -39,6 +39,7 @@ import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
 from forge.hub import default_model_path  # noqa: E402
 from forge.llama.attention import KVCache  # noqa: E402
+from forge.llama.kv_dtype import to_storage  # noqa: E402
 from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
 from forge.sampling_params import SamplingParams  # noqa: E402
@@ -124,8 +125,11 @@ class StubForward:
         for cache in (self.kv.k, self.kv.v):
             flat = cache.reshape(cache.shape[0], -1, *cache.shape[3:])                 # [L, slots, nkv, hd]
             fill = self.rng.standard_normal((cache.shape[0], batch.num_tokens, *cache.shape[3:]))
-            flat[:, batch.slot_mapping] = fill.astype(np.float32)
+            flat[:, batch.slot_mapping] = to_storage(fill.astype(np.float32), cache.dtype)
         return self.rng.standard_normal((len(batch.sample_indices), self.vocab_size)).astype(np.float32)
+
+
+KV_DTYPE = "float32"   # --kv-cache-dtype
 
 
 def make_engine(loaded: LoadedModel, mode: tuple[str, int], num_seqs: int, tokens_per_seq: int,
@@ -136,7 +140,7 @@ def make_engine(loaded: LoadedModel, mode: tuple[str, int], num_seqs: int, token
     config = EngineConfig(block_size=block_size, max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=budget,
                           enable_prefix_caching=False, matmul_strategy=mode[0], blas_threads=mode[1],
                           kv_cache_memory=max(blocks, -(-mc.max_position // block_size))
-                          * KVCache.bytes_per_block(mc, block_size))
+                          * KVCache.bytes_per_block(mc, block_size, KV_DTYPE), kv_cache_dtype=KV_DTYPE)
     return LLMEngine(loaded, config)
 
 
@@ -263,6 +267,7 @@ def main() -> None:
     ap.add_argument("--prefill-repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--kv-cache-dtype", default="float32", help="how the K/V cache stores values")
     ap.add_argument("--kernels", default="auto", help="the kernel backend (forge.kernels.KERNELS)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = ap.parse_args()
@@ -271,6 +276,8 @@ def main() -> None:
 
     modes = [(m.split(":")[0], int(m.split(":")[1])) for m in args.matmul]
     loaded = LoadedModel.load(args.model, kernels=args.kernels, progress=lambda _m: None)
+    global KV_DTYPE
+    KV_DTYPE = args.kv_cache_dtype
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
     try:
         run_cases(loaded, args, modes)

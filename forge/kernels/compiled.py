@@ -124,4 +124,5 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
         _ptr(context_lens), len(rows), num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
     if rc != 0:
-        raise ValueError(f"paged_decode_attention: {num_heads // num_kv_heads} query heads per KV head is too many")
+        raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
+                         "is beyond the kernel's limits (64, 256)")

@@ -7,7 +7,7 @@
  * is float32. The dot products keep 16 partial sums (vectorised).
  *
  * The body below is compiled once per storage type: this file includes itself with KV_NAME,
- * KV_T and KV_LOAD defined (paged_decode_attention_f32, _f16, _bf16).
+ * KV_T and KV_ROW defined (paged_decode_attention_f32, _f16, _bf16).
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL, so the engine's pool threads run parts of a step at once.
@@ -17,34 +17,58 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 #define MAX_GROUP 64
+#define MAX_HEAD_DIM 256
 
-static inline float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } c = {.u = (uint32_t)x << 16};
-    return c.f;
-}
+/* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
+typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 
+/* A row of the cache as float32: the row itself for a float32 cache, else widened into `buf` by a
+ * plain loop the compiler vectorises (per element inside the dot products, it did not). */
 #define KV_NAME f32
 #define KV_T float
-#define KV_LOAD(x) (x)
+#define KV_ROW(src, buf, n) (src)
 #include __FILE__
 #undef KV_NAME
 #undef KV_T
-#undef KV_LOAD
+#undef KV_ROW
 
+/* float16 as raw bits: the compiler does not vectorise _Float16 -> float conversions (gcc 12), so
+ * with F16C (every AVX2 CPU) eight at a time by its instruction, else one by one. */
+static inline const float *widen_f16(const uint16_t *restrict src, row_buffer *restrict buf, int64_t n) {
+    int64_t d = 0;
+#ifdef __F16C__
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(buf->f + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+#endif
+    for (; d < n; d++) {
+        _Float16 h;
+        memcpy(&h, src + d, sizeof h);
+        buf->f[d] = (float)h;
+    }
+    return buf->f;
+}
 #define KV_NAME f16
-#define KV_T _Float16
-#define KV_LOAD(x) ((float)(x))
+#define KV_T uint16_t
+#define KV_ROW(src, buf, n) widen_f16((src), (buf), (n))
 #include __FILE__
 #undef KV_NAME
 #undef KV_T
-#undef KV_LOAD
+#undef KV_ROW
 
+static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *restrict buf, int64_t n) {
+    for (int64_t d = 0; d < n; d++)
+        buf->u[d] = (uint32_t)src[d] << 16;
+    return buf->f;
+}
 #define KV_NAME bf16
 #define KV_T uint16_t
-#define KV_LOAD(x) bf16_to_f32(x)
+#define KV_ROW(src, buf, n) widen_bf16((src), (buf), (n))
 #include __FILE__
 
 #else  /* the body, once per storage type */
@@ -52,19 +76,22 @@ static inline float bf16_to_f32(uint16_t x) {
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-static inline float CAT(dot_, KV_NAME)(const float *restrict a, const KV_T *restrict b, int64_t n) {
+#ifndef DOT_DEFINED
+#define DOT_DEFINED
+static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int j = 0; j < LANES; j++)
-            acc[j] += a[i + j] * KV_LOAD(b[i + j]);
+            acc[j] += a[i + j] * b[i + j];
     float s = 0.0f;
     for (int j = 0; j < LANES; j++)
         s += acc[j];
     for (; i < n; i++)
-        s += a[i] * KV_LOAD(b[i]);
+        s += a[i] * b[i];
     return s;
 }
+#endif
 
 /* q:            [T, nh, hd]  scaled queries of the step's rows
  * k, v:         [num_blocks, block_size, nkv, hd]  one layer's cache
@@ -73,15 +100,17 @@ static inline float CAT(dot_, KV_NAME)(const float *restrict a, const KV_T *rest
  * context_lens: [S]  keys each sequence sees (its position + 1)
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
- * Returns 0, or -1 when a group exceeds MAX_GROUP (the caller falls back). */
+ * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
 int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                            const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens, int64_t num_seqs,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
                            float *restrict scores, float *restrict out) {
     const int64_t group = nh / nkv;
-    if (group > MAX_GROUP)
+    if (group > MAX_GROUP || hd > MAX_HEAD_DIM)
         return -1;
+    row_buffer buf;
+    (void)buf;                                       /* unused by the float32 kernel */
     const int64_t kv_stride = nkv * hd;              /* floats between two positions of a block */
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t row = rows[s], len = context_lens[s];
@@ -92,9 +121,10 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             for (int64_t j = 0; j < group; j++)
                 maxes[j] = -INFINITY;
             for (int64_t p = 0; p < len; p++) {
-                const KV_T *kp = k + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
+                const float *kp = KV_ROW(k + (table[p / block_size] * block_size + p % block_size) * kv_stride
+                                         + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
-                    float x = CAT(dot_, KV_NAME)(qg + j * hd, kp, hd);
+                    float x = dot(qg + j * hd, kp, hd);
                     scores[j * len + p] = x;
                     if (x > maxes[j])
                         maxes[j] = x;
@@ -111,12 +141,13 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
             for (int64_t p = 0; p < len; p++) {
-                const KV_T *vp = v + (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
+                const float *vp = KV_ROW(v + (table[p / block_size] * block_size + p % block_size) * kv_stride
+                                         + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     const float w = scores[j * len + p];
                     float *o = og + j * hd;
                     for (int64_t d = 0; d < hd; d++)
-                        o[d] += w * KV_LOAD(vp[d]);
+                        o[d] += w * vp[d];
                 }
             }
             for (int64_t j = 0; j < group; j++) {

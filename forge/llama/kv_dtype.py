@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from forge.config import KV_CACHE_DTYPES
+
 F32 = npt.NDArray[np.float32]
 
-KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
 _STORAGE: dict[str, type[np.generic]] = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 

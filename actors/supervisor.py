@@ -32,7 +32,7 @@ from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
-from forge.llama.attention import KVCache
+from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llm import LoadedModel, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised

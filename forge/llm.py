@@ -22,7 +22,7 @@ from forge.errors import ConfigError, InvalidRequest
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
 from forge.kernels import KernelChoice, choose_kernels
-from forge.llama.attention import KVCache
+from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted

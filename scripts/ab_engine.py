@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import forge.llama.attention as attention  # noqa: E402
+import forge.llama.kv_cache as kv_cache  # noqa: E402
 import forge.llama.linear as linear_mod  # noqa: E402
 import forge.llama.model as model_mod  # noqa: E402
 from forge.batch import ForwardBatch  # noqa: E402
@@ -127,16 +127,16 @@ def cmd_one_row(model_path: Path, reps: int) -> None:
     model, kv = _model(model_path)
     cases = {f"decode1@{c}": functools.partial(model.forward, batch_for(1, 1, c), kv) for c in (300, 1000)}
     cases["prefill512@1000"] = functools.partial(model.forward, batch_for(512, 1, 1000), kv)
-    in_place = attention.Scratch.gather
+    in_place = kv_cache.Scratch.gather
 
-    def copy(self: attention.Scratch, slot: int, cache: Any, block_ids: Any) -> Any:
+    def copy(self: kv_cache.Scratch, slot: int, cache: Any, block_ids: Any) -> Any:
         out = self.get(slot, (*block_ids.shape, *cache.shape[1:]))
         return np.take(cache, block_ids, axis=0, out=out, mode="clip")
 
     def variant(split_few_rows: int, gather: Any) -> Callable[[], None]:
         def set_up() -> None:
             linear_mod.MIN_SPLIT_MACS_FEW_ROWS = split_few_rows
-            attention.Scratch.gather = gather  # type: ignore[method-assign]
+            kv_cache.Scratch.gather = gather  # type: ignore[method-assign]
         return set_up
 
     paired(cases, {"whole+copy": variant(1 << 62, copy), "split+copy": variant(1 << 20, copy),

@@ -38,7 +38,7 @@ import forge.llama.rope as rope_mod  # noqa: E402
 import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
 from forge.hub import default_model_path  # noqa: E402
-from forge.llama.attention import KVCache  # noqa: E402
+from forge.llama.kv_cache import KVCache  # noqa: E402
 from forge.llama.kv_dtype import to_storage  # noqa: E402
 from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402

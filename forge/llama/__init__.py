@@ -5,8 +5,8 @@ Import LlamaModel, LlamaConfig and KVCache from here.
 
 from __future__ import annotations
 
-from forge.llama.attention import KVCache
 from forge.llama.config import LlamaConfig
+from forge.llama.kv_cache import KVCache
 from forge.llama.model import LlamaModel
 
 __all__ = ["KVCache", "LlamaConfig", "LlamaModel"]

@@ -1,9 +1,7 @@
-"""Paged attention over the K/V arrays: the KVCache storage and one step's attention plan.
+"""Paged attention over the K/V arrays: one step's attention plan, and attention by it.
 
-Owns the K/V arrays ([num_layers, num_blocks, block_size, num_kv_heads, head_dim], preallocated
-once), reading them through block tables, and the scratch buffers that attention reuses across
-layers and steps. Which blocks a sequence owns is the allocator's business; this module trusts
-the block tables it is given.
+Reads the K/V arrays (forge.llama.kv_cache) through block tables. Which blocks a sequence owns
+is the allocator's business; this module trusts the block tables it is given.
 
     decode rows (query length 1): split into one part per thread of the process's matmul pool;
                                   fused: each part one call of the compiled kernel (forge.kernels.
@@ -24,12 +22,11 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.kernels import compiled
 from forge.llama.config import LlamaConfig
-from forge.llama.kv_dtype import itemsize, storage_dtype, to_float32, to_storage
+from forge.llama.kv_cache import KV, Scratch
 from forge.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
-KV = npt.NDArray[np.generic]   # a K or V array in its storage dtype (forge.llama.kv_dtype)
 
 # Upper bound on the floats of one temporary (gathered keys, or one tile of scores): 16 MiB.
 MAX_TEMP_FLOATS = 1 << 22
@@ -47,88 +44,6 @@ MIN_PARALLEL_DECODE_SEQS = 2
 # summed over the step's tiles; 4096 is about 0.1 ms of attention per layer at 135M, a guess at
 # where a thread hand-off stops paying, not measured).
 MIN_PARALLEL_PREFILL_COST = 1 << 12
-
-
-class Scratch:
-    """Reusable float32 buffers for attention's temporaries (gathered keys/values, scores), grown
-    on demand and kept across layers and steps, so a step allocates no large arrays."""
-
-    def __init__(self) -> None:
-        self._buffers: list[F32] = [np.empty(0, np.float32) for _ in range(4)]
-        self._parts: list[Scratch] = [self]
-
-    def part(self, index: int) -> Scratch:
-        """The scratch of part `index` (0: this one): parts run on different threads, so each
-        has its own buffers. Call from the thread that hands out the parts."""
-        while len(self._parts) <= index:
-            self._parts.append(Scratch())
-        return self._parts[index]
-
-    def get(self, slot: int, shape: tuple[int, ...]) -> F32:
-        """A C-contiguous [shape] view of buffer `slot` (0: keys, 1: values, 2: scores, 3: the fused
-        kernel's scores); its
-        contents are garbage until written, and the next get() of the same slot reuses them."""
-        size = int(np.prod(shape))
-        if self._buffers[slot].size < size:
-            self._buffers[slot] = np.empty(size, np.float32)
-        return self._buffers[slot][:size].reshape(shape)
-
-    def gather(self, slot: int, cache: KV, block_ids: I64) -> F32:
-        """cache[block_ids] as float32 [*block_ids.shape, *cache.shape[1:]]: for a float32 cache, a
-        view of it when the ids are one run of consecutive blocks (one sequence whose blocks were
-        allocated in order, as a lone sequence's usually are), else copied (and widened from a
-        half-precision cache) into buffer `slot`. mode="clip" lets take write straight into `out`
-        (mode="raise" buffers a second copy); the block ids were checked against the cache before
-        the step. Read-only: the result may be the cache."""
-        shape = (*block_ids.shape, *cache.shape[1:])
-        flat = block_ids.reshape(-1)
-        if flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
-            first, n = int(flat[0]), flat.size
-            if int(flat[-1]) == first + n - 1 and (n < 3 or bool(np.all(np.diff(flat) == 1))):
-                run = cache[first:first + n].reshape(shape)
-                return run if run.dtype == np.float32 else to_float32(run, self.get(slot, shape))
-        out = self.get(slot, shape)
-        if cache.dtype == np.float32:
-            return np.take(cache, block_ids, axis=0, out=out, mode="clip")
-        return to_float32(np.take(cache, block_ids, axis=0, mode="clip"), out)
-
-
-class KVCache:
-    """The K and V arrays of every layer; a flat slot is block_id * block_size + offset. Stored in
-    `dtype` (forge.llama.kv_dtype: float32, float16, or bfloat16 as uint16 bits); attention
-    widens what it reads to float32 and computes in float32."""
-
-    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype: str = "float32") -> None:
-        if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.dtype = dtype
-        storage = storage_dtype(dtype)
-        # zeros, not empty: padded reads multiply stale slots by probability 0, which needs finite values
-        self.k: KV = np.zeros(shape, dtype=storage)
-        self.v: KV = np.zeros(shape, dtype=storage)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.scratch = Scratch()
-        flat = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
-        self._k_slots = self.k.reshape(flat)                     # [layers, slots, nkv, hd] views
-        self._v_slots = self.v.reshape(flat)
-
-    def write(self, layer: int, slot_mapping: I64, k: F32, v: F32) -> None:
-        """Store one layer's new keys and values [T, nkv, hd] (float32) at their flat slots, in the
-        cache's dtype (rounded to nearest)."""
-        storage = self.k.dtype
-        self._k_slots[layer, slot_mapping] = to_storage(k, storage)
-        self._v_slots[layer, slot_mapping] = to_storage(v, storage)
-
-    @staticmethod
-    def bytes_per_block(config: LlamaConfig, block_size: int, dtype: str = "float32") -> int:
-        """Bytes one block costs across all layers, K and V together, stored in `dtype`."""
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize(dtype)
-
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
 
 
 @dataclass(slots=True)

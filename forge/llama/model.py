@@ -21,8 +21,9 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
 from forge.kernels import KernelChoice, compiled
-from forge.llama.attention import KVCache, attend, plan_attention
+from forge.llama.attention import attend, plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
+from forge.llama.kv_cache import KVCache
 from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
 from forge.llama.rope import RopeTables, apply_rope
 from forge.llama.weights import LayerWeights, LlamaWeights, load_weights

@@ -25,7 +25,8 @@ from forge.config import KV_CACHE_DTYPES
 from forge.kernels import KERNELS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
-from forge.llama.attention import KVCache, attend, plan_attention
+from forge.llama.attention import attend, plan_attention
+from forge.llama.kv_cache import KVCache
 from forge.llama.kv_dtype import storage_dtype, to_float32, to_storage
 from forge.llama.model import LlamaModel
 from forge.llama.weights import QuantEmbedding

@@ -15,7 +15,7 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
 from forge.gguf_file import read_gguf
 from forge.kernels import choose_kernels
-from forge.llama import KVCache, LlamaConfig, LlamaModel, attention
+from forge.llama import KVCache, LlamaConfig, LlamaModel, attention, kv_cache
 from forge.llama import linear as linear_mod
 from forge.llama import model as model_mod
 from tests.tiny_gguf import write_tiny_llama
@@ -462,7 +462,7 @@ def test_real_model_says_paris(real: tuple[LlamaModel, float, list[str]], defaul
 
 def test_gather_views_a_run_of_consecutive_blocks_and_copies_the_rest() -> None:
     cache = np.arange(10 * 2 * 3, dtype=np.float32).reshape(10, 2, 3)     # [blocks, block_size, ...]
-    scratch = attention.Scratch()
+    scratch = kv_cache.Scratch()
     for ids, is_view in (([4], True), ([4, 5, 6], True), ([[4, 5, 6]], True), ([4, 6, 5], False),
                          ([4, 6], False), ([[1, 2], [3, 4]], False), ([7, 8, 6], False)):
         block_ids = np.array(ids, dtype=np.int64)

@@ -43,8 +43,8 @@ class Metrics:
                                           buckets=_STEP_TOKEN_BUCKETS, registry=r)
         self.step_duration = Histogram("forge:step_duration_seconds", "Forward and sampling time of a step.",
                                        buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
-        self.kernels = Gauge("forge:kernels_info", "The kernel backend holding the weights (1 for the one in use).",
-                             ["backend"], registry=r)
+        self.kernels = Gauge("forge:kernels_info", "The kernels in use: the weights' backend, the decode attention.",
+                             ["backend", "attention"], registry=r)
         self._refreshers: list[Callable[[], None]] = []
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:

@@ -134,9 +134,10 @@ class Daemon:
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
-                self.metrics.kernels.labels(backend=loaded.kernels.name).set(1)
+                attention = "compiled" if loaded.model.fused_attention else "numpy"
+                self.metrics.kernels.labels(backend=loaded.kernels.name, attention=attention).set(1)
                 log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,
-                         attention="compiled" if loaded.model.fused_attention else "numpy",
+                         attention=attention,
                          compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
                          kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,

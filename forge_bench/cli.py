@@ -144,9 +144,9 @@ def _server_info(server: str, base: str, log_path: Path, binary: str | None = No
             text = httpx.get(base + "/metrics", timeout=5).text
         except httpx.HTTPError:
             return "forge: kernels unknown"
-        backends = [line.split('"')[1] for line in text.splitlines()
-                    if line.startswith("forge:kernels_info{") and line.rstrip().endswith(" 1.0")]
-        return f"forge: kernels {', '.join(backends) or 'unknown'}"
+        kernels = [line[len("forge:kernels_info"):].rsplit(" ", 1)[0] for line in text.splitlines()
+                   if line.startswith("forge:kernels_info{") and line.rstrip().endswith(" 1.0")]
+        return f"forge: kernels {', '.join(kernels) or 'unknown'}"
     lines = log_path.read_text(errors="replace").splitlines()
     wanted = [line.strip() for line in lines if line.lstrip().startswith(("build:", "system_info:"))]
     if binary is not None:

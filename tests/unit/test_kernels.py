@@ -8,6 +8,9 @@ within its documented tolerance; a model loaded with the kernels must agree with
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -287,3 +290,19 @@ def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
     want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
     got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+@pytest.mark.parametrize("env", [{"FORGE_NO_COMPILED_KERNELS": "1"}, {"CC": "/nonexistent/cc"}])
+def test_without_the_compiled_kernels_forge_says_why_and_runs_numpy_attention(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """No compiler (or one that fails): the model still loads, on the numpy attention, and the
+    status says why (for the ready line). A fresh process: the library is built once per process."""
+    model = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128)
+    code = ("import sys; from forge.kernels import choose_kernels, compiled; from forge.llama.model import LlamaModel;"
+            f"m = LlamaModel.load({str(model)!r}, choose_kernels('onnxruntime'));"
+            "print(m.fused_attention, compiled.status()); m.forward_context([3, 4, 5])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FORGE_HOME": str(tmp_path / "home"), **env})
+    assert result.returncode == 0, result.stderr
+    fused, status = result.stdout.strip().split(" ", 1)
+    assert fused == "False" and status.startswith("unavailable (")

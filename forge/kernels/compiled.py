@@ -26,7 +26,7 @@ from forge.hub import forge_home
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c")]
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
 # to compiling only: linking with it would add crtfastmath.o, which sets flush-to-zero for the whole
@@ -64,14 +64,16 @@ def _load() -> ctypes.CDLL:
         raise RuntimeError("no C compiler (cc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = " ".join(CFLAGS + LDFLAGS).encode()
-    key = hashlib.sha256(SOURCE.read_bytes() + flags + version.encode()).hexdigest()[:16]
-    target = forge_home() / "kernels" / f"{SOURCE.stem}-{key}.so"
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + flags + version.encode()).hexdigest()[:16]
+    target = forge_home() / "kernels" / f"forge-kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
-            for command in ([compiler, *CFLAGS, "-c", "-o", str(obj), str(SOURCE)],
-                            [compiler, *LDFLAGS, "-o", str(built), str(obj), "-lm"]):
+            objects = [str(Path(tmp) / f"{s.stem}.o") for s in SOURCES]
+            built = Path(tmp) / target.name
+            commands = [[compiler, *CFLAGS, "-c", "-o", obj, str(s)] for s, obj in zip(SOURCES, objects, strict=True)]
+            commands.append([compiler, *LDFLAGS, "-o", str(built), *objects, "-lm"])
+            for command in commands:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120)
                 if result.returncode != 0:
                     raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-400:]}")
@@ -83,6 +85,8 @@ def _load() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, p, p]
         fn.restype = ctypes.c_int
+    lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
+    lib.q8_0_matmul.restype = ctypes.c_int
     return lib
 
 
@@ -126,3 +130,24 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")
+
+
+Q8_0_BLOCK_BYTES = 34       # a float16 scale and 32 int8 values
+
+
+def q8_0_matmul(x: F32, blocks: npt.NDArray[np.uint8], out: F32, v_lo: int, v_hi: int) -> None:
+    """out[:, v_lo:v_hi] = x @ W[v_lo:v_hi].T for W [V, K] in Q8_0 blocks ([V, K / 32 * 34] bytes):
+    see q8_matmul.c. x [T, K] and out [T, V] C-contiguous float32 (checked)."""
+    lib = library()
+    assert lib is not None, "q8_0_matmul called without the compiled kernels"
+    num_rows, k = x.shape
+    v_total = out.shape[1]
+    if (x.dtype != np.float32 or out.dtype != np.float32 or blocks.dtype != np.uint8
+            or not (x.flags.c_contiguous and out.flags.c_contiguous and blocks.flags.c_contiguous)):
+        raise ValueError("q8_0_matmul needs C-contiguous float32 x and out and uint8 blocks")
+    if (blocks.shape != (v_total, k // 32 * Q8_0_BLOCK_BYTES) or out.shape[0] != num_rows
+            or not 0 <= v_lo <= v_hi <= v_total):
+        raise ValueError(f"q8_0_matmul: shapes {x.shape}, {blocks.shape}, {out.shape} "
+                         f"or range [{v_lo}, {v_hi}) disagree")
+    if lib.q8_0_matmul(_ptr(x), num_rows, k, _ptr(blocks), v_lo, v_hi, v_total, _ptr(out)) != 0:
+        raise ValueError(f"q8_0_matmul: K={k} is not whole blocks of 32 or over 8192")

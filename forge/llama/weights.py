@@ -21,7 +21,7 @@ from gguf.constants import GGMLQuantizationType
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
-from forge.kernels import KernelChoice
+from forge.kernels import KernelChoice, compiled
 from forge.kernels.blocks import SUPPORTED, affine_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
@@ -46,14 +46,14 @@ class QuantEmbedding:
     """The token embedding [V, H] kept in its GGUF blocks; rows are dequantized when looked up."""
 
     def __init__(self, data: npt.NDArray[np.uint8], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
-        self._data = np.array(data, dtype=np.uint8)       # [V, bytes per row], a copy: the file may close
-        self._qtype = qtype
+        self.data = np.array(data, dtype=np.uint8)        # [V, bytes per row], a copy: the file may close
+        self.qtype = qtype
         self.shape = shape
-        self.nbytes = self._data.nbytes
+        self.nbytes = self.data.nbytes
 
     def rows(self, token_ids: npt.NDArray[np.int64]) -> F32:
         """[T, H] float32, exactly the file's values (forge.llama.dequant)."""
-        out: F32 = dequantize(self._data[token_ids], self._qtype).astype(np.float32, copy=False)
+        out: F32 = dequantize(self.data[token_ids], self.qtype).astype(np.float32, copy=False)
         return out
 
 
@@ -91,7 +91,7 @@ class LlamaWeights:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the weights (a tied dense head shares the embedding's memory)."""
+        """Bytes held by the weights (a tied head shares the embedding's memory, dense or in blocks)."""
         held: list[Any] = [self.embedding, self.out_norm]
         for layer in self.layers:
             held += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
@@ -129,6 +129,10 @@ class _TensorSource:
         if f_ordered and len(names) == 1:
             return self.owned(names[0], shapes[0]).T
         return self.fused(names, shapes)
+
+    def keeps_blocks(self, name: str, qtype: GGMLQuantizationType) -> bool:
+        """Whether the kernels keep this tensor in its blocks, and it is of type qtype."""
+        return self._kernels is not None and self._tensor(name).tensor_type == qtype
 
     def embedding(self, name: str, shape: tuple[int, int]) -> F32 | QuantEmbedding:
         """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
@@ -204,7 +208,15 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
             w_down=src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True),
         ))
     embedding: F32 | QuantEmbedding
-    if c.tied_embeddings:
+    head: Weight
+    if c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
+        # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
+        from forge.llama.linear import Q8Matrix
+
+        embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
+        assert isinstance(embedding, QuantEmbedding)
+        head = Q8Matrix(embedding.data, embedding.shape)
+    elif c.tied_embeddings:
         head = src.matrix(["token_embd.weight"], [(c.vocab_size, hidden)])  # [H, V]
         if isinstance(head, np.ndarray):
             embedding = head.T                                                 # [V, H] view, no copy

@@ -28,9 +28,11 @@ from forge.config import KV_CACHE_DTYPES
 from forge.kernels import KERNELS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
+from forge.llama import linear as linear_mod
 from forge.llama.attention import attend, plan_attention
 from forge.llama.kv_cache import KVCache
 from forge.llama.kv_dtype import storage_dtype, to_float32, to_storage
+from forge.llama.linear import MatmulPool, Q8Matrix
 from forge.llama.model import LlamaModel
 from forge.llama.weights import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
@@ -306,3 +308,36 @@ def test_without_the_compiled_kernels_forge_says_why_and_runs_numpy_attention(
     assert result.returncode == 0, result.stderr
     fused, status = result.stdout.strip().split(" ", 1)
     assert fused == "False" and status.startswith("unavailable (")
+
+
+# ---- the Q8_0 head ------------------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), num_blocks=st.integers(1, 20), num_tokens=st.integers(1, 11),
+       num_parts=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_the_q8_kernel_multiplies_by_exactly_the_files_values(rows: int, num_blocks: int, num_tokens: int,
+                                                              num_parts: int, seed: int) -> None:
+    """Every tile shape: rows of W and of x not multiples of the 4x4 tile, one to many blocks,
+    the rows split over 1-3 pool parts."""
+    rng = np.random.default_rng(seed)
+    cols = 32 * num_blocks
+    data = random_blocks(rng, Q.Q8_0, rows, cols)
+    x = rng.standard_normal((num_tokens, cols)).astype(np.float32)
+    pool, saved = MatmulPool("split", num_parts), linear_mod._active
+    linear_mod._active = pool                  # the process's pool, without touching BLAS's threads
+    try:
+        got = Q8Matrix(data, (rows, cols)).matmul(x)
+    finally:
+        linear_mod._active = saved
+        pool.close()
+    assert_close(got, reference_product(x, [affine_blocks(data, Q.Q8_0, (rows, cols))]), rel=2e-6)
+
+
+def test_a_tied_q8_head_shares_the_embeddings_blocks(default_model_path: Path) -> None:
+    """The default model: its head is the embedding's own Q8_0 bytes, not a second copy."""
+    model = LlamaModel.load(default_model_path, choose_kernels("onnxruntime"))
+    w = model.weights
+    assert isinstance(w.head, Q8Matrix) and isinstance(w.embedding, QuantEmbedding)
+    assert np.shares_memory(w.head._blocks, w.embedding.data) and w.head.shape == (576, 49152)
+    gguf_bytes = default_model_path.stat().st_size
+    assert w.nbytes < 1.15 * gguf_bytes        # the weights as held: close to the file's size

@@ -27,6 +27,7 @@ F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c")]
+HEADERS = [Path(__file__).with_name("dot.h")]
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
 # to compiling only: linking with it would add crtfastmath.o, which sets flush-to-zero for the whole
@@ -64,7 +65,8 @@ def _load() -> ctypes.CDLL:
         raise RuntimeError("no C compiler (cc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = " ".join(CFLAGS + LDFLAGS).encode()
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + flags + version.encode()).hexdigest()[:16]
+    text = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+    key = hashlib.sha256(text + flags + version.encode()).hexdigest()[:16]
     target = forge_home() / "kernels" / f"forge-kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@
  * is float32. The dot products keep 16 partial sums (vectorised).
  *
  * The body below is compiled once per storage type: this file includes itself with KV_NAME,
- * KV_T and KV_ROW defined (paged_decode_attention_f32, _f16, _bf16).
+ * KV_T and KV_ROW defined (paged_decode_attention_f32, _f16, _bf16); compile it by its absolute
+ * path, as forge.kernels.compiled does, so that __FILE__ names it from anywhere.
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL, so the engine's pool threads run parts of a step at once.
@@ -21,7 +22,8 @@
 #include <immintrin.h>
 #endif
 
-#define LANES 16
+#include "dot.h"
+
 #define MAX_GROUP 64
 #define MAX_HEAD_DIM 256
 
@@ -76,22 +78,6 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-#ifndef DOT_DEFINED
-#define DOT_DEFINED
-static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++)
-        s += acc[j];
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-#endif
 
 /* q:            [T, nh, hd]  scaled queries of the step's rows
  * k, v:         [num_blocks, block_size, nkv, hd]  one layer's cache

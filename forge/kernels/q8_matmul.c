@@ -3,7 +3,7 @@
  * Used for the output head, whose Q8_0 blocks forge already keeps for the token embedding: no
  * second copy of the weights. Each output row of W is widened to float32 once (d * q, exactly the
  * file's values) into a buffer that stays in L1, then dotted with every row of x; float32
- * arithmetic, 16 partial sums per dot product as in paged_attention.c. A call computes the
+ * arithmetic, dot products as in dot.h. A call computes the
  * columns [v_lo, v_hi) of out, so the engine's pool threads split the vocabulary between them.
  * forge.kernels.blocks' dequantize() followed by a float64 product is the reference it is tested
  * against.
@@ -11,24 +11,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dot.h"
+
 #define Q8_BLOCK 32
 #define Q8_BYTES 34
-#define LANES 16
 #define MAX_K 8192
-
-static inline float dot16(const float *restrict a, const float *restrict b, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++)
-        s += acc[j];
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
 
 /* Widen one Q8_0 row of K values to float32 (d * q, as the file means them). */
 static inline void widen_row(const uint8_t *restrict b, int64_t num_blocks, float *restrict row) {
@@ -95,12 +82,12 @@ int q8_0_matmul(const float *restrict x, int64_t num_rows, int64_t k, const uint
             tile4x4(x + t * k, rows, k, v_total, out + t * v_total + v);
         for (; t < num_rows; t++)
             for (int c = 0; c < 4; c++)
-                out[t * v_total + v + c] = dot16(rows + c * k, x + t * k, k);
+                out[t * v_total + v + c] = dot(rows + c * k, x + t * k, k);
     }
     for (; v < v_hi; v++) {                             /* the last few rows one by one */
         widen_row(blocks + v * num_blocks * Q8_BYTES, num_blocks, rows);
         for (int64_t t = 0; t < num_rows; t++)
-            out[t * v_total + v] = dot16(rows, x + t * k, k);
+            out[t * v_total + v] = dot(rows, x + t * k, k);
     }
     return 0;
 }

@@ -188,23 +188,30 @@ def hypercorn_config(bind: str | None = None, fd: int | None = None) -> Hypercor
 
 
 async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signals: bool = True) -> None:
-    """Serve HTTP and run the actors until drained. Raises if an actor crashes."""
+    """Serve HTTP and run the actors until drained. Raises if the model cannot load or an actor
+    crashes, after hypercorn has shut down on its own."""
     http_stop = anyio.Event()
+    failure: Exception | None = None
     async with anyio.create_task_group() as tg:
         async def http() -> None:
             await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)
 
         tg.start_soon(http)
-        async with anyio.create_task_group() as signals:
-            if handle_signals:
-                signals.start_soon(_watch_signals, daemon)
-            try:
+        try:
+            async with anyio.create_task_group() as signals:
+                if handle_signals:
+                    signals.start_soon(_watch_signals, daemon)
                 await daemon.run_actors()
-            finally:
-                http_stop.set()
-            signals.cancel_scope.cancel()
-        # hypercorn now closes its connections on its own (graceful_timeout); cancelling it
-        # in the middle of that breaks its shutdown with an InvalidStateError.
+                signals.cancel_scope.cancel()
+        except Exception as exc:                  # re-raised below, once hypercorn has stopped
+            failure = exc
+        finally:
+            http_stop.set()
+        # hypercorn now closes its connections on its own (graceful_timeout). Cancelling it instead
+        # (as an exception leaving this task group would) breaks its shutdown: an InvalidStateError
+        # mid-drain, or a stray traceback at exit when a model fails to load during its start-up.
+    if failure is not None:
+        raise failure
 
 
 async def _watch_signals(daemon: Daemon) -> None:

@@ -99,10 +99,7 @@ class Daemon:
         num_blocks, max_model_len = plan_cache(loaded.model, cfg)
         cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
-        core = EngineCore(SchedulerConfig(max_batch_size=cfg.max_num_seqs,
-                                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                          policy=cfg.scheduling_policy),
-                          cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
+        core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,

@@ -39,7 +39,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
-                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
+                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype, max_step_ms=args.max_step_ms,
                             scheduling_policy=args.scheduling_policy)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -60,6 +60,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who gets a step's token budget first: shortest-first (decodes, then the prompts "
                         "with the fewest tokens left; long waits age into first place) or fcfs "
                         "[FORGE_SCHEDULING_POLICY; shortest-first]")
+    g.add_argument("--max-step-ms", type=float, default=_float_or_none(env("FORGE_MAX_STEP_MS", None)),
+                   help="while sequences decode, size each step to about this many milliseconds by its "
+                        "measured cost (less prompt per step, steadier streams) [FORGE_MAX_STEP_MS; off]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
                    help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),
@@ -88,6 +91,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text is not None else None
+
+
+def _float_or_none(text: str | None) -> float | None:
+    return float(text) if text is not None else None
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:

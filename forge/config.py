@@ -54,6 +54,9 @@ class EngineConfig:
     # How the K/V cache stores values (forge.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
     # float32 whatever the storage. Half precision holds twice the tokens in kv_cache_memory.
     kv_cache_dtype: str = "float32"
+    # While sequences decode, size a step to about this many milliseconds (forge.scheduler: the
+    # measured cost of recent steps decides how much prompt fits); None: the token budget alone.
+    max_step_ms: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -63,6 +66,8 @@ class EngineConfig:
             raise ValueError("blas_threads must be positive")
         if self.matmul_strategy not in MATMUL_STRATEGIES:
             raise ValueError(f"matmul_strategy must be one of {', '.join(MATMUL_STRATEGIES)}")
+        if self.max_step_ms is not None and self.max_step_ms <= 0:
+            raise ValueError("max_step_ms must be positive")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kernels not in KERNELS:

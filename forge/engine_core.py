@@ -132,6 +132,7 @@ class EngineCore:
 
     def apply(self, output: StepOutput) -> list[TokensEmitted]:
         """Record sampled tokens; finish requests that meet a stop rule."""
+        self.scheduler.observe_step(output.num_tokens, output.elapsed_s)
         events = []
         for tok in output.sampled:
             req = self._requests.get(tok.seq_id)

@@ -105,10 +105,8 @@ class LLMEngine:
         self.cache = PagedKVCache(num_blocks, config.block_size,
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.core = EngineCore(
-            SchedulerConfig(max_batch_size=config.max_num_seqs,
-                            max_num_batched_tokens=config.max_num_batched_tokens,
-                            policy=config.scheduling_policy),
-            self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len,
+            SchedulerConfig.of(config), self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id,
+            max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   kv_cache_dtype=config.kv_cache_dtype,

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from forge.config import SCHEDULING_POLICIES
+from forge.config import SCHEDULING_POLICIES, EngineConfig
 from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash
 from forge.sequence import SeqState, Sequence, TokenId
+from forge.step_cost import StepCostModel
 
 # Scheduling policies (SCHEDULING_POLICIES): the order in which the step's token budget is handed out.
 #   "fcfs":           running sequences in admission order, then waiting ones in arrival order.
@@ -31,6 +32,9 @@ AGING_STEPS = 32
 # At most this many waiting sequences are offered to the allocator per step (it admits them in
 # order while the step's budget and the free blocks last).
 MAX_ADMIT_CANDIDATES = 16
+# Under a step-time target, prompts still advance by at least this many tokens a step, however
+# long the decode rows alone take: no prompt waits for ever.
+MIN_PREFILL_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -64,14 +68,27 @@ class SchedulerConfig:
     max_batch_size: int = 8                     # most sequences running at once
     max_num_batched_tokens: int | None = None   # token budget per step; None: unlimited
     policy: str = "fcfs"                        # one of SCHEDULING_POLICIES
+    # While sequences are decoding, size each step to about this many seconds (by the measured
+    # cost of recent steps) so their next tokens are not held up by long prompt chunks; None: the
+    # token budget alone. Prefill always advances by at least MIN_PREFILL_TOKENS a step.
+    max_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.max_step_s is not None and self.max_step_s <= 0:
+            raise ValueError("max_step_s must be positive")
         if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}")
+
+    @classmethod
+    def of(cls, engine: EngineConfig) -> SchedulerConfig:
+        """The scheduling part of an engine's configuration."""
+        return cls(max_batch_size=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                   policy=engine.scheduling_policy,
+                   max_step_s=engine.max_step_ms / 1000 if engine.max_step_ms is not None else None)
 
 
 class Scheduler:
@@ -93,6 +110,7 @@ class Scheduler:
         self._prefix_index: OrderedDict[int, None] = OrderedDict()
         self._index_prefixes = config.policy == "shortest-first" and layout.enable_prefix_caching
         self.num_preemptions = 0
+        self.cost = StepCostModel()
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -177,7 +195,7 @@ class Scheduler:
         for seq in [s for s in self._running if s.is_complete()]:
             self._retire(seq)
         self._step += 1
-        budget = self.config.max_num_batched_tokens or 1 << 62
+        budget = self._step_budget()
         shares: dict[SeqId, int] = {}
         for seq in self._budget_order(self._running):
             num = min(seq.total_len() - seq.num_computed_tokens, budget)
@@ -189,6 +207,23 @@ class Scheduler:
             asks += [self._ask(seq, seq.total_len(), is_running=False)
                      for seq in self._admission_order(num_slots)]
         return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """What the last step cost: it teaches the step-time target's cost model."""
+        self.cost.observe(num_tokens, seconds)
+
+    def _step_budget(self) -> int:
+        """The token budget, or under a step-time target with sequences decoding, what the cost
+        model says fits the target: the decode rows plus at least MIN_PREFILL_TOKENS of prompt."""
+        budget = self.config.max_num_batched_tokens or 1 << 62
+        target = self.config.max_step_s
+        if target is None:
+            return budget
+        num_decoding = sum(1 for s in self._running if s.total_len() - s.num_computed_tokens <= 1)
+        fits = self.cost.tokens_within(target) if num_decoding else None
+        if fits is None:
+            return budget           # nothing decoding (prefill may take it all), or no fit yet
+        return min(budget, max(fits, num_decoding + MIN_PREFILL_TOKENS))
 
     def _is_aged(self, seq: Sequence) -> bool:
         return self._step - seq.arrival_step >= AGING_STEPS or seq.state is SeqState.PREEMPTED

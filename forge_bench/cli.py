@@ -63,12 +63,17 @@ async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: 
 
 
 def _table(records: list[dict[str, Any]]) -> str:
-    head = ("| server | streams | output tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | ITL p99 "
-            "| e2e p50 | errors |\n|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| server | streams | output tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | ITL p50 | ITL p99 "
+            "| e2e p50 | within SLO | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r['server']} | {r['concurrency'] or 'rate ' + str(r.get('rate'))} | {r['output_tok_s']} "
-            f"| {r['req_s']} | {r['ttft_p50']} | {r['ttft_p99']} | {r['tpot_p50']} | {r['itl_p99']} "
-            f"| {r['e2e_p50']} | {r['errors']} |" for r in records]
+            f"| {r['req_s']} | {r['ttft_p50']} | {r['ttft_p99']} | {r['tpot_p50']} | {r['itl_p50']} | {r['itl_p99']} "
+            f"| {r['e2e_p50']} | {_share(r.get('goodput_share'))} | {r['errors']} |" for r in records]
     return "\n".join([head, *rows])
+
+
+def _share(value: float | None) -> str:
+    """Goodput as a share of the requests (TTFT and TPOT within --ttft-slo / --tpot-slo)."""
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -157,6 +157,7 @@ def summarize(results: list[RequestResult], wall_s: float, *, ttft_slo: float, t
         "itl_p50": _pct(itl, 50), "itl_p90": _pct(itl, 90), "itl_p99": _pct(itl, 99),
         "e2e_p50": _pct(e2e, 50), "e2e_p99": _pct(e2e, 99),
         "goodput_req_s": round(len(good) / wall_s, 4) if wall_s else None,
+        "goodput_share": round(len(good) / len(results), 4) if results else None,
         "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
     }
 

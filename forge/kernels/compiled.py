@@ -1,8 +1,9 @@
 """forge's own compiled kernels: C sources in this package, built for the host on first use.
 
 The shared library is compiled with the host's C compiler (`cc`, or $CC) for the CPU it runs on
-(-march=native) into $FORGE_HOME/kernels/, named by a hash of the source, the flags and the
-compiler, and loaded with ctypes (whose foreign calls release the GIL, so pool threads run in
+(-march=native) into $FORGE_HOME/kernels/, named by a hash of the sources, the flags, the compiler
+and the CPU (a library built for one CPU may not run on another that shares the cache), and loaded
+with ctypes (whose foreign calls release the GIL, so pool threads run in
 parallel). With no compiler or a failed build the library is None and callers use their numpy
 path; `status()` says why, for the start-up log.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -66,7 +68,7 @@ def _load() -> ctypes.CDLL:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = " ".join(CFLAGS + LDFLAGS).encode()
     text = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
-    key = hashlib.sha256(text + flags + version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + flags + version.encode() + _cpu_identity()).hexdigest()[:16]
     target = forge_home() / "kernels" / f"forge-kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,16 @@ def _load() -> ctypes.CDLL:
 _DECODE_BY_STORAGE = {np.dtype(np.float32): "paged_decode_attention_f32",
                       np.dtype(np.float16): "paged_decode_attention_f16",
                       np.dtype(np.uint16): "paged_decode_attention_bf16"}
+
+
+def _cpu_identity() -> bytes:
+    """The CPU's model and feature flags (what -march=native compiles for); Linux's /proc/cpuinfo."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor().encode()
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    return "\n".join(wanted).encode()
 
 
 def _ptr(a: npt.NDArray[np.generic]) -> int:

@@ -1,10 +1,17 @@
-"""A/B of the kernel backends on the real model's matmuls (all layers + the head), in one process.
+"""A/B of forge's kernels against what they replace, on the real model, in one process.
 
-For each backend (forge.kernels): load time, the weights' bytes, the peak RSS after loading, and
-the matmuls' tokens/s at each step size, measured in interleaved rounds (A B A B) so that a
-busier moment of the machine hits every backend alike. Figures only.
+    products   (default) every backend's matmuls, all layers + the head: load time, weights' bytes,
+               RSS after loading, tokens/s per step size, in interleaved rounds (A B A B)
+    attention  one layer's decode attention at 32 sequences x 200 tokens: the numpy path against
+               the compiled kernel on 1 and 2 threads, and their error against float64
+    head       the tied head (49,152 x 576): the compiled Q8_0 kernel against onnxruntime's two
+               4-bit planes of the same blocks, per number of rows
 
-    .venv/bin/python scripts/ab_kernels.py [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
+Figures only.
+
+    .venv/bin/python scripts/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
+    .venv/bin/python scripts/ab_kernels.py attention
+    .venv/bin/python scripts/ab_kernels.py head
 """
 
 from __future__ import annotations
@@ -14,9 +21,19 @@ import gc
 import resource
 import statistics
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
+import numpy as np
+
+from forge.batch import ForwardBatch
 from forge.bench import matmul_seconds
-from forge.llama.linear import configure_matmul
+from forge.gguf_file import read_gguf
+from forge.hub import resolve_model
+from forge.kernels.blocks import affine_blocks
+from forge.kernels.onnx_linear import OnnxLinear
+from forge.llama.attention import attend, plan_attention
+from forge.llama.linear import Q8Matrix, configure_matmul
 from forge.llm import LoadedModel
 
 
@@ -25,14 +42,79 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of fn over reps calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cmd_attention(reps: int) -> None:
+    rng = np.random.default_rng(0)
+    num_seqs, nh, nkv, hd, bs, context = 32, 9, 3, 64, 16, 200
+    width = -(-context // bs)
+    num_blocks = num_seqs * width + 64
+    tables = rng.permutation(num_blocks)[: num_seqs * width].reshape(num_seqs, width).astype(np.int64)
+    lens = np.full(num_seqs, context, dtype=np.int64)
+    k = rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32)
+    v = rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32)
+    q = (rng.standard_normal((num_seqs, nh, hd)) / 8).astype(np.float32)
+    rows = np.arange(num_seqs, dtype=np.int64)
+    batch = ForwardBatch(token_ids=rows, positions=lens - 1, slot_mapping=rows, query_start=np.arange(num_seqs + 1),
+                         context_lens=lens, block_tables=tables, sample_indices=rows)
+    config = SimpleNamespace(num_heads=nh, num_kv_heads=nkv, head_dim=hd)
+    ref = np.empty((num_seqs, nh, hd))
+    for s in range(num_seqs):
+        keys = k[tables[s]].reshape(-1, nkv, hd)[:context].astype(np.float64)
+        vals = v[tables[s]].reshape(-1, nkv, hd)[:context].astype(np.float64)
+        for h in range(nh):
+            scores = keys[:, h // (nh // nkv)] @ q[s, h]
+            w = np.exp(scores - scores.max())
+            ref[s, h] = (w / w.sum()) @ vals[:, h // (nh // nkv)]
+    cases = (("numpy", False, 2), ("compiled, 1 thread", True, 1), ("compiled, 2 threads", True, 2))
+    for label, fused, threads in cases:
+        configure_matmul("split", threads)
+        plan = plan_attention(batch, config, bs, fused=fused)        # type: ignore[arg-type]
+        out = attend(plan, q, k, v)
+        seconds = timed(lambda plan=plan: attend(plan, q, k, v), reps)
+        print(f"{label:20s} {seconds * 1e3:6.3f} ms per layer   error vs float64 {np.max(np.abs(out - ref)):.1e}")
+
+
+def cmd_head(model: str | None, reps: int) -> None:
+    configure_matmul("split", 2)
+    tensor = read_gguf(resolve_model(model, lambda _m: None)).tensors["token_embd.weight"]
+    blocks = np.array(tensor.data, dtype=np.uint8)                  # [V, H / 32 * 34] Q8_0 rows
+    rows, cols = tensor.shape                                        # [V, H] in numpy order
+    q8 = Q8Matrix(blocks, (rows, cols))
+    planes = OnnxLinear([affine_blocks(blocks, tensor.tensor_type, (rows, cols))], num_threads=2)
+    rng = np.random.default_rng(0)
+    print("rows   compiled Q8_0   onnxruntime planes")
+    for n in (1, 3, 8, 32, 64):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        print(f"{n:4d}   {timed(lambda x=x: q8.matmul(x), reps) * 1e3:9.2f} ms   "
+              f"{timed(lambda x=x: planes.matmul(x), reps) * 1e3:12.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case", nargs="?", default="products", choices=["products", "attention", "head"])
+    parser.add_argument("--reps", type=int, default=20, help="attention, head: timed calls per figure")
     parser.add_argument("--model", default=None)
     parser.add_argument("--kernels", default="numpy,onnxruntime,fast")
     parser.add_argument("--tokens", default="1,8,32,128")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.case == "attention":
+        cmd_attention(args.reps)
+        return
+    if args.case == "head":
+        cmd_head(args.model, args.reps)
+        return
     configure_matmul("split", args.threads)
     tokens = [int(t) for t in args.tokens.split(",")]
     loaded = {}

@@ -76,6 +76,9 @@ class LlamaModel:
         # The compiled decode attention goes with the compiled kernels; --kernels numpy keeps the
         # whole forward on the numpy reference.
         self.fused_attention = weights.kernels != "numpy" and compiled.library() is not None
+        # Big steps split their rows over the pool only when the pool does the matmuls (dense
+        # weights): kernels run each product on threads of their own.
+        self._rows_split = weights.is_dense
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
@@ -151,10 +154,8 @@ class LlamaModel:
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         x = w.embed(batch.token_ids)                                            # [T, H]
         pool = active_pool()
-        # Rows split over the pool only when the pool does the matmuls (dense weights): kernels run
-        # each product on threads of their own.
         row_parts = (_row_parts(num_tokens, pool.num_parts)
-                     if num_tokens >= MIN_ROW_SPLIT_TOKENS and w.is_dense else [])
+                     if num_tokens >= MIN_ROW_SPLIT_TOKENS and self._rows_split else [])
         for i, layer in enumerate(w.layers):
             q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)      # [T, nh, hd]
             inputs = functools.partial(self._attention_inputs, layer, i, x, rotation, batch.slot_mapping, kv, scale, q)

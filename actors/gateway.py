@@ -9,6 +9,7 @@ Every error a request meets is a RequestError, rendered as OpenAI's error envelo
 
 from __future__ import annotations
 
+import functools
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,7 +28,15 @@ from starlette.routing import Route
 
 from actors.admission import Admission, LoadStats
 from actors.metrics import Metrics
-from actors.responses import ChoiceReader, CompletionShape, chat_body, chat_frames, completion_body, completion_frames
+from actors.responses import (
+    ChoiceReader,
+    CompletionShape,
+    ToolReading,
+    chat_body,
+    chat_frames,
+    completion_body,
+    completion_frames,
+)
 from actors.router import ResponseGroup, Router
 from actors.sse import SSEResponse
 from forge import api
@@ -37,7 +46,9 @@ from forge.chat import ChatTemplate
 from forge.errors import CapacityError, RequestError
 from forge.messages import Abort, Accepted, Rejected, Submit
 from forge.sampling_params import SamplingParams
+from forge.structured import Grammars
 from forge.tokenizer import Tokenizer
+from forge.tools import Function, messages_with_tools
 
 log = structlog.get_logger("forge.gateway")
 _json = msgspec.json.Encoder()
@@ -63,6 +74,7 @@ class Pipeline:
     template: ChatTemplate
     max_model_len: int
     load_stats: LoadStats
+    grammars: Grammars
 
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
@@ -184,8 +196,11 @@ class Gateway:
         req = api.decode_tokenize(await self._body(request))
         self._check_model(req.model)
         if req.messages is not None:
-            text = pipe.template.render(api.chat_template_messages(req.messages),
-                                        add_generation_prompt=req.add_generation_prompt)
+            functions = [Function(t.function.name, t.function.description, t.function.parameters)
+                         for t in req.tools or ()]
+            messages, template_tools = _prompt_messages(pipe, req.messages, functions)
+            text = pipe.template.render(messages, add_generation_prompt=req.add_generation_prompt,
+                                        tools=template_tools)
             ids = pipe.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = pipe.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
@@ -240,7 +255,7 @@ class Gateway:
     async def _completions(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         req = api.decode_completion(body)
         self._check_model(req.model)
-        params = api.to_sampling_params(req, default_max_tokens=16)
+        params = api.to_sampling_params(req, default_max_tokens=16, grammar=await self._grammar(pipe, req))
         prompts = api.completion_prompts(req)
         n, base = req.n, wire.new_request_id("cmpl")
         submits = []
@@ -262,18 +277,32 @@ class Gateway:
     async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         req = api.decode_chat(body)
         self._check_model(req.model)
-        params = api.to_sampling_params(req, default_max_tokens=max(1, pipe.max_model_len))
-        messages = tuple(api.chat_template_messages(req.messages))
+        params = api.to_sampling_params(req, default_max_tokens=max(1, pipe.max_model_len),
+                                        grammar=await self._grammar(pipe, req))
+        functions = api.request_functions(req)
+        messages, template_tools = _prompt_messages(pipe, req.messages, functions)
         base = wire.new_request_id("chatcmpl")
-        submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages)
-                   for j in range(req.n)]
+        submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
+                          tools=template_tools) for j in range(req.n)]
         reader = await self._start(request, pipe, submits, len(body), arrival)
         header = self._header(base, req.include_usage)
         want_logprobs = params.logprobs is not None
+        tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if functions else None
         if req.stream:
-            return self._sse(request, pipe, reader, chat_frames(reader, header, want_logprobs=want_logprobs))
+            return self._sse(request, pipe, reader,
+                             chat_frames(reader, header, want_logprobs=want_logprobs, tools=tools))
         return await self._respond(request, pipe, reader,
-                                   lambda: chat_body(reader, header, want_logprobs=want_logprobs))
+                                   lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
+
+    async def _grammar(self, pipe: Pipeline, req: api.CompletionRequest | api.ChatCompletionRequest) -> str | None:
+        """The request's constraint as grammar text, checked against the vocabulary off the event loop
+        (a large schema may take a while to compile); None without one."""
+        constraint = api.request_constraint(req)
+        if constraint is None:
+            return None
+        await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
+                                                         param=constraint.param))
+        return constraint.grammar
 
     def _header(self, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
@@ -342,6 +371,18 @@ def _params_for(params: SamplingParams, j: int) -> SamplingParams:
     if j == 0 or params.seed is None:
         return params
     return msgspec.structs.replace(params, seed=params.seed + j)
+
+
+def _prompt_messages(pipe: Pipeline, messages: list[api.ChatMessage], functions: list[Function],
+                     ) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
+    """Messages (and tools) as the chat template gets them: a template that reads tools renders them and
+    tool turns itself; for any other, tools and tool turns are written in forge's format."""
+    entries = api.chat_template_messages(messages)
+    if pipe.template.supports_tools:
+        return tuple(entries), tuple(f.as_tool() for f in functions) or None
+    if functions or any(m["role"] == "tool" or "tool_calls" in m for m in entries):
+        entries = messages_with_tools(entries, functions)
+    return tuple(entries), None
 
 
 def _echo_text(pipe: Pipeline, prompt: str | list[int]) -> str:

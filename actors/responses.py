@@ -20,6 +20,7 @@ from actors.router import ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.messages import TextDelta
+from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
 # tokens, and one gap per token would flood the histogram with one figure.
@@ -172,14 +173,32 @@ async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> Asy
 
 # ---- /v1/chat/completions ----------------------------------------------------------------------
 
-def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> dict[str, Any]:
-    items = [wire.chat_choice(k, c.text, c.finish_reason or "length",
-                             wire.chat_logprobs(c.logprobs) if want_logprobs else None)
-             for k, c in enumerate(reader.choices)]
+@dataclass(frozen=True, slots=True)
+class ToolReading:
+    """Tool calls are read out of each choice's text (forge.tools); at most max_calls per choice."""
+    max_calls: int | None = None
+
+
+def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
+              tools: ToolReading | None = None) -> dict[str, Any]:
+    items = []
+    for k, c in enumerate(reader.choices):
+        reason: FinishReason = c.finish_reason or "length"
+        lp = wire.chat_logprobs(c.logprobs) if want_logprobs else None
+        if tools is None:
+            items.append(wire.chat_choice(k, c.text, reason, lp))
+            continue
+        message = read_message(c.text, max_calls=tools.max_calls)
+        if message.tool_calls and reason == "stop":
+            reason = "tool_calls"
+        calls = [wire.tool_call(t.id, t.name, t.arguments) for t in message.tool_calls]
+        items.append(wire.chat_choice(k, message.content, reason, lp, calls))
     return wire.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
 
 
-async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool) -> AsyncIterator[bytes]:
+async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
+                      tools: ToolReading | None = None) -> AsyncIterator[bytes]:
+    calls = [ToolCallReader(max_calls=tools.max_calls) for _ in reader.choices] if tools is not None else None
     for k in range(len(reader.choices)):
         yield wire.sse_frame(wire.chat_role_chunk(header, index=k))
     async for item in reader.deltas():
@@ -187,10 +206,38 @@ async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logp
             yield wire.SSE_PING
             continue
         k, delta, choice = item
-        if delta.text or delta.logprobs:
-            lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs else None
-            yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
-        if choice.finish_reason is not None and delta.finish_reason is not None:
-            yield wire.sse_frame(wire.chat_finish_chunk(header, index=k, finish_reason=choice.finish_reason))
+        lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs and delta.logprobs else None
+        reason = choice.finish_reason if delta.finish_reason is not None else None
+        if calls is None:
+            if delta.text or delta.logprobs:
+                yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
+        else:
+            events = calls[k].push(delta.text) + (calls[k].finish() if reason is not None else [])
+            for frame in _tool_frames(header, k, events, lp):
+                yield frame
+            if reason == "stop" and calls[k].num_calls:
+                reason = "tool_calls"
+        if reason is not None:
+            yield wire.sse_frame(wire.chat_finish_chunk(header, index=k, finish_reason=reason))
     if header.include_usage:
         yield wire.sse_frame(wire.chat_usage_chunk(header, reader.usage(len(reader.choices))))
+
+
+def _tool_frames(header: ResponseHeader, k: int, events: list[ToolEvent], lp: dict[str, Any] | None) -> list[bytes]:
+    """Content and tool-call chunks for one delta's events; its logprobs ride on the first content chunk,
+    or on an empty one."""
+    frames = []
+    for event in events:
+        match event:
+            case ContentDelta(text=text):
+                frames.append(wire.sse_frame(wire.chat_content_chunk(header, index=k, content=text, logprobs=lp)))
+                lp = None
+            case CallStart(index=i, id=call_id, name=name):
+                frames.append(wire.sse_frame(wire.chat_tool_call_chunk(header, index=k, call_index=i,
+                                                                      call_id=call_id, name=name)))
+            case ArgumentsDelta(index=i, text=text):
+                frames.append(wire.sse_frame(wire.chat_tool_call_chunk(header, index=k, call_index=i,
+                                                                      arguments=text)))
+    if lp is not None:
+        frames.append(wire.sse_frame(wire.chat_content_chunk(header, index=k, content="", logprobs=lp)))
+    return frames

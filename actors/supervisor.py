@@ -39,6 +39,7 @@ from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepO
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.scheduler import SchedulerConfig
+from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
 
@@ -101,9 +102,12 @@ class Daemon:
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size)
+        # Two grammar engines over one vocabulary: the gateway's checks constraints at the edge, the
+        # worker's makes the matchers (no object is shared between actors).
+        edge_grammars = await anyio.to_thread.run_sync(Grammars, loaded.tokenizer)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
-            kv_cache_dtype=cfg.kv_cache_dtype))
+            kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer)))
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.
@@ -130,7 +134,8 @@ class Daemon:
                 self.gateway.pipeline = Pipeline(
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=max_model_len,
-                    load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens))
+                    load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
+                    grammars=edge_grammars)
                 attention = "compiled" if loaded.model.fused_attention else "numpy"
                 self.metrics.kernels.labels(backend=loaded.kernels.name, attention=attention).set(1)
                 log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,

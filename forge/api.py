@@ -6,14 +6,18 @@ Response shapes live in forge/api_responses.py.
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
 
 from forge.errors import InvalidRequest
-from forge.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+from forge.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+from forge.structured import choice_grammar, json_object_grammar, json_schema_grammar, lark_grammar, regex_grammar
+from forge.tools import Function, tool_call_grammar
 
 _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
@@ -43,14 +47,66 @@ class ContentPart(_Wire, frozen=True, kw_only=True):
     text: str
 
 
+class ToolCallFunction(_Wire, frozen=True, kw_only=True):
+    name: str
+    arguments: str                                            # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(_Wire, frozen=True, kw_only=True):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Wire, frozen=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None           # None only for an assistant turn
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None          # an assistant turn's calls
+    tool_call_id: str | None = None                          # a tool turn: the call it answers
+
+
+class JsonSchemaFormat(_Wire, frozen=True, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None
 
 
 class ResponseFormat(_Wire, frozen=True, kw_only=True):
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Wire, frozen=True, kw_only=True):
+    """vLLM's `structured_outputs` extra: exactly one of json, regex, choice, grammar, json_object."""
+    json: dict[str, Any] | bool | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+
+
+class FunctionDefinition(_Wire, frozen=True, kw_only=True):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Wire, frozen=True, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Wire, frozen=True, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(_Wire, frozen=True, kw_only=True):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class _Sampling(_Wire, frozen=True, kw_only=True):
@@ -67,7 +123,15 @@ class _Sampling(_Wire, frozen=True, kw_only=True):
     frequency_penalty: Penalty = 0.0
     seed: Seed | None = None
     user: str | None = None
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras: the current field and the guided_* ones older clients send
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
     # forge extras
     top_k: TopK = 0
     min_p: MinP = 0.0
@@ -102,9 +166,9 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     max_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class GenerateRequest(_Wire, frozen=True, kw_only=True):
@@ -120,6 +184,7 @@ class TokenizeRequest(_Wire, frozen=True, kw_only=True):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None                          # rendered with messages, as chat renders them
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -137,6 +202,7 @@ _W = TypeVar("_W", bound=_Wire)
 _AT_PATH = re.compile(r"^(?P<detail>.*?) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
 _NULL_DEPTH = 5  # body -> messages -> message -> content -> part: nulls count as absent down to parts
+_SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json"})   # JSON schemas: null is a value there
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
@@ -160,14 +226,7 @@ def decode_chat(body: bytes) -> ChatCompletionRequest:
     _check_messages(req.messages, "messages")
     if req.top_logprobs and not req.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequest(
-            f"response_format type {req.response_format.type!r} is not supported", param="response_format.type"
-        )
-    if req.tools:
-        raise InvalidRequest("tools are not supported", param="tools")
-    if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
-        raise InvalidRequest("tool_choice is not supported", param="tool_choice")
+    _check_tools(req)
     max_tokens = _chat_max_tokens(req)
     if max_tokens is not None and req.min_tokens > max_tokens:
         raise InvalidRequest("min_tokens must not exceed max_completion_tokens", param="min_tokens")
@@ -213,7 +272,7 @@ def _drop_nulls(obj: Any, depth: int) -> Any:
     if depth <= 0:
         return obj
     if isinstance(obj, dict):
-        return {k: _drop_nulls(v, depth - 1) for k, v in obj.items() if v is not None}
+        return {k: v if k in _SCHEMA_KEYS else _drop_nulls(v, depth - 1) for k, v in obj.items() if v is not None}
     if isinstance(obj, list):
         return [_drop_nulls(v, depth - 1) for v in obj]
     return obj
@@ -223,7 +282,7 @@ def _invalid(message: str) -> InvalidRequest:
     """Turn msgspec's "<detail> - at `$.a[0].b`" into a message plus the param "a[0].b"."""
     detail, path = message, ""
     if m := _AT_PATH.match(message):
-        detail, path = m["detail"], m["path"].removeprefix(".")
+        detail, path = m["detail"], m["path"].removeprefix(".").replace("[...]", "")   # [...]: a dict's value
     if m := _MISSING.match(detail):
         param = f"{path}.{m['field']}" if path else m["field"]
         return InvalidRequest(f"missing required field '{param}'", param=param)
@@ -235,8 +294,50 @@ def _invalid(message: str) -> InvalidRequest:
 def _check_common(req: _Sampling) -> None:
     if req.stream_options is not None and not req.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
-    if req.logit_bias:
-        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.isdigit() or int(key) > _MAX_INT32:
+            raise InvalidRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+                                 param="logit_bias")
+    rf = req.response_format
+    if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema is None):
+        raise InvalidRequest("response_format json_schema needs json_schema.schema",
+                             param="response_format.json_schema")
+    so = req.structured_outputs
+    if so is not None and sum(x is not None for x in (so.json, so.regex, so.choice, so.grammar, so.json_object)) != 1:
+        raise InvalidRequest("structured_outputs needs exactly one of json, regex, choice, grammar, json_object",
+                             param="structured_outputs")
+    given = [name for name, on in _constraint_fields(req) if on]
+    if len(given) > 1:
+        raise InvalidRequest(f"only one output constraint may be given, got {', '.join(given)}", param=given[1])
+
+
+def _constraint_fields(req: _Sampling) -> list[tuple[str, bool]]:
+    rf = req.response_format
+    fields = [("response_format", rf is not None and rf.type != "text"),
+              ("structured_outputs", req.structured_outputs is not None),
+              ("guided_json", req.guided_json is not None), ("guided_regex", req.guided_regex is not None),
+              ("guided_choice", req.guided_choice is not None), ("guided_grammar", req.guided_grammar is not None)]
+    if isinstance(req, ChatCompletionRequest):
+        fields.append(("tool_choice", tool_mode(req) not in ("none", "auto")))
+    return fields
+
+
+def _check_tools(req: ChatCompletionRequest) -> None:
+    names = [t.function.name for t in req.tools or ()]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("tool function names must be unique", param="tools")
+    choice = req.tool_choice
+    if choice is not None and choice != "none" and not names:
+        raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise InvalidRequest(f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+                             param="tool_choice.function.name")
+    for i, tool in enumerate(req.tools or ()):
+        if tool.function.parameters is not None and tool.function.parameters.get("type", "object") != "object":
+            raise InvalidRequest("a function's parameters must be a JSON schema of type object",
+                                 param=f"tools[{i}].function.parameters")
 
 
 def _check_prompt(prompt: str | list[str | int | list[int]]) -> None:
@@ -262,6 +363,8 @@ def _check_messages(messages: list[ChatMessage], param: str) -> None:
             raise InvalidRequest(
                 f"content is required for a {msg.role} message", param=f"{param}[{i}].content"
             )
+        if msg.tool_calls and msg.role != "assistant":
+            raise InvalidRequest("only assistant messages carry tool_calls", param=f"{param}[{i}].tool_calls")
 
 
 # ---- pure converters ------------------------------------------------------------------------------------
@@ -283,9 +386,10 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
     return out
 
 
-def chat_template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template expects them: {"role", "content"[, "name"]}, text parts joined by "\\n"."""
-    out: list[dict[str, str]] = []
+def chat_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: {"role", "content"[, "name", "tool_calls", "tool_call_id"]},
+    text parts joined by "\\n", each call's arguments parsed from JSON text (as templates read them)."""
+    out: list[dict[str, Any]] = []
     for msg in messages:
         if msg.content is None:
             content = ""
@@ -293,18 +397,106 @@ def chat_template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             content = msg.content
         else:
             content = "\n".join(part.text for part in msg.content)
-        entry = {"role": msg.role, "content": content}
+        entry: dict[str, Any] = {"role": msg.role, "content": content}
         if msg.name is not None:
             entry["name"] = msg.name
+        if msg.tool_calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                for c in msg.tool_calls]
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
         out.append(entry)
     return out
 
 
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# ---- constraints and tools -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A request's output constraint: llguidance grammar text, and the field it came from (for errors)."""
+    grammar: str
+    param: str
+
+
+def tool_mode(req: ChatCompletionRequest) -> str:
+    """"none", "auto", "required", or the name of the function that must be called."""
+    choice = req.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return choice.function.name
+    if choice is None:
+        return "auto" if req.tools else "none"
+    return choice
+
+
+def request_functions(req: ChatCompletionRequest) -> list[Function]:
+    """The tools shown to the model: none under tool_choice "none"."""
+    if not req.tools or tool_mode(req) == "none":
+        return []
+    return [Function(t.function.name, t.function.description, t.function.parameters) for t in req.tools]
+
+
+def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
+    """The request's constraint as a grammar (decode_* allowed at most one). Raises InvalidRequest for a
+    schema, regex or grammar that llguidance cannot even read; whether it compiles against the vocabulary
+    is Grammars.check's to say."""
+    if isinstance(req, ChatCompletionRequest):
+        mode = tool_mode(req)
+        if mode not in ("none", "auto"):
+            functions = [f for f in request_functions(req) if mode == "required" or f.name == mode]
+            return Constraint(tool_call_grammar(functions, parallel=req.parallel_tool_calls and mode == "required",
+                                                param="tools"), "tools")
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        return Constraint(json_object_grammar(), "response_format")
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        return Constraint(json_schema_grammar(rf.json_schema.schema, param="response_format.json_schema.schema"),
+                          "response_format.json_schema.schema")
+    so = req.structured_outputs
+    if so is not None:
+        ws = so.whitespace_pattern
+        if so.json is not None:
+            return Constraint(json_schema_grammar(so.json, whitespace_pattern=ws, param="structured_outputs.json"),
+                              "structured_outputs.json")
+        if so.json_object:
+            return Constraint(json_schema_grammar({"type": "object"}, whitespace_pattern=ws,
+                                                  param="structured_outputs.json_object"), "structured_outputs")
+        if so.regex is not None:
+            return Constraint(regex_grammar(so.regex, param="structured_outputs.regex"), "structured_outputs.regex")
+        if so.choice is not None:
+            return Constraint(choice_grammar(so.choice, param="structured_outputs.choice"),
+                              "structured_outputs.choice")
+        if so.grammar is not None:
+            return Constraint(lark_grammar(so.grammar, param="structured_outputs.grammar"),
+                              "structured_outputs.grammar")
+    if req.guided_json is not None:
+        return Constraint(json_schema_grammar(req.guided_json, whitespace_pattern=req.guided_whitespace_pattern,
+                                              param="guided_json"), "guided_json")
+    if req.guided_regex is not None:
+        return Constraint(regex_grammar(req.guided_regex, param="guided_regex"), "guided_regex")
+    if req.guided_choice is not None:
+        return Constraint(choice_grammar(req.guided_choice, param="guided_choice"), "guided_choice")
+    if req.guided_grammar is not None:
+        return Constraint(lark_grammar(req.guided_grammar, param="guided_grammar"), "guided_grammar")
+    return None
+
+
 def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest | GenerateRequest, *, default_max_tokens: int
+    req: CompletionRequest | ChatCompletionRequest | GenerateRequest, *, default_max_tokens: int,
+    grammar: str | None = None,
 ) -> SamplingParams:
     """The request's sampling settings. default_max_tokens (the room left in the context) applies only where
-    the request sets no limit (chat without max_completion_tokens/max_tokens); it never clamps a set limit."""
+    the request sets no limit (chat without max_completion_tokens/max_tokens); it never clamps a set limit.
+    grammar: the request's constraint (request_constraint), if any."""
     if isinstance(req, GenerateRequest):
         return SamplingParams(max_tokens=req.max_tokens)
     if isinstance(req, ChatCompletionRequest):
@@ -314,7 +506,7 @@ def to_sampling_params(
         max_tokens, logprobs = req.max_tokens, req.logprobs
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingParams(
-        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens=max(default_max_tokens, req.min_tokens) if max_tokens is None else max_tokens,
         temperature=float(req.temperature),
         top_p=float(req.top_p),
         top_k=max(req.top_k, 0),
@@ -329,6 +521,8 @@ def to_sampling_params(
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens,
+        logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
+        grammar=grammar,
     )
 
 

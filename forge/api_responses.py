@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]     # tool_calls: chat only
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_PING = b": ping\n\n"
@@ -179,10 +179,28 @@ def _completion_envelope(header: ResponseHeader) -> dict[str, Any]:
 
 
 def chat_choice(
-    index: int, content: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None
+    index: int, content: str | None, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None,
+    tool_calls: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "tool_calls": []}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None,
+                               "tool_calls": list(tool_calls)}
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One entry of message.tool_calls: arguments is JSON text."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_tool_call_chunk(header: ResponseHeader, *, index: int, call_index: int, call_id: str | None = None,
+                         name: str | None = None, arguments: str = "") -> dict[str, Any]:
+    """A tool call's first chunk (id, type, name, "" arguments), or a fragment of its arguments."""
+    entry: dict[str, Any] = {"index": call_index}
+    if call_id is not None:
+        entry.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
+    else:
+        entry["function"] = {"arguments": arguments}
+    return _chat_chunk(header, index, {"tool_calls": [entry]}, None, None)
 
 
 def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:

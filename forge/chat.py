@@ -55,6 +55,9 @@ class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
         self.source = source or CHATML_TEMPLATE
         self.is_fallback = not source
+        # A template that reads `tools` renders them and tool turns itself; others get forge's format
+        # (forge.tools.messages_with_tools).
+        self.supports_tools = "tools" in self.source
         self.bos_token = bos_token
         self.eos_token = eos_token
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -68,15 +71,19 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ModelLoadError(f"the model's chat template does not compile: {exc}") from exc
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` (each a dict with "role" and "content")."""
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The prompt text for `messages` (each a dict with "role" and "content"); `tools` (OpenAI tool
+        objects) reach templates that read them."""
         normalized = normalize_messages(messages)
+        extra = {"tools": list(tools)} if tools else {}
         try:
             return self._template.render(
                 messages=normalized,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except TemplateRaised as exc:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc

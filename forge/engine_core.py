@@ -141,7 +141,9 @@ class EngineCore:
             seq = req.seq
             self.scheduler.push_token(seq.id, tok.token_id, False)
             reason: FinishReason | None = None
-            if tok.token_id in req.stop_ids and len(seq.output) >= req.params.min_tokens:
+            # Under a grammar the end comes when the grammar allows it, min_tokens or not.
+            if tok.token_id in req.stop_ids and (len(seq.output) >= req.params.min_tokens
+                                                 or req.params.grammar is not None):
                 reason = "stop"
             elif seq.is_complete():
                 reason = "length"

@@ -30,6 +30,7 @@ from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
+from forge.structured import Grammars
 from forge.tokenizer import Tokenizer
 
 Progress = Callable[[str], None]
@@ -108,16 +109,21 @@ class LLMEngine:
             SchedulerConfig.of(config), self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id,
             max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
+        self.grammars = Grammars(self.tokenizer)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   kv_cache_dtype=config.kv_cache_dtype,
-                                  eos_token_id=self.tokenizer.eos_token_id)
+                                  eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars)
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None
 
-    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> int:
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> list[int]:
+        """Queue a request; returns its prompt's token ids. Raises a RequestError for one that can never run
+        (a constraint that does not compile included)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if params.grammar is not None:
+            self.grammars.check(params.grammar, param="grammar")
         self.core.add_request(request_id, ids, params)
-        return len(ids)
+        return ids
 
     def abort(self, request_id: str) -> bool:
         return self.core.abort(request_id)
@@ -182,8 +188,7 @@ class LLM:
         detoks: dict[str, IncrementalDetokenizer] = {}
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             rid = f"gen-{i}"
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.engine.core.add_request(rid, ids, p)
+            ids = self.engine.add_request(rid, prompt, p)
             completions[rid] = Completion(rid, ids)
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, stop=p.stop,
                                                  skip_special_tokens=p.skip_special_tokens,

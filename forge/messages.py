@@ -7,7 +7,7 @@ channels inside messages.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -123,7 +123,8 @@ class Submit(Message, frozen=True):
     params: SamplingParams
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None   # for a chat template that renders tools itself
     add_special_tokens: bool = True
 
 

@@ -1,13 +1,15 @@
 """The model runner: turns one StepBatch into arrays, runs the forward, samples.
 
 It owns what the model worker holds: the model, the K/V arrays and each running sequence's
-sampling state (its random generator and token counts). It knows nothing about scheduling.
+sampling state (its random generator, token counts and grammar matcher). It knows nothing about
+scheduling. The grammar masks of a step are computed on a helper thread while the forward runs.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,12 +17,16 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.batch import ForwardBatch
+from forge.errors import EngineError
 from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.penalties import TokenCounts
 from forge.sampler import Sampler, SamplingBatch
 from forge.sampling_params import SamplingParams, make_generator
+from forge.structured import Grammars, allowed_tokens
 
 F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
+BoolArray = npt.NDArray[np.bool_]
 
 
 class BatchedModel(Protocol):
@@ -35,6 +41,7 @@ class _SeqSampling:
     params: SamplingParams
     generator: np.random.Generator
     counts: TokenCounts | None
+    matcher: Any = None                  # an llguidance matcher for a constrained sequence
 
 
 def build_forward_batch(chunks: tuple[SeqChunk, ...], block_size: int) -> ForwardBatch:
@@ -65,11 +72,15 @@ class ModelRunner:
     """Executes steps. One thread at a time; every call is synchronous and may take a while."""
 
     def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
-                 eos_token_id: int | None, kv_cache_dtype: str = "float32") -> None:
+                 eos_token_id: int | None, kv_cache_dtype: str = "float32",
+                 grammars: Grammars | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
         self.sampler = Sampler(eos_token_id=eos_token_id)
+        self.eos_token_id = eos_token_id
+        self.grammars = grammars        # None: constrained requests cannot run here
+        self._masker: ThreadPoolExecutor | None = None
         self._seqs: dict[int, _SeqSampling] = {}
 
     def num_tracked(self) -> int:
@@ -82,21 +93,25 @@ class ModelRunner:
         for new in step.new_seqs:
             p = new.params
             counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
-            self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts)
+            self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         batch = build_forward_batch(step.chunks, self.block_size)
-        logits = self.model.forward(batch, self.kv)                                # [N, V]
         rows = [c for c in step.chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in rows]
+        masks = self._start_masks(states)
+        logits = self.model.forward(batch, self.kv)                                # [N, V]
         out = self.sampler.sample(logits, SamplingBatch(
             params=[s.params for s in states], generators=[s.generator for s in states],
             counts=[s.counts for s in states],
-            num_output_tokens=[c.num_output_tokens for c in rows]))
+            num_output_tokens=[c.num_output_tokens for c in rows],
+            allowed=self._allowed(states, masks, logits.shape[1]) if masks is not None else ()))
         sampled = []
         for c, state, token, lp in zip(rows, states, out.token_ids.tolist(), out.logprobs, strict=True):
             if state.counts is not None:
                 state.counts.add(token)
+            if state.matcher is not None:
+                state.matcher.consume_token(token)   # an illegal token leaves it in error: only the end follows
             if lp is None:
                 sampled.append(SampledToken(seq_id=c.seq_id, token_id=token))
             else:
@@ -104,3 +119,36 @@ class ModelRunner:
                                             top_logprobs=lp.top))
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
                           elapsed_s=time.perf_counter() - t0)
+
+    # ---- grammar masks ----------------------------------------------------------------------
+
+    def _matcher(self, params: SamplingParams) -> Any:
+        if params.grammar is None:
+            return None
+        if self.grammars is None:
+            raise EngineError("this runner has no grammar engine for a constrained request")
+        return self.grammars.matcher(params.grammar)
+
+    def _start_masks(self, states: list[_SeqSampling]) -> Future[I32] | None:
+        """The constrained rows' masks, computed on a helper thread (llguidance drops the GIL) while the
+        forward runs; None when no row is constrained."""
+        matchers = [s.matcher for s in states if s.matcher is not None]
+        if not matchers or self.grammars is None:
+            return None
+        if self._masker is None:
+            self._masker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-masks")
+        return self._masker.submit(self.grammars.fill_masks, matchers)
+
+    def _allowed(self, states: list[_SeqSampling], masks: Future[I32], width: int) -> list[BoolArray | None]:
+        bitmasks = iter(masks.result())
+        allowed: list[BoolArray | None] = []
+        for s in states:
+            if s.matcher is None:
+                allowed.append(None)
+                continue
+            row = allowed_tokens(next(bitmasks), width)
+            if not row.any() and self.eos_token_id is not None:   # a matcher in error: end the sequence
+                row = row.copy()
+                row[self.eos_token_id] = True
+            allowed.append(row)
+        return allowed

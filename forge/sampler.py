@@ -1,15 +1,15 @@
 """The Sampler: one step's logits [N, V] in, one token per row out.
 
-Owns the draw for a batch of rows: penalties and min_tokens masking (through forge.penalties),
-temperature, top-k/top-p/min-p, the inverse-CDF draw, and logprobs. Pure numpy; it never decides
-that a sequence stops.
+Owns the draw for a batch of rows: logit_bias and grammar masks, penalties and min_tokens masking
+(through forge.penalties), temperature, top-k/top-p/min-p, the inverse-CDF draw, and logprobs. Pure
+numpy; it never decides that a sequence stops.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -17,11 +17,12 @@ import numpy.typing as npt
 
 from forge.errors import EngineError
 from forge.penalties import TokenCounts, apply_penalties
-from forge.sampling_params import SamplingParams
+from forge.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 _BLOCK = 256                   # the draw walks block sums first, then one block
 _GROUPS = 256                  # strided groups whose maxima give cheap floors under a row's top values
@@ -31,12 +32,14 @@ _POOL = 2048                   # top-p sorts at most this many candidates, else 
 @dataclass(slots=True)
 class SamplingBatch:
     """Per-row inputs for one step, built by the caller; row i goes with logits[i]. counts[i] may be
-    None unless params[i].has_penalties; num_output_tokens[i] is what the request emitted so far."""
+    None unless params[i].has_penalties; num_output_tokens[i] is what the request emitted so far;
+    allowed[i] (when given) is the row's grammar mask over the logits [V], None for an unconstrained row."""
 
     params: Sequence[SamplingParams]
     generators: Sequence[np.random.Generator]
     counts: Sequence[TokenCounts | None]
     num_output_tokens: Sequence[int]
+    allowed: Sequence[BoolArray | None] = field(default=())
 
     def __len__(self) -> int:
         return len(self.params)
@@ -70,6 +73,7 @@ class Sampler:
         none, so a seeded request draws the same tokens whatever else shares its batch.
         """
         self._check(logits, batch)
+        logits = self._biased(logits, batch)
         token_ids = np.zeros(logits.shape[0], np.int64)                       # [N]
         sampled = [i for i, p in enumerate(batch.params) if not p.is_greedy]
         for i, p in enumerate(batch.params):
@@ -87,6 +91,7 @@ class Sampler:
     def probabilities(self, logits: F32, batch: SamplingBatch) -> F32:
         """The distributions sample() draws from, [N, V]; greedy rows are one-hot. Draws nothing."""
         self._check(logits, batch)
+        logits = self._biased(logits, batch)
         num_rows, vocab_size = logits.shape
         probs = np.zeros((num_rows, vocab_size), np.float32)                  # [N, V]
         sampled = [i for i, p in enumerate(batch.params) if not p.is_greedy]
@@ -103,20 +108,44 @@ class Sampler:
             raise EngineError(f"logits {logits.shape} do not match a batch of {len(batch)} rows")
         if not len(batch.generators) == len(batch.counts) == len(batch.num_output_tokens) == len(batch):
             raise EngineError("sampling batch columns differ in length")
+        if batch.allowed and len(batch.allowed) != len(batch):
+            raise EngineError("sampling batch columns differ in length")
         for p, counts in zip(batch.params, batch.counts, strict=True):
             if p.has_penalties and counts is None:
                 raise EngineError("a row with penalties needs its TokenCounts")
 
+    def _biased(self, logits: F32, batch: SamplingBatch) -> F32:
+        """The logits every later stage reads, logprobs included: logit_bias added (-100 bans a token) and
+        grammar masks applied (disallowed tokens -inf). `logits` itself when no row has either; else a copy."""
+        rows = [i for i, p in enumerate(batch.params)
+                if p.logit_bias or (batch.allowed and batch.allowed[i] is not None)]
+        if not rows:
+            return logits
+        out = logits.copy()                                                   # [N, V]
+        for i in rows:
+            row = out[i]                                                      # [V] a view into the copy
+            for token_id, bias in batch.params[i].logit_bias:
+                row[token_id] = -np.inf if bias <= -MAX_LOGIT_BIAS else row[token_id] + np.float32(bias)
+            allowed = batch.allowed[i] if batch.allowed else None
+            if allowed is not None:
+                row[~allowed] = -np.inf
+        return out
+
     def _needs_adjust(self, batch: SamplingBatch, i: int) -> bool:
         p = batch.params[i]
-        return p.has_penalties or batch.num_output_tokens[i] < p.min_tokens
+        return p.has_penalties or self._holds_end(p, batch.num_output_tokens[i])
+
+    @staticmethod
+    def _holds_end(p: SamplingParams, num_output_tokens: int) -> bool:
+        """min_tokens bans the end tokens, except under a grammar: a finished grammar allows only the end."""
+        return num_output_tokens < p.min_tokens and p.grammar is None
 
     def _adjust(self, row: F32, batch: SamplingBatch, i: int) -> None:
         """Penalties, then min_tokens masking (eos and stop_token_ids to -inf), in place on [V]."""
         p, counts = batch.params[i], batch.counts[i]
         if p.has_penalties and counts is not None:
             apply_penalties(row, p, counts)
-        if batch.num_output_tokens[i] < p.min_tokens:
+        if self._holds_end(p, batch.num_output_tokens[i]):
             if self.eos_token_id is not None:
                 row[self.eos_token_id] = -np.inf
             row[list(p.stop_token_ids)] = -np.inf
@@ -245,7 +274,8 @@ def _search(cumulative: F64, target: float) -> int:
 
 
 def _token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
-    """Logprobs from the log_softmax of the raw logits [V]: before penalties and temperature."""
+    """Logprobs from the log_softmax of the logits [V] after logit_bias and the grammar mask, before
+    penalties and temperature."""
     raw = raw.astype(np.float32, copy=False)
     peak = float(raw.max())
     log_total = peak + math.log(float(np.exp(raw - peak).sum()))             # pairwise float32 sum

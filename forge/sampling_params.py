@@ -13,6 +13,7 @@ from forge.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
+MAX_LOGIT_BIAS = 100.0
 _MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -35,6 +36,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     logprobs: int | None = None         # k: the sampled token's logprob plus the top k
     skip_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias): added to the logits before all else
+    grammar: str | None = None          # a constraint as llguidance grammar text (forge.structured)
 
     @property
     def is_greedy(self) -> bool:
@@ -65,6 +68,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
         _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                  f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        bad_bias_ids = [t for t, _ in self.logit_bias if not 0 <= t < vocab_size]
+        _require(not bad_bias_ids, "logit_bias", f"token ids must be in [0, {vocab_size}), got {bad_bias_ids[:4]}")
+        bad_biases = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]
+        _require(not bad_biases, "logit_bias", f"values must be in [-100, 100], got {bad_biases[:4]}")
         _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
                  f"must fit in a signed 64-bit integer, got {self.seed}")
 

@@ -105,7 +105,13 @@ def test_deep_nesting_is_invalid_request() -> None:
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
         ({"suffix": "tail"}, "suffix"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"logit_bias": {"50256": -101}}, "logit_bias"),
+        ({"logit_bias": {"eos": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": "high"}}, "logit_bias"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {}}, "structured_outputs"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"best_of": 2}, "best_of"),
         ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
         ({"prompt": 7}, "prompt"),
@@ -147,12 +153,23 @@ def test_bad_completion_field_names_its_param(fields: dict[str, Any], param: str
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": False, "stream_options": {}}, "stream_options"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice.function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages[0].tool_calls"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
         ({"response_format": {}}, "response_format.type"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
         ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens"),
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
     ],
@@ -215,7 +232,8 @@ def test_nulls_count_as_absent_and_unknown_fields_are_ignored() -> None:
     req = completion(n=None, temperature=None, stream=None, max_tokens=None, stop=None, whatever={"x": [1]},
                      prompt_logprobs=3, best_of=1, suffix="", logit_bias={})
     assert (req.n, req.temperature, req.stream, req.max_tokens, req.stop) == (1, 1.0, False, 16, None)
-    msg = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}, "extra": None}
+    msg = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [call]},
                          {"role": "user", "content": "x", "name": None}]).messages
     assert (msg[0].content, msg[1].name) == (None, None)
 
@@ -226,6 +244,8 @@ def test_chat_accepts_every_role_and_text_parts() -> None:
         {"role": "developer", "content": "d"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
         {"role": "assistant", "content": None},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": [1]}'}}]},
         {"role": "tool", "content": "t", "tool_call_id": "c1"},
     ]
     req = chat(messages=messages, tools=[], tool_choice="none", response_format={"type": "text"})
@@ -234,7 +254,9 @@ def test_chat_accepts_every_role_and_text_parts() -> None:
         {"role": "developer", "content": "d"},
         {"role": "user", "content": "a\nb", "name": "u"},
         {"role": "assistant", "content": ""},
-        {"role": "tool", "content": "t"},
+        {"role": "assistant", "content": "", "tool_calls": [                  # arguments parsed, as templates read them
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": [1]}}}]},
+        {"role": "tool", "content": "t", "tool_call_id": "c1"},
     ]
 
 

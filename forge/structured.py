@@ -1,0 +1,179 @@
+"""Structured outputs: a request's constraint (JSON schema, regex, choice, grammar) as a grammar, and the
+per-step token masks that keep a sequence inside it.
+
+The grammar engine is llguidance (docs/design.md, "Constrained decoding": chosen by an A/B against
+outlines-core on forge's tokenizer). A constraint travels as llguidance's own grammar text (a str in
+SamplingParams, so messages stay plain data); `Grammars` checks it against the model's vocabulary at
+the edge and makes one matcher per sequence for the model worker, caching compiled grammars by text.
+Masks are bitmasks over the tokenizer's vocabulary ([rows, ceil(V / 32)] int32), filled for a whole
+batch at once by llguidance's own threads (the GIL released).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import llguidance
+import llguidance.numpy as llnp
+import numpy as np
+import numpy.typing as npt
+
+from forge.errors import InvalidRequest
+from forge.tokenizer import Tokenizer
+
+I32 = npt.NDArray[np.int32]
+BoolArray = npt.NDArray[np.bool_]
+_V = TypeVar("_V")
+
+MAX_CONSTRAINT_CHARS = 128 * 1024      # a schema, regex or grammar longer than this is refused
+_CACHE_SIZE = 256                      # compiled grammars kept per process (LRU)
+
+# JSON is generated compact (", " and ": ", no free whitespace): a small model given free whitespace
+# can spend its whole max_tokens on newlines. A schema's own "x-guidance" options override these.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+# ---- request side: constraint -> grammar text ------------------------------------------------------------
+
+def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, param: str) -> str:
+    """The grammar of JSON documents valid under `schema` (a dict, or a JSON string of one)."""
+    if isinstance(schema, str):
+        _check_size(schema, param)
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise InvalidRequest(f"the JSON schema is not valid JSON: {exc}", param=param) from None
+    if isinstance(schema, bool):                                   # true: any JSON value; false: nothing
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise InvalidRequest("the JSON schema must be an object", param=param)
+    options = dict(JSON_OPTIONS)
+    if whitespace_pattern is not None:
+        options = {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
+    guidance = schema.get("x-guidance")
+    schema = {**schema, "x-guidance": {**options, **(guidance if isinstance(guidance, dict) else {})}}
+    text = json.dumps(schema)
+    _check_size(text, param)
+    try:
+        return str(llguidance.LLMatcher.grammar_from_json_schema(text))
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"invalid JSON schema: {exc}", param=param) from None
+
+
+def json_object_grammar() -> str:
+    """Any JSON object."""
+    return json_schema_grammar({"type": "object"}, param="response_format")
+
+
+def regex_grammar(pattern: str, *, param: str) -> str:
+    _check_size(pattern, param)
+    return str(llguidance.LLMatcher.grammar_from_regex(pattern))
+
+
+def choice_grammar(choices: Sequence[str], *, param: str) -> str:
+    """Exactly one of `choices` (strings, at least one)."""
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequest("choice must be a non-empty list of non-empty strings", param=param)
+    return lark_grammar("start: " + " | ".join(json.dumps(c) for c in choices), param=param)
+
+
+def lark_grammar(text: str, *, param: str) -> str:
+    """A context-free grammar in Lark syntax or llama.cpp's GBNF (llguidance converts the latter)."""
+    _check_size(text, param)
+    try:
+        return str(llguidance.grammar_from("grammar", text))
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid grammar: {exc}", param=param) from None
+
+
+def _check_size(text: str, param: str) -> None:
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise InvalidRequest(f"the constraint is too large ({len(text)} characters; at most "
+                             f"{MAX_CONSTRAINT_CHARS})", param=param)
+
+
+# ---- engine side: grammars over one vocabulary -----------------------------------------------------------
+
+class _Vocabulary:
+    """forge's Tokenizer as llguidance's TokenizerWrapper expects it: raw bytes per id, special ids, encode."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self.eos_token_id = tok.eos_token_id
+        self.bos_token_id = tok.bos_token_id
+        self.tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        self.special_token_ids = sorted(tok.special_ids)
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tok.encode(text, add_special_tokens=False)
+
+
+class Grammars:
+    """llguidance over one model's vocabulary: checks grammar texts and makes matchers, each compiled
+    grammar cached by its text. Safe to call from several threads (compiling runs outside the lock); a
+    matcher belongs to one sequence.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, num_threads: int = 1) -> None:
+        self.vocab_size = tokenizer.vocab_size
+        self.eos_token_id = tokenizer.eos_token_id
+        self._lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer)))
+        self._executor = llguidance.LLExecutor(num_threads=num_threads)
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._errors: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, grammar: str, *, param: str | None = None) -> None:
+        """Raise InvalidRequest with llguidance's reason if `grammar` does not compile for this vocabulary.
+        May take long for a huge grammar (the GIL released): call it off the event loop."""
+        self._compile(grammar, param)
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start (a copy of the cached compiled one)."""
+        return self._compile(grammar, None).deep_copy()
+
+    def _compile(self, grammar: str, param: str | None) -> llguidance.LLMatcher:
+        with self._lock:
+            pristine, error = self._compiled.get(grammar), self._errors.get(grammar)
+            if pristine is not None:
+                self._compiled.move_to_end(grammar)
+        if pristine is None and error is None:
+            matcher = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
+            with self._lock:
+                if matcher.is_error():
+                    error = self._remember(self._errors, grammar, matcher.get_error().strip())
+                else:
+                    pristine = self._remember(self._compiled, grammar, matcher)
+        if pristine is None:
+            raise InvalidRequest(f"the constraint cannot be compiled: {error}", param=param)
+        return pristine
+
+    def fill_masks(self, matchers: Sequence[llguidance.LLMatcher]) -> I32:
+        """Bitmasks of the tokens each matcher allows next: [len(matchers), ceil(V / 32)]. Releases the GIL."""
+        masks = llnp.allocate_token_bitmask(len(matchers), self.vocab_size)
+        if matchers:
+            llnp.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], masks)
+        return masks
+
+    @staticmethod
+    def _remember(cache: OrderedDict[str, _V], key: str, value: _V) -> _V:
+        cache[key] = value
+        if len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+        return value
+
+
+def allowed_tokens(bitmask: I32, width: int) -> BoolArray:
+    """One bitmask row [ceil(V / 32)] as booleans over `width` logits (ids past the vocabulary: False)."""
+    bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")                # [32 * ceil(V / 32)]
+    if bits.size >= width:
+        return bits[:width].view(np.bool_)
+    out = np.zeros(width, np.bool_)
+    out[: bits.size] = bits.view(np.bool_)
+    return out

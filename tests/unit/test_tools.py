@@ -1,0 +1,151 @@
+"""Tool calls: forge's prompt format for templates without tool syntax, the call grammar, and reading calls
+back out of generated text whole or in any pieces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.chat import ChatTemplate
+from forge.llm import LLM
+from forge.sampling_params import SamplingParams
+from forge.tools import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    Function,
+    ToolCallReader,
+    ToolEvent,
+    messages_with_tools,
+    read_message,
+    tool_call_grammar,
+)
+
+WEATHER = Function("get_weather", "The weather in a city.",
+                   {"type": "object", "required": ["city"], "additionalProperties": False,
+                    "properties": {"city": {"type": "string", "maxLength": 30},
+                                   "days": {"type": "integer", "minimum": 1, "maximum": 7}}})
+TIME = Function("get_time", None, {"type": "object", "required": ["zone"], "additionalProperties": False,
+                                   "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}})
+
+
+def call(name: str, args: object) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+
+
+def test_read_message_splits_content_and_calls() -> None:
+    text = "Let me check.\n" + call("get_weather", {"city": "Oslo", "n": {"a": [1, 2]}}) + "\n" + call("get_time", {})
+    msg = read_message(text)
+    assert msg.content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [
+        ("get_weather", {"city": "Oslo", "n": {"a": [1, 2]}}), ("get_time", {})]
+    assert len({c.id for c in msg.tool_calls}) == 2 and all(c.id.startswith("call_") for c in msg.tool_calls)
+    assert read_message(call("f", {"x": 1})).content is None
+    assert read_message("plain text").tool_calls == []
+    # Keys in another order, or compact JSON: still a call, read at the block's end.
+    msg = read_message('<tool_call>{"arguments":{"x":1},"name":"g"}</tool_call>')
+    assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [("g", {"x": 1})]
+    # Not a call: kept as content, nothing lost.
+    assert read_message("<tool_call>\nhello\n</tool_call>").content == "<tool_call>\nhello\n</tool_call>"
+    # Cut short by max_tokens: the call keeps the arguments it has.
+    [cut] = read_message('<tool_call>\n{"name": "f", "arguments": {"city": "Os').tool_calls
+    assert (cut.name, cut.arguments) == ("f", '{"city": "Os')
+    # parallel_tool_calls=false: the first call only.
+    assert len(read_message(call("a", {}) + "\n" + call("b", {}), max_calls=1).tool_calls) == 1
+
+
+def joined(events: list[ToolEvent]) -> tuple[str, list[tuple[str, str]]]:
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    calls: list[list[str]] = []
+    for e in events:
+        if isinstance(e, CallStart):
+            assert e.index == len(calls)
+            calls.append([e.name, ""])
+        elif isinstance(e, ArgumentsDelta):
+            calls[e.index][1] += e.text
+    return content, [(name, args) for name, args in calls]
+
+
+pieces = st.sampled_from([
+    "Sure. ", "  ", "\n", "<tool", "_call>", call("get_weather", {"city": "Paris \"x\" }"}), "</tool_call>",
+    call("get_time", {"zone": "UTC"}), '<tool_call>\n{"name": "f", "arguments": {"a": {"b": "}"}}}',
+    '<tool_call>{"arguments": {}, "name": "h"}</tool_call>', "text with } brace", "<tool_call>\nbad\n",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(pieces, max_size=6), st.data())
+def test_reading_in_pieces_gives_what_reading_whole_gives(parts: list[str], data: st.DataObject) -> None:
+    text = "".join(parts)
+    whole = ToolCallReader()
+    expected = joined(whole.push(text) + whole.finish())
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    reader, events, start = ToolCallReader(), [], 0
+    for cut in [*cuts, len(text)]:
+        events += reader.push(text[start:cut])
+        start = cut
+    events += reader.finish()
+    assert joined(events) == expected
+    # Arguments sent before a call ends never hold its closing brace or tag.
+    for e in events:
+        if isinstance(e, ArgumentsDelta):
+            assert "</tool_call>" not in e.text
+
+
+def test_streamed_arguments_come_in_pieces_after_the_name() -> None:
+    reader = ToolCallReader()
+    text = call("get_weather", {"city": "Oslo", "days": 3})
+    events = [e for i in range(0, len(text), 4) for e in reader.push(text[i:i + 4])] + reader.finish()
+    assert isinstance(events[0], CallStart) and events[0].name == "get_weather"
+    args = [e for e in events if isinstance(e, ArgumentsDelta)]
+    assert len(args) > 3 and json.loads("".join(e.text for e in args)) == {"city": "Oslo", "days": 3}
+
+
+def test_messages_with_tools_use_forges_format() -> None:
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+                    {"id": "c2", "type": "function",
+                     "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}]},
+                {"role": "tool", "content": "18 C", "tool_call_id": "c1"},
+                {"role": "tool", "content": "12:00", "tool_call_id": "c2"}]
+    out = messages_with_tools(messages, [WEATHER, TIME])
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.\n\n# Tools") and '"name": "get_weather"' in out[0]["content"]
+    assert read_message(out[2]["content"]).tool_calls[1].arguments == '{"zone": "CET"}'
+    assert out[3]["content"] == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n12:00\n</tool_response>"
+    assert messages_with_tools([{"role": "user", "content": "x"}], [TIME])[0]["role"] == "system"
+    assert messages_with_tools([{"role": "user", "content": "x"}], []) == [{"role": "user", "content": "x"}]
+    assert not ChatTemplate(None).supports_tools
+    assert ChatTemplate("{% if tools %}{{ tools | tojson }}{% endif %}").render(
+        [{"role": "user", "content": "x"}], tools=[WEATHER.as_tool()]).startswith('[{"type": "function"')
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_path: Path) -> LLM:
+    return LLM(default_model_path, progress=lambda message: None)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_call_grammar_gives_calls_that_validate(llm: LLM, parallel: bool) -> None:
+    grammar = tool_call_grammar([WEATHER, TIME], parallel=parallel, param="tools")
+    messages = messages_with_tools([{"role": "user", "content": "What's the weather in Rome and the time in CET?"}],
+                                   [WEATHER, TIME])
+    prompt = llm.chat_prompt(messages)
+    outs = llm.generate([prompt] * 4, [SamplingParams(max_tokens=120, temperature=t, seed=i, grammar=grammar)
+                                       for i, t in enumerate((0.0, 0.7, 1.0, 1.2))])
+    schemas = {"get_weather": WEATHER.parameters, "get_time": TIME.parameters}
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        msg = read_message(out.text)
+        assert msg.content is None and msg.tool_calls
+        assert parallel or len(msg.tool_calls) == 1
+        for c in msg.tool_calls:
+            jsonschema.validate(json.loads(c.arguments), schemas[c.name])

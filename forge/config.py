@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS
+from forge.speculative import SPECULATIVE_METHODS
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
@@ -57,6 +58,12 @@ class EngineConfig:
     # While sequences decode, size a step to about this many milliseconds (forge.scheduler: the
     # measured cost of recent steps decides how much prompt fits); None: the token budget alone.
     max_step_ms: float | None = None
+    # Speculative decoding (forge.speculative): "ngram" lets decoding sequences carry up to
+    # num_speculative_tokens guesses from their own prompt and output into each step, verified in
+    # the same forward; only while at most speculative_max_batch sequences decode.
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int = 8
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -74,5 +81,11 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be in [1, 16]")
+        if self.speculative_max_batch < 1:
+            raise ValueError("speculative_max_batch must be positive")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

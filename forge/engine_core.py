@@ -9,7 +9,7 @@ same messages to the allocator and model worker actors.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.messages import (
@@ -27,6 +27,7 @@ from forge.paged_cache import CacheLayout
 from forge.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig
 from forge.sequence import Sequence
+from forge.speculative import Lookahead
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class _Request:
     params: SamplingParams
     stop_ids: frozenset[int]
     is_known_to_runner: bool = False
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,25 @@ class CoreStats:
     num_running: int
     num_waiting: int
     num_preemptions: int
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Speculative decoding since start, with vLLM's meanings: drafts (sequence-steps that carried
+    drafts), draft tokens proposed, drafts accepted, and accepted by position in the draft."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def add(self, num_proposed: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_proposed
+        self.num_accepted_tokens += num_accepted
+        while len(self.accepted_per_position) < num_proposed:
+            self.accepted_per_position.append(0)
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
 
 
 class EngineCore:
@@ -57,6 +79,8 @@ class EngineCore:
         self._ids = itertools.count()
         self._steps = itertools.count()
         self._to_drop: list[int] = []
+        self.spec = SpecStats()
+        self._spec_config = self.scheduler.config.speculative
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -76,6 +100,10 @@ class EngineCore:
                 f"your prompt has {len(prompt_ids)} tokens, leaving no room for the completion.",
                 param="prompt")
         seq = Sequence(next(self._ids), prompt_ids, min(params.max_tokens, room))
+        if self._spec_config.enabled and not params.has_penalties and params.grammar is None:
+            # Penalties and grammars depend on every token before a position: those sequences
+            # decode one token a step.
+            seq.lookahead = Lookahead(self._spec_config.num_tokens)
         self.scheduler.submit(seq)
         stop_ids = frozenset(params.stop_token_ids)
         if self.eos_token_id is not None and not params.ignore_eos:
@@ -123,20 +151,31 @@ class EngineCore:
             if not req.is_known_to_runner:
                 req.is_known_to_runner = True
                 new_seqs.append(NewSeq(seq_id=seq.id, prompt_ids=tuple(seq.prompt), params=req.params))
-            chunks.append(SeqChunk(seq_id=seq.id, token_ids=tuple(seq.tokens(s.start, s.start + s.num_tokens)),
-                                   start=s.start, block_ids=s.block_ids, samples=s.samples,
-                                   num_output_tokens=len(seq.output)))
+            token_ids = seq.tokens(s.start, s.start + s.num_tokens) + seq.draft[: s.num_draft]
+            chunks.append(SeqChunk(seq_id=seq.id, token_ids=tuple(token_ids), start=s.start, block_ids=s.block_ids,
+                                   samples=s.samples, num_output_tokens=len(seq.output), num_draft=s.num_draft))
         dropped, self._to_drop = tuple(self._to_drop), []
         return StepBatch(step_id=next(self._steps), chunks=tuple(chunks), new_seqs=tuple(new_seqs),
                          dropped=dropped)
 
     def apply(self, output: StepOutput) -> list[TokensEmitted]:
-        """Record sampled tokens; finish requests that meet a stop rule."""
+        """Record sampled tokens (a sequence that carried drafts may have several: the drafts kept, then
+        one more); finish requests that meet a stop rule, at the first token that meets it."""
         self.scheduler.observe_step(output.num_tokens, output.elapsed_s)
         events = []
+        counts: dict[int, int] = {}
+        for tok in output.sampled:
+            counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1
+        for seq_id, num in counts.items():
+            req = self._requests.get(seq_id)
+            if req is not None and req.seq.draft:
+                self.spec.add(len(req.seq.draft), num - 1)
+                req.num_draft_tokens += len(req.seq.draft)
+                req.num_accepted_tokens += num - 1
+                self.scheduler.accept_drafts(seq_id, num - 1)
         for tok in output.sampled:
             req = self._requests.get(tok.seq_id)
-            if req is None:            # aborted while its step ran
+            if req is None:            # aborted while its step ran, or finished by an earlier token
                 continue
             seq = req.seq
             self.scheduler.push_token(seq.id, tok.token_id, False)
@@ -151,7 +190,9 @@ class EngineCore:
             events.append(TokensEmitted(request_id=req.request_id, token_ids=(tok.token_id,),
                                         logprobs=logprobs, finish_reason=reason,
                                         num_prompt_tokens=len(seq.prompt),
-                                        num_cached_tokens=seq.num_cached_tokens))
+                                        num_cached_tokens=seq.num_cached_tokens,
+                                        num_draft_tokens=req.num_draft_tokens,
+                                        num_accepted_tokens=req.num_accepted_tokens))
             if reason is not None:
                 self.scheduler.finish(seq.id)
                 del self._seq_of[req.request_id]

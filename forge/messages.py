@@ -30,6 +30,9 @@ class BlockAsk(Message, frozen=True):
     new_token_ids: tuple[int, ...]   # tokens the allocator has not seen yet for this sequence
     max_compute: int                 # most tokens to compute this step (its share of the budget)
     is_running: bool                 # False: admit it now (prefix lookup) if blocks and budget allow
+    num_computed: int = -1           # running: tokens whose K/V are kept (drafts past them were
+                                     # rejected: their slots are taken back); -1: all it holds
+    num_lookahead: int = 0           # slots for draft tokens after the real ones, if blocks allow
 
 
 class Grant(Message, frozen=True):
@@ -38,6 +41,7 @@ class Grant(Message, frozen=True):
     start: int                       # first position computed this step
     num_tokens: int                  # tokens computed this step (may be 0)
     block_ids: tuple[int, ...]       # the sequence's whole block table after this step
+    num_lookahead: int = 0           # draft slots granted after those tokens
 
 
 class AllocateStep(Message, frozen=True):
@@ -73,6 +77,8 @@ class SeqChunk(Message, frozen=True):
     block_ids: tuple[int, ...]
     samples: bool                    # the chunk ends the sequence: sample its next token
     num_output_tokens: int           # tokens the request has emitted so far (for min_tokens)
+    num_draft: int = 0               # the last num_draft of token_ids are drafts: sample every one of
+                                     # the last num_draft + 1 positions, keep drafts up to a mismatch
 
 
 class NewSeq(Message, frozen=True):
@@ -113,6 +119,8 @@ class TokensEmitted(Message, frozen=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0                   # speculation so far: drafts proposed, and kept
+    num_accepted_tokens: int = 0
 
 
 # ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
@@ -186,6 +194,8 @@ class TextDelta(Message, frozen=True):
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 DaemonEvent = Accepted | Rejected | TextDelta

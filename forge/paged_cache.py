@@ -232,6 +232,18 @@ class PagedKVCache:
         if self.enable_prefix_caching:
             self._register_full_blocks(entry)
 
+    def truncate(self, seq: SeqId, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` slots of `seq` (never more than it holds, never below its
+        registered prefix blocks); blocks left wholly unused go back to the free list."""
+        entry = self._seqs.get(seq)
+        if entry is None:
+            raise UnknownSequence(seq)
+        table = entry.table
+        keep = max(min(num_tokens, table.num_tokens), entry.num_hashed_blocks * self._block_size)
+        table.num_tokens = keep
+        while len(table.blocks) > _divceil(keep, self._block_size):
+            self._release_block(table.blocks.pop())
+
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
 
@@ -272,6 +284,8 @@ class PagedKVCache:
             if seq in preempted:
                 continue
             if ask.is_running:
+                if ask.num_computed >= 0:
+                    self.truncate(seq, ask.num_computed)              # rejected drafts' slots back
                 self.commit_computed(seq)                             # last step's K/V are written
                 self.extend_tokens(seq, ask.new_token_ids)
                 num_cached = 0
@@ -299,8 +313,14 @@ class PagedKVCache:
             if seq in preempted:
                 continue
             self.append(seq, num)
+            lookahead = 0
+            if ask.num_lookahead and num and start + num == len(entry.token_ids):
+                # Draft slots only from blocks to spare: speculation never preempts anyone.
+                if self.blocks_needed_for(seq, ask.num_lookahead) <= len(self._free) + len(self._evictable):
+                    lookahead = ask.num_lookahead
+                    self.append(seq, lookahead)
             grants.append(Grant(seq_id=seq, num_cached=num_cached, start=start, num_tokens=num,
-                                block_ids=tuple(entry.table.blocks)))
+                                block_ids=tuple(entry.table.blocks), num_lookahead=lookahead))
         return StepAllocation(grants=tuple(grants), preempted=tuple(preempted),
                               num_free_blocks=self.free_blocks(), num_total_blocks=self._num_blocks)
 

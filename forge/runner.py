@@ -62,10 +62,14 @@ def build_forward_batch(chunks: tuple[SeqChunk, ...], block_size: int) -> Forwar
         block_tables[i, : len(c.block_ids)] = c.block_ids
     slot_mapping = (block_tables[seq_of_token, positions // block_size] * block_size
                     + positions % block_size)                                      # [T]
-    samples = np.fromiter((c.samples for c in chunks), bool, num_seqs)             # [S]
+    # The rows that sample: a chunk's last, and before it one per draft token (each verifies the next).
+    num_rows = np.fromiter(((c.num_draft + 1) if c.samples else 0 for c in chunks), np.int64, num_seqs)  # [S]
+    ends = np.repeat(query_start[1:], num_rows)                                    # [R]
+    back = np.arange(int(num_rows.sum())) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+    sample_indices = ends - np.repeat(num_rows, num_rows) + back                   # [R]
     return ForwardBatch(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
                         query_start=query_start, context_lens=starts + lens,
-                        block_tables=block_tables, sample_indices=query_start[1:][samples] - 1)
+                        block_tables=block_tables, sample_indices=sample_indices)
 
 
 class ModelRunner:
@@ -97,26 +101,46 @@ class ModelRunner:
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         batch = build_forward_batch(step.chunks, self.block_size)
-        rows = [c for c in step.chunks if c.samples]
-        states = [self._seqs[c.seq_id] for c in rows]
+        chunks = [c for c in step.chunks if c.samples]
+        states = [self._seqs[c.seq_id] for c in chunks]
         masks = self._start_masks(states)
-        logits = self.model.forward(batch, self.kv)                                # [N, V]
+        logits = self.model.forward(batch, self.kv)                                # [R, V]
+        # One logits row per sampled position: a chunk with d drafts has d + 1, and each draws as a
+        # plain decode step would (its generator's next uniform, its count of tokens so far).
+        widths = [c.num_draft + 1 for c in chunks]
+        row_states = [s for s, w in zip(states, widths, strict=True) for _ in range(w)]
+        rewind = [s.generator.bit_generator.state if c.num_draft and not s.params.is_greedy else None
+                  for c, s in zip(chunks, states, strict=True)]
+        allowed = ([a for a, w in zip(self._allowed(states, masks, logits.shape[1]), widths, strict=True)
+                    for _ in range(w)] if masks is not None else [])
         out = self.sampler.sample(logits, SamplingBatch(
-            params=[s.params for s in states], generators=[s.generator for s in states],
-            counts=[s.counts for s in states],
-            num_output_tokens=[c.num_output_tokens for c in rows],
-            allowed=self._allowed(states, masks, logits.shape[1]) if masks is not None else ()))
+            params=[s.params for s in row_states], generators=[s.generator for s in row_states],
+            counts=[s.counts for s in row_states],
+            num_output_tokens=[c.num_output_tokens + j for c in chunks for j in range(c.num_draft + 1)],
+            allowed=allowed))                  # (constrained sequences never carry drafts: EngineCore)
+        tokens, logprobs = out.token_ids.tolist(), out.logprobs
         sampled = []
-        for c, state, token, lp in zip(rows, states, out.token_ids.tolist(), out.logprobs, strict=True):
-            if state.counts is not None:
-                state.counts.add(token)
-            if state.matcher is not None:
-                state.matcher.consume_token(token)   # an illegal token leaves it in error: only the end follows
-            if lp is None:
-                sampled.append(SampledToken(seq_id=c.seq_id, token_id=token))
-            else:
-                sampled.append(SampledToken(seq_id=c.seq_id, token_id=token, logprob=lp.logprob,
-                                            top_logprobs=lp.top))
+        row = 0
+        for c, state, width, saved in zip(chunks, states, widths, rewind, strict=True):
+            drafts = c.token_ids[len(c.token_ids) - c.num_draft:] if c.num_draft else ()
+            kept = 0          # verification: a draft is kept while it is the token its row drew
+            while kept < c.num_draft and tokens[row + kept] == drafts[kept]:
+                kept += 1
+            if saved is not None:       # the rows past the first mismatch drew for nothing: undo them
+                state.generator.bit_generator.state = saved
+                state.generator.random(kept + 1)
+            for j in range(kept + 1):
+                token, lp = tokens[row + j], logprobs[row + j]
+                if state.counts is not None:
+                    state.counts.add(token)
+                if state.matcher is not None:
+                    state.matcher.consume_token(token)   # an illegal token leaves it in error: only the end follows
+                if lp is None:
+                    sampled.append(SampledToken(seq_id=c.seq_id, token_id=token))
+                else:
+                    sampled.append(SampledToken(seq_id=c.seq_id, token_id=token, logprob=lp.logprob,
+                                                top_logprobs=lp.top))
+            row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
                           elapsed_s=time.perf_counter() - t0)
 

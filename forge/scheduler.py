@@ -19,6 +19,7 @@ from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash
 from forge.sequence import SeqState, Sequence, TokenId
+from forge.speculative import SpeculativeConfig, ngram_proposal
 from forge.step_cost import StepCostModel
 
 # Scheduling policies (SCHEDULING_POLICIES): the order in which the step's token budget is handed out.
@@ -44,6 +45,7 @@ class ScheduledSeq:
     num_tokens: int               # tokens computed this step
     block_ids: tuple[int, ...]
     samples: bool                 # the chunk reaches the end: this step yields its next token
+    num_draft: int = 0            # draft tokens computed after it (Sequence.draft), to verify
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class SchedulerConfig:
     # cost of recent steps) so their next tokens are not held up by long prompt chunks; None: the
     # token budget alone. Prefill always advances by at least MIN_PREFILL_TOKENS a step.
     max_step_s: float | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -88,7 +91,9 @@ class SchedulerConfig:
         """The scheduling part of an engine's configuration."""
         return cls(max_batch_size=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
                    policy=engine.scheduling_policy,
-                   max_step_s=engine.max_step_ms / 1000 if engine.max_step_ms is not None else None)
+                   max_step_s=engine.max_step_ms / 1000 if engine.max_step_ms is not None else None,
+                   speculative=SpeculativeConfig(engine.speculative, engine.num_speculative_tokens,
+                                                 max_batch=engine.speculative_max_batch))
 
 
 class Scheduler:
@@ -197,16 +202,53 @@ class Scheduler:
         self._step += 1
         budget = self._step_budget()
         shares: dict[SeqId, int] = {}
+        speculate = self._speculates()
         for seq in self._budget_order(self._running):
-            num = min(seq.total_len() - seq.num_computed_tokens, budget)
+            left = seq.total_len() - seq.num_computed_tokens
+            num = min(left, budget)
             budget -= num
             shares[seq.id] = num
+            seq.draft = []
+            if speculate and left == num == 1 and seq.lookahead is not None:
+                seq.draft = self._propose_draft(seq, budget)
+                budget -= len(seq.draft)
         asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._running]
         num_slots = min(self.config.max_batch_size - len(self._running), MAX_ADMIT_CANDIDATES)
         if budget > 0 and num_slots > 0:
             asks += [self._ask(seq, seq.total_len(), is_running=False)
                      for seq in self._admission_order(num_slots)]
         return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
+
+    def _speculates(self) -> bool:
+        """Whether this step's decode rows may carry drafts: speculation is on, and few enough
+        sequences decode that a step is bound by reading the weights, not by arithmetic."""
+        spec = self.config.speculative
+        if not spec.enabled:
+            return False
+        decoding = sum(1 for s in self._running if s.total_len() - s.num_computed_tokens == 1)
+        return 0 < decoding <= spec.max_batch
+
+    def _propose_draft(self, seq: Sequence, budget: int) -> list[TokenId]:
+        assert seq.lookahead is not None
+        room = min(seq.max_new_tokens - len(seq.output) - 1, budget)      # drafts past the limit are waste
+        if room <= 0:
+            return []
+        k = min(seq.lookahead.budget(), room)
+        if k <= 0:
+            return []
+        spec = self.config.speculative
+        return ngram_proposal(seq.prompt + seq.output, k, max_ngram=spec.max_ngram, min_ngram=spec.min_ngram)
+
+    def accept_drafts(self, seq_id: SeqId, num_accepted: int) -> None:
+        """The step kept `num_accepted` of the sequence's drafts (now output tokens): their K/V are
+        computed; the rejected drafts' slots go back at the next allocation."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return
+        if seq.lookahead is not None and seq.draft:
+            seq.lookahead.observe(len(seq.draft), num_accepted)
+        seq.num_computed_tokens += num_accepted
+        seq.draft = []
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """What the last step cost: it teaches the step-time target's cost model."""
@@ -301,10 +343,12 @@ class Scheduler:
             if self._index_prefixes:
                 self._index_computed(seq)
             if grant.num_tokens == 0:
+                seq.draft = []
                 continue
             samples = seq.num_computed_tokens == seq.total_len()
+            seq.draft = seq.draft[: grant.num_lookahead] if samples else []
             plan.scheduled.append(ScheduledSeq(seq.id, grant.start, grant.num_tokens,
-                                               grant.block_ids, samples))
+                                               grant.block_ids, samples, len(seq.draft)))
             if samples:
                 plan.decode_batch.append(seq.id)
         return plan
@@ -314,13 +358,17 @@ class Scheduler:
     def _ask(self, seq: Sequence, num: int, *, is_running: bool) -> BlockAsk:
         sent = seq.num_tokens_sent if is_running else 0
         new_ids = tuple(seq.tokens(sent, seq.total_len()))
-        return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=is_running)
+        if not is_running:
+            return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=False)
+        return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=True,
+                        num_computed=seq.num_computed_tokens, num_lookahead=len(seq.draft))
 
     def _preempt(self, seq: Sequence) -> None:
         self._running.remove(seq)
         seq.state = SeqState.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_tokens_sent = 0
+        seq.draft = []
         self._waiting.appendleft(seq)
         self.num_preemptions += 1
 

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from forge.paged_cache import SeqId
+from forge.speculative import Lookahead
 
 TokenId = int
 
@@ -34,6 +35,8 @@ class Sequence:
     arrival_step: int = 0            # the scheduler's step count when it was submitted
     prompt_hashes: list[int] | None = None  # prefix-cache keys of the prompt's full blocks (shortest-first)
     num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
+    lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
+    draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -47,6 +50,8 @@ class Sequence:
         self.arrival_step = 0
         self.prompt_hashes = None
         self.num_indexed_blocks = 0
+        self.lookahead = None
+        self.draft = []
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)

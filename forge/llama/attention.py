@@ -97,6 +97,10 @@ def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0) -> F32
     return np.where(visible, np.float32(0.0), np.float32(-np.inf))                     # [n, K]
 
 
+# Chunks of at most this many query rows go to the compiled kernel row by row (fused attention).
+MAX_FUSED_CHUNK_ROWS = 8
+
+
 def _split_decodes(decode_seqs: I64, num_blocks_needed: I64, num_parts: int) -> list[I64]:
     """Deal the decode sequences into num_parts parts of about equal keys: longest first, each to
     the part with the fewest keys so far (ties to the lower part); deterministic."""
@@ -148,20 +152,32 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 
-    decode_seqs = np.flatnonzero(lengths == 1)
     num_parts = max(1, active_pool().num_parts if num_parts is None else num_parts)
-    num_decode_parts = num_parts if len(decode_seqs) >= MIN_PARALLEL_DECODE_SEQS else 1
-    parts = _split_decodes(decode_seqs, num_blocks_needed, num_decode_parts)
     fused_parts: list[FusedDecode] = []
+    decode_parts: list[list[DecodeGroup]] = []
     if fused:
-        fused_parts = [FusedDecode(starts[seqs], np.ascontiguousarray(batch.block_tables[seqs]),
-                                   np.ascontiguousarray(batch.context_lens[seqs])) for seqs in parts]
-        decode_parts: list[list[DecodeGroup]] = []
+        # The compiled kernel takes each query row alone, over the keys up to its own position: a
+        # short chunk (a decode row with its draft tokens, a tiny prompt) runs as that many decode
+        # rows, reading its keys in place instead of gathering them.
+        short = np.flatnonzero(lengths <= MAX_FUSED_CHUNK_ROWS)                          # [S']
+        rows = np.repeat(starts[short] - np.cumsum(lengths[short]) + lengths[short], lengths[short]) \
+            + np.arange(int(lengths[short].sum()))                                         # [R]
+        row_seq = np.repeat(short, lengths[short])                                         # [R]
+        row_ctx = batch.positions[rows] + 1                                                # [R]
+        num_decode_parts = num_parts if len(rows) >= MIN_PARALLEL_DECODE_SEQS else 1
+        fused_parts = [FusedDecode(rows[p], np.ascontiguousarray(batch.block_tables[row_seq[p]]),
+                                   np.ascontiguousarray(row_ctx[p]))
+                       for p in _split_decodes(np.arange(len(rows)), -(-row_ctx // block_size), num_decode_parts)]
+        long_seqs = np.flatnonzero(lengths > MAX_FUSED_CHUNK_ROWS)
     else:
+        decode_seqs = np.flatnonzero(lengths == 1)
+        num_decode_parts = num_parts if len(decode_seqs) >= MIN_PARALLEL_DECODE_SEQS else 1
+        parts = _split_decodes(decode_seqs, num_blocks_needed, num_decode_parts)
         decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed) for seqs in parts]
+        long_seqs = np.flatnonzero(lengths > 1)
 
     prefills: list[PrefillSeq] = []
-    for s in np.flatnonzero(lengths > 1):
+    for s in long_seqs:
         ctx = int(batch.context_lens[s])
         lo, hi = int(starts[s]), int(starts[s + 1])
         tile_rows = max(1, min(MAX_PREFILL_TILE_ROWS, MAX_TEMP_FLOATS // (config.num_heads * ctx)))

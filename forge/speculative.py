@@ -1,0 +1,105 @@
+"""Speculative decoding's proposing side: n-gram prompt lookup, and how far each sequence looks ahead.
+
+A sequence that is decoding may carry draft tokens into its step: the target model computes them
+with its last token in one chunk, the runner samples every position as it would have without
+drafts, and the drafts are kept up to the first one that differs (forge.runner). With a
+deterministic proposer that rule is exactly the rejection rule of Leviathan et al. and Chen et al.
+(a draft is kept with probability p(draft); a rejected position's token is drawn from p without the
+draft, renormalised), and with each row's own uniform it gives the very tokens plain decoding gives.
+
+The proposer here needs no model: the tokens after the latest earlier occurrence of the sequence's
+last n tokens (n from `max_ngram` down to `min_ngram`), in its prompt or output, are its guess.
+Input-grounded work (rewriting, quoting, extracting) repeats its input, and the guesses land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SPECULATIVE_METHODS = ("off", "ngram")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str = "off"                  # one of SPECULATIVE_METHODS
+    num_tokens: int = 4                  # most drafts per sequence per step
+    max_ngram: int = 4
+    min_ngram: int = 2
+    # Speculation pays while a step is bound by reading the weights, not by arithmetic: with more
+    # sequences decoding than this, steps carry no drafts (measured: docs/benchmarks.md).
+    max_batch: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}")
+        if not 1 <= self.num_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be in [1, 16]")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError("need 1 <= min_ngram <= max_ngram")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"
+
+
+def ngram_proposal(tokens: Sequence[int], k: int, *, max_ngram: int = 4, min_ngram: int = 2,
+                   window: int = 4096) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of `tokens`
+    (between min_ngram and max_ngram long) within the last `window` tokens; [] when none recurs."""
+    n_tokens = len(tokens)
+    if k <= 0 or n_tokens <= min_ngram:
+        return []
+    start = max(0, n_tokens - window)
+    seq = np.asarray(tokens[start:], dtype=np.int64)                         # [W]
+    size = seq.size
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        suffix = seq[size - n:]                                               # [n]
+        # Starts i < size - n (earlier than the suffix itself) where seq[i:i+n] == suffix.
+        hits = seq[: size - n] == suffix[0]                                   # [W - n]
+        for j in range(1, n):
+            hits &= seq[j: j + size - n] == suffix[j]
+        found = np.flatnonzero(hits)
+        if found.size:
+            after = int(found[-1]) + n                                        # latest occurrence
+            return [int(t) for t in seq[after: after + k]]
+    return []
+
+
+@dataclass(slots=True)
+class Lookahead:
+    """One sequence's speculation state: how many drafts it proposes, from its recent acceptance.
+
+    Acceptance is an exponentially weighted share of drafts kept; the lookahead is the expected run
+    of kept drafts plus one, so a sequence whose guesses keep failing proposes one token at a time,
+    and one that fails for long (acceptance under `pause_below`) stops proposing for `pause` steps.
+    """
+    max_tokens: int
+    acceptance: float = 0.6
+    paused: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+
+    DECAY = 0.7
+    PAUSE_BELOW = 0.15
+    PAUSE_STEPS = 16
+
+    def budget(self) -> int:
+        if self.paused > 0:
+            self.paused -= 1
+            return 0
+        expected = self.acceptance / max(1e-3, 1 - self.acceptance)              # mean run of kept drafts
+        return max(1, min(self.max_tokens, int(expected) + 1))
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        if num_proposed <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_proposed
+        self.num_accepted += num_accepted
+        self.acceptance = self.DECAY * self.acceptance + (1 - self.DECAY) * (num_accepted / num_proposed)
+        if self.acceptance < self.PAUSE_BELOW:
+            self.paused, self.acceptance = self.PAUSE_STEPS, 0.3

@@ -25,7 +25,8 @@ class AllocatorActor:
     def statistics(self) -> CacheStats:
         c = self._cache
         return CacheStats(num_free_blocks=c.free_blocks(), num_total_blocks=c.total_blocks(),
-                          prefix_hit_rate=c.prefix_hit_rate())
+                          prefix_hit_rate=c.prefix_hit_rate(), prefix_queries=c.num_prefix_queries,
+                          prefix_hits=c.num_prefix_hits, prefix_misses=tuple(c.num_prefix_misses.items()))
 
     def tracked(self) -> dict[str, int]:
         """Sizes of the per-request tables: the block tables of live sequences."""

@@ -29,6 +29,12 @@ class Metrics:
         self.num_preemptions = Counter("forge:num_preemptions", "Sequences preempted.", registry=r)
         self.prefix_cache_hit_rate = Gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.",
                                            registry=r)
+        self.prefix_cache_queries = Counter("forge:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_cache_hits = Counter("forge:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                         registry=r)
+        self.prefix_cache_misses = Counter("forge:prefix_cache_misses", "Prompt tokens not found, by reason.",
+                                           ["reason"], registry=r)
         self.time_to_first_token = Histogram("forge:time_to_first_token_seconds", "Time to first token.",
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self.inter_token_latency = Histogram("forge:inter_token_latency_seconds", "Time between tokens.",
@@ -43,6 +49,16 @@ class Metrics:
                                           buckets=_STEP_TOKEN_BUCKETS, registry=r)
         self.step_duration = Histogram("forge:step_duration_seconds", "Forward and sampling time of a step.",
                                        buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
+        # speculative decoding, with vLLM's meanings
+        self.spec_num_drafts = Counter("forge:spec_decode_num_drafts", "Sequence-steps that carried drafts.",
+                                       registry=r)
+        self.spec_num_draft_tokens = Counter("forge:spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                                             registry=r)
+        self.spec_num_accepted_tokens = Counter("forge:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                                registry=r)
+        self.spec_accepted_per_pos = Counter("forge:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by their position in the draft.",
+                                             ["position"], registry=r)
         self.kernels = Gauge("forge:kernels_info", "The kernels in use: the weights' backend, the decode attention.",
                              ["backend", "attention"], registry=r)
         self._refreshers: list[Callable[[], None]] = []

@@ -35,6 +35,8 @@ class Choice:
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -57,7 +59,9 @@ class ChoiceReader:
         """Token counts; the n choices of one prompt share it, so its tokens count once."""
         prompt = sum(c.num_prompt_tokens for c in self.choices[::n])
         return Usage(prompt_tokens=prompt, completion_tokens=self.num_completion_tokens,
-                     cached_tokens=sum(c.num_cached_tokens for c in self.choices[::n]))
+                     cached_tokens=sum(c.num_cached_tokens for c in self.choices[::n]),
+                     draft_tokens=sum(c.num_draft_tokens for c in self.choices),
+                     accepted_tokens=sum(c.num_accepted_tokens for c in self.choices))
 
     async def collect(self, request: Request) -> list[Choice]:
         """Every choice to its end. A client that goes away cancels the wait (the caller aborts)."""
@@ -112,6 +116,8 @@ class ChoiceReader:
         choice.num_prompt_tokens = delta.num_prompt_tokens or choice.num_prompt_tokens
         choice.num_completion_tokens = delta.num_completion_tokens
         choice.num_cached_tokens = delta.num_cached_tokens or choice.num_cached_tokens
+        choice.num_draft_tokens = delta.num_draft_tokens or choice.num_draft_tokens
+        choice.num_accepted_tokens = delta.num_accepted_tokens or choice.num_accepted_tokens
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             m.e2e_request_latency.observe(now - self._arrival)

@@ -114,6 +114,9 @@ class SchedulerActor:
                 self._metrics.request_queue_time.observe(now - arrival)
             self._dequeue(new.seq_id)
         preemptions = self._core.scheduler.num_preemptions
+        spec = self._core.spec
+        drafts, draft_tokens, accepted = spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens
+        per_pos = list(spec.accepted_per_position)
         started = time.monotonic()
         await self._to_worker.send(batch)
         output = await self._from_worker.receive()
@@ -126,8 +129,17 @@ class SchedulerActor:
             if event.finish_reason is not None:
                 self._rids.pop(event.request_id, None)
             await self._to_tokeniser.send(event)
-        self._metrics.num_preemptions.inc(self._core.scheduler.num_preemptions - preemptions)
-        self._metrics.generation_tokens.inc(len(output.sampled))
+        m = self._metrics
+        m.num_preemptions.inc(self._core.scheduler.num_preemptions - preemptions)
+        m.generation_tokens.inc(len(output.sampled))
+        if spec.num_drafts != drafts:
+            m.spec_num_drafts.inc(spec.num_drafts - drafts)
+            m.spec_num_draft_tokens.inc(spec.num_draft_tokens - draft_tokens)
+            m.spec_num_accepted_tokens.inc(spec.num_accepted_tokens - accepted)
+            for pos, total in enumerate(spec.accepted_per_position):
+                before = per_pos[pos] if pos < len(per_pos) else 0
+                if total != before:
+                    m.spec_accepted_per_pos.labels(position=str(pos)).inc(total - before)
 
     def _dequeue(self, seq_id: int) -> None:
         self._arrivals.pop(seq_id, None)

@@ -162,6 +162,11 @@ class Daemon:
 
     def _register_gauges(self) -> None:
         m = self.metrics
+        seen: dict[str, int] = {}                  # the cache's counts at the last scrape
+
+        def count(counter: Any, key: str, total: int) -> None:
+            counter.inc(total - seen.get(key, 0))
+            seen[key] = total
 
         def refresh() -> None:
             if self.scheduler is not None and self.allocator is not None:
@@ -171,6 +176,10 @@ class Daemon:
                 used = cache.num_total_blocks - cache.num_free_blocks
                 m.kv_cache_usage_perc.set(used / cache.num_total_blocks if cache.num_total_blocks else 0.0)
                 m.prefix_cache_hit_rate.set(cache.prefix_hit_rate)
+                count(m.prefix_cache_queries, "queries", cache.prefix_queries)
+                count(m.prefix_cache_hits, "hits", cache.prefix_hits)
+                for reason, total in cache.prefix_misses:
+                    count(m.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
 
         m.on_scrape(refresh)
 

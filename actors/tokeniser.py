@@ -115,7 +115,8 @@ class TokeniserActor:
             request_id=msg.request_id, text=text, num_tokens=len(msg.token_ids),
             logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in msg.logprobs),
             finish_reason=reason, num_prompt_tokens=stream.num_prompt_tokens,
-            num_completion_tokens=stream.num_tokens, num_cached_tokens=msg.num_cached_tokens))
+            num_completion_tokens=stream.num_tokens, num_cached_tokens=msg.num_cached_tokens,
+            num_draft_tokens=msg.num_draft_tokens, num_accepted_tokens=msg.num_accepted_tokens))
 
     def _logprob_info(self, token_id: int, logprob: float | None,
                       top: tuple[tuple[int, float], ...]) -> TokenLogprobInfo:

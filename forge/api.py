@@ -140,6 +140,7 @@ class _Sampling(_Wire, frozen=True, kw_only=True):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] = []
     skip_special_tokens: bool = True
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None   # vLLM's: tenant isolation
 
     @property
     def include_usage(self) -> bool:
@@ -523,6 +524,7 @@ def to_sampling_params(
         skip_special_tokens=req.skip_special_tokens,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
         grammar=grammar,
+        cache_salt=req.cache_salt,
     )
 
 

@@ -33,7 +33,9 @@ class ResponseHeader(msgspec.Struct, frozen=True, kw_only=True):
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0
+    cached_tokens: int = 0        # prompt tokens found in the prefix cache
+    draft_tokens: int = 0         # speculative decoding: drafts proposed, and of them kept
+    accepted_tokens: int = 0
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,17 +78,17 @@ def model_list(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": list(cards)}
 
 
-def _usage(usage: Usage) -> dict[str, int]:
+def _usage(usage: Usage) -> dict[str, Any]:
+    """The usage object of every response and usage chunk, completions and chat alike: token counts,
+    the prompt tokens served from the prefix cache, and when speculative decoding ran, its drafts
+    kept and rejected (OpenAI's prediction-token fields)."""
     total = usage.prompt_tokens + usage.completion_tokens
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": total}
-
-
-def _chat_usage(usage: Usage) -> dict[str, Any]:
-    return {
-        **_usage(usage),
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
-    }
+    details: dict[str, int] = {"reasoning_tokens": 0}
+    if usage.draft_tokens:
+        details["accepted_prediction_tokens"] = usage.accepted_tokens
+        details["rejected_prediction_tokens"] = usage.draft_tokens - usage.accepted_tokens
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": total,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}, "completion_tokens_details": details}
 
 
 # ---- logprobs -------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usa
         "model": header.model,
         "system_fingerprint": None,
         "choices": list(choices),
-        "usage": _chat_usage(usage),
+        "usage": _usage(usage),
     }
 
 

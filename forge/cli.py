@@ -16,6 +16,7 @@ from typing import Any, overload
 from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS
+from forge.speculative import SPECULATIVE_METHODS
 
 
 @overload
@@ -40,7 +41,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
                             kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype, max_step_ms=args.max_step_ms,
-                            scheduling_policy=args.scheduling_policy)
+                            scheduling_policy=args.scheduling_policy, speculative=args.speculative,
+                            num_speculative_tokens=args.num_speculative_tokens,
+                            speculative_max_batch=args.speculative_max_batch)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -63,6 +66,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-step-ms", type=float, default=_float_or_none(env("FORGE_MAX_STEP_MS", None)),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams) [FORGE_MAX_STEP_MS; off]")
+    g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", "off"),
+                   help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
+                        "its own prompt and output, verified in the same step (output unchanged) "
+                        "[FORGE_SPECULATIVE; off]")
+    g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "4")),
+                   help="most guesses a sequence carries into a step [FORGE_NUM_SPECULATIVE_TOKENS; 4]")
+    g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "4")),
+                   help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 4]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
                    help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),

@@ -63,7 +63,7 @@ class EngineConfig:
     # the same forward; only while at most speculative_max_batch sequences decode.
     speculative: str = "off"
     num_speculative_tokens: int = 4
-    speculative_max_batch: int = 8
+    speculative_max_batch: int = 4
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):

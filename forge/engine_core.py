@@ -100,6 +100,7 @@ class EngineCore:
                 f"your prompt has {len(prompt_ids)} tokens, leaving no room for the completion.",
                 param="prompt")
         seq = Sequence(next(self._ids), prompt_ids, min(params.max_tokens, room))
+        seq.cache_salt = params.cache_salt
         if self._spec_config.enabled and not params.has_penalties and params.grammar is None:
             # Penalties and grammars depend on every token before a position: those sequences
             # decode one token a step.

@@ -33,6 +33,7 @@ class BlockAsk(Message, frozen=True):
     num_computed: int = -1           # running: tokens whose K/V are kept (drafts past them were
                                      # rejected: their slots are taken back); -1: all it holds
     num_lookahead: int = 0           # slots for draft tokens after the real ones, if blocks allow
+    cache_salt: str | None = None    # waiting: share prefix blocks only with sequences of this salt
 
 
 class Grant(Message, frozen=True):
@@ -62,6 +63,9 @@ class CacheStats(Message, frozen=True):
     num_free_blocks: int
     num_total_blocks: int
     prefix_hit_rate: float
+    prefix_queries: int = 0              # prompt tokens looked up since start, found, and missed by reason
+    prefix_hits: int = 0
+    prefix_misses: tuple[tuple[str, int], ...] = ()
 
 
 FinishReason = Literal["stop", "length"]   # an aborted request ends without one: nobody reads it

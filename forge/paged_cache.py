@@ -61,7 +61,7 @@ class _SeqEntry:
     table: BlockTable
     token_ids: list[int]            # tokens known for prefix hashing (may run ahead of num_tokens)
     num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
-    last_hash: int | None = None    # chain hash of the last registered block
+    last_hash: int | None = None    # chain hash of the last registered block (at first: the salt's root)
 
 
 def _divceil(a: int, b: int) -> int:
@@ -73,6 +73,15 @@ def block_hash(parent: int | None, chunk: tuple[int, ...]) -> int:
     before it (None for the first), so equal keys mean equal prefixes (up to hash collisions,
     which the cache checks against the stored tokens)."""
     return hash((parent, chunk))
+
+
+def salt_root(cache_salt: str | None) -> int | None:
+    """The parent key of a sequence's first block: None unsalted; for a salted one, a key of its own,
+    so sequences with different salts (tenants) never share a block."""
+    return None if cache_salt is None else hash(("cache_salt", cache_salt))
+
+
+MISS_REASONS = ("partial_block", "evicted", "new")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,10 @@ class PagedKVCache:
         self._block_of: dict[int, BlockId] = {}                          # chain hash -> block
         self.num_prefix_queries = 0   # tokens looked up in the prefix cache
         self.num_prefix_hits = 0      # of which found
+        # Of the rest, by reason: past the last full block (never cached: a block is cached whole),
+        # in a block that was cached once but evicted since, or never cached.
+        self.num_prefix_misses = dict.fromkeys(MISS_REASONS, 0)
+        self._evicted: OrderedDict[int, None] = OrderedDict()            # keys evicted lately (bounded)
 
     def layout(self) -> CacheLayout:
         return CacheLayout(self._num_blocks, self._block_size, self.enable_prefix_caching)
@@ -183,27 +196,31 @@ class PagedKVCache:
 
     # ---- prefix caching -----------------------------------------------------------------
 
-    def admit_with_prefix(self, seq: SeqId, token_ids: Sequence[int]) -> int:
-        """Admit `seq` knowing its tokens; share cached full blocks of its prefix.
+    def admit_with_prefix(self, seq: SeqId, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """Admit `seq` knowing its tokens; share cached full blocks of its prefix (only with sequences
+        of the same `cache_salt`).
 
         Returns how many leading tokens are already in the cache. At least one token is always
         left to compute, so that the step that resumes the sequence produces its next logits.
         """
         if seq in self._seqs:
             raise CacheError(f"sequence {seq} is already admitted")
-        entry = _SeqEntry(BlockTable(), list(token_ids))
+        root = salt_root(cache_salt)
+        entry = _SeqEntry(BlockTable(), list(token_ids), last_hash=root)
         self._seqs[seq] = entry
         if not self.enable_prefix_caching:
             return 0
         bs = self._block_size
         max_blocks = (len(token_ids) - 1) // bs
         self.num_prefix_queries += len(token_ids)
-        parent: int | None = None
+        parent = root
+        missed: str | None = None
         for i in range(max_blocks):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
             h = block_hash(parent, chunk)
             block = self._block_of.get(h)
             if block is None or self._hash_of[block][1] != chunk:
+                missed = "evicted" if h in self._evicted else "new"
                 break
             if self._ref[block] == 0:
                 del self._evictable[block]
@@ -215,6 +232,9 @@ class PagedKVCache:
         entry.num_hashed_blocks = len(entry.table.blocks)
         entry.last_hash = parent
         self.num_prefix_hits += num_cached
+        if missed is not None:
+            self.num_prefix_misses[missed] += max_blocks * bs - num_cached
+        self.num_prefix_misses["partial_block"] += len(token_ids) - max_blocks * bs
         return num_cached
 
     def extend_tokens(self, seq: SeqId, token_ids: Iterable[int]) -> None:
@@ -292,7 +312,7 @@ class PagedKVCache:
             else:
                 if preempted or budget <= 0:
                     break
-                num_cached = self.admit_with_prefix(seq, ask.new_token_ids)
+                num_cached = self.admit_with_prefix(seq, ask.new_token_ids, ask.cache_salt)
             entry = self._seqs[seq]
             start = entry.table.num_tokens
             num = min(ask.max_compute, len(entry.token_ids) - start)
@@ -313,14 +333,19 @@ class PagedKVCache:
             if seq in preempted:
                 continue
             self.append(seq, num)
-            lookahead = 0
-            if ask.num_lookahead and num and start + num == len(entry.token_ids):
-                # Draft slots only from blocks to spare: speculation never preempts anyone.
-                if self.blocks_needed_for(seq, ask.num_lookahead) <= len(self._free) + len(self._evictable):
-                    lookahead = ask.num_lookahead
-                    self.append(seq, lookahead)
             grants.append(Grant(seq_id=seq, num_cached=num_cached, start=start, num_tokens=num,
-                                block_ids=tuple(entry.table.blocks), num_lookahead=lookahead))
+                                block_ids=tuple(entry.table.blocks)))
+        # Draft slots last, from the blocks nobody above needed: speculation never preempts or
+        # holds back anyone.
+        lookahead = {a.seq_id: a.num_lookahead for a in asks if a.is_running and a.num_lookahead}
+        for i, grant in enumerate(grants):
+            want = lookahead.get(grant.seq_id, 0)
+            entry = self._seqs[grant.seq_id]
+            if (want and grant.num_tokens and grant.start + grant.num_tokens == len(entry.token_ids)
+                    and self.blocks_needed_for(grant.seq_id, want) <= self.free_blocks()):
+                self.append(grant.seq_id, want)
+                grants[i] = Grant(seq_id=grant.seq_id, num_cached=0, start=grant.start, num_tokens=grant.num_tokens,
+                                  block_ids=tuple(entry.table.blocks), num_lookahead=want)
         return StepAllocation(grants=tuple(grants), preempted=tuple(preempted),
                               num_free_blocks=self.free_blocks(), num_total_blocks=self._num_blocks)
 
@@ -333,6 +358,9 @@ class PagedKVCache:
             block, _ = self._evictable.popitem(last=False)   # least recently used cached block
             h, _ = self._hash_of.pop(block)
             del self._block_of[h]
+            self._evicted[h] = None                           # remembered to name later misses
+            if len(self._evicted) > 4 * self._num_blocks:
+                self._evicted.popitem(last=False)
         self._ref[block] = 1
         return block
 

@@ -38,6 +38,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias): added to the logits before all else
     grammar: str | None = None          # a constraint as llguidance grammar text (forge.structured)
+    cache_salt: str | None = None       # prefix-cache isolation: blocks are shared only within a salt
 
     @property
     def is_greedy(self) -> bool:

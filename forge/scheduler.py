@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from forge.config import SCHEDULING_POLICIES, EngineConfig
 from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
-from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash
+from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash, salt_root
 from forge.sequence import SeqState, Sequence, TokenId
 from forge.speculative import SpeculativeConfig, ngram_proposal
 from forge.step_cost import StepCostModel
@@ -295,7 +295,7 @@ class Scheduler:
 
     def _prompt_hashes(self, seq: Sequence) -> list[int]:
         if seq.prompt_hashes is None:
-            bs, parent, hashes = self.layout.block_size, None, []
+            bs, parent, hashes = self.layout.block_size, salt_root(seq.cache_salt), []
             for i in range(len(seq.prompt) // bs):
                 parent = block_hash(parent, tuple(seq.prompt[i * bs:(i + 1) * bs]))
                 hashes.append(parent)
@@ -359,7 +359,8 @@ class Scheduler:
         sent = seq.num_tokens_sent if is_running else 0
         new_ids = tuple(seq.tokens(sent, seq.total_len()))
         if not is_running:
-            return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=False)
+            return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=False,
+                            cache_salt=seq.cache_salt)
         return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=True,
                         num_computed=seq.num_computed_tokens, num_lookahead=len(seq.draft))
 

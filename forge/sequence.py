@@ -37,6 +37,7 @@ class Sequence:
     num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
+    cache_salt: str | None = None    # prefix-cache isolation (forge.paged_cache.salt_root)
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -52,6 +53,7 @@ class Sequence:
         self.num_indexed_blocks = 0
         self.lookahead = None
         self.draft = []
+        self.cache_salt = None
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)

@@ -30,7 +30,7 @@ class SpeculativeConfig:
     min_ngram: int = 2
     # Speculation pays while a step is bound by reading the weights, not by arithmetic: with more
     # sequences decoding than this, steps carry no drafts (measured: docs/benchmarks.md).
-    max_batch: int = 8
+    max_batch: int = 4
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -70,36 +70,30 @@ def ngram_proposal(tokens: Sequence[int], k: int, *, max_ngram: int = 4, min_ngr
 
 @dataclass(slots=True)
 class Lookahead:
-    """One sequence's speculation state: how many drafts it proposes, from its recent acceptance.
+    """One sequence's speculation state: whether it proposes, from how its recent drafts fared.
 
-    Acceptance is an exponentially weighted share of drafts kept; the lookahead is the expected run
-    of kept drafts plus one, so a sequence whose guesses keep failing proposes one token at a time,
-    and one that fails for long (acceptance under `pause_below`) stops proposing for `pause` steps.
+    Acceptance is an exponentially weighted share of drafts kept. A step that carries any draft costs
+    most of what it will cost (the kernels leave the one-row path for a small-matrix one), while each
+    further draft adds little: so a sequence proposes all it can, or, when its drafts keep failing
+    (acceptance under PAUSE_BELOW), nothing for PAUSE_STEPS steps before it tries again.
     """
     max_tokens: int
-    acceptance: float = 0.6
+    acceptance: float = 0.7
     paused: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted: int = 0
 
-    DECAY = 0.7
-    PAUSE_BELOW = 0.15
-    PAUSE_STEPS = 16
+    DECAY = 0.6
+    PAUSE_BELOW = 0.35
+    PAUSE_STEPS = 8
 
     def budget(self) -> int:
         if self.paused > 0:
             self.paused -= 1
             return 0
-        expected = self.acceptance / max(1e-3, 1 - self.acceptance)              # mean run of kept drafts
-        return max(1, min(self.max_tokens, int(expected) + 1))
+        return self.max_tokens
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         if num_proposed <= 0:
             return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_proposed
-        self.num_accepted += num_accepted
         self.acceptance = self.DECAY * self.acceptance + (1 - self.DECAY) * (num_accepted / num_proposed)
         if self.acceptance < self.PAUSE_BELOW:
-            self.paused, self.acceptance = self.PAUSE_STEPS, 0.3
+            self.paused, self.acceptance = self.PAUSE_STEPS, 0.5

@@ -48,14 +48,15 @@ def _requests_for(concurrency: int, args: argparse.Namespace) -> int:
 async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: argparse.Namespace,
                       model: str | None) -> list[dict[str, Any]]:
     records = []
+    extra = {"ignore_eos": False} if getattr(args, "ignore_eos", "true") == "false" else None
     for c in _levels(args.concurrency):
         results, wall = await loadgen.run_closed_loop(base, workload, c, _requests_for(c, args), model=model,
-                                                      progress=not args.quiet)
+                                                      progress=not args.quiet, extra=extra)
         records.append(loadgen.level_record(server, c, results, wall, args.ttft_slo, args.tpot_slo))
     if args.rate:
         n = args.rate_requests
         results, wall = await loadgen.run_open_loop(base, workload, args.rate, n, seed=args.seed, model=model,
-                                                    progress=not args.quiet)
+                                                    progress=not args.quiet, extra=extra)
         rec = loadgen.level_record(server, 0, results, wall, args.ttft_slo, args.tpot_slo)
         rec["rate"] = args.rate
         records.append(rec)
@@ -77,8 +78,12 @@ def _share(value: float | None) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in loadgen.WORKLOAD_KINDS]
+    if unknown or not kinds:
+        raise SystemExit(f"forge bench: --kinds takes {', '.join(loadgen.WORKLOAD_KINDS)}; got {args.kinds!r}")
     workload = loadgen.build_workload(_tokenizer(args.tokenizer_model), num_requests=args.workload_size,
-                                      max_tokens=args.max_tokens, seed=args.seed)
+                                      max_tokens=args.max_tokens, seed=args.seed, kinds=kinds)
     records = anyio.run(_run_levels, args.base.rstrip("/"), args.label, workload, args, args.model)
     print(json.dumps(records, indent=1) if args.json else _table(records))
     if args.output:
@@ -298,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default=None, help="model name to send")
     serve.add_argument("--label", default="server")
     serve.add_argument("--tokenizer-model", default=None, help="GGUF whose tokenizer sizes the prompts")
+    serve.add_argument("--kinds", default="open,shared-prefix,grounded",
+                       help=f"prompt kinds of the workload, in turn: {', '.join(loadgen.WORKLOAD_KINDS)} "
+                            "[open,shared-prefix,grounded]")
+    serve.add_argument("--ignore-eos", default="true", choices=["true", "false"],
+                       help="every request generates --max-tokens (true), or stops where the model ends (false)")
     serve.add_argument("--json", action="store_true")
     serve.add_argument("--output", default=None, help="also save the records as JSON")
     serve.set_defaults(func=cmd_serve)

@@ -30,7 +30,7 @@ _WORDS = ("the river city light market winter garden story people music water ta
 @dataclass(slots=True)
 class WorkItem:
     prompt: str
-    kind: str                 # "open", "shared-prefix" or "grounded"
+    kind: str                 # one of WORKLOAD_KINDS
     num_prompt_tokens: int
 
 
@@ -49,13 +49,50 @@ def _text_of_tokens(tokenizer: Any, rng: random.Random, num_tokens: int) -> str:
     return str(tokenizer.decode(ids))
 
 
+WORKLOAD_KINDS = ("open", "shared-prefix", "grounded", "task")
+
+
+def _stdlib_sources() -> tuple[list[str], list[str]]:
+    """Real code and prose that every Python installation has: functions of a few standard modules, and
+    their modules' docstrings (paragraphs). Deterministic for one Python version."""
+    import argparse
+    import inspect
+    import textwrap
+    functions = (textwrap.wrap, textwrap.dedent, textwrap.indent, textwrap.TextWrapper._wrap_chunks,
+                 argparse.ArgumentParser.parse_known_args, inspect.getsource, inspect.getmembers)
+    code = [inspect.getsource(fn) for fn in functions]
+    prose = [p.strip() for doc in (argparse.__doc__, inspect.__doc__, textwrap.TextWrapper.__doc__, json.__doc__)
+             for p in (doc or "").split("\n\n") if len(p.strip()) > 80]
+    return code, prose
+
+
+def _task(tokenizer: Any, rng: random.Random, code: list[str], prose: list[str], lo: int, hi: int) -> str:
+    """Input-grounded work of lo..hi prompt tokens: rewrite code with one change, quote a sentence, or
+    summarise with quotes. The answer repeats much of the input."""
+    def clip(text: str) -> str:
+        ids = tokenizer.encode(text, add_special_tokens=False)[: rng.randint(lo, hi)]
+        return str(tokenizer.decode(ids))
+    choice = rng.randrange(3)
+    if choice == 0:
+        source = clip(rng.choice(code))
+        return f"Code:\n{source}\n\nRewrite the code above with every variable named `i` renamed to `k`, changing " \
+               f"nothing else.\n\nRewritten code:\n"
+    passage = clip(" ".join(rng.sample(prose, k=min(len(prose), 4))))
+    if choice == 1:
+        return f"Text:\n{passage}\n\nQuote, word for word, the sentences of the text that mention a file.\n\nQuotes:\n"
+    return f"Text:\n{passage}\n\nSummarise the text, quoting its own words wherever you can.\n\nSummary:\n"
+
+
 def build_workload(tokenizer: Any, *, num_requests: int, max_tokens: int = 128, seed: int = 0,
                    min_len: int = 20, max_len: int = 1000, kinds: Sequence[str] = ("open", "shared-prefix",
                                                                                      "grounded")) -> Workload:
     """A seeded mix: open-ended prompts of log-uniform length, prompts sharing one long prefix,
-    and input-grounded prompts (repeat a passage). Lengths are in the model's own tokens."""
+    input-grounded prompts (repeat a passage of random words), and "task" prompts of 300-600 tokens
+    (rewrite real code with one change, quote or summarise real prose). Lengths are in the model's
+    own tokens."""
     rng = random.Random(seed)
     prefix = "You are a helpful assistant. Background notes: " + _text_of_tokens(tokenizer, rng, min(600, max_len // 2))
+    code, prose = _stdlib_sources() if "task" in kinds else ([], [])
     items = []
     for i in range(num_requests):
         kind = kinds[i % len(kinds)]
@@ -64,6 +101,8 @@ def build_workload(tokenizer: Any, *, num_requests: int, max_tokens: int = 128, 
             prompt = _text_of_tokens(tokenizer, rng, length) + "\nContinue the story:"
         elif kind == "shared-prefix":
             prompt = prefix + "\nQuestion: " + _words(rng, rng.randint(5, 30)) + "?\nAnswer:"
+        elif kind == "task":
+            prompt = _task(tokenizer, rng, code, prose, 300, 560)
         else:
             passage = _text_of_tokens(tokenizer, rng, max(10, length // 2))
             prompt = f"Passage:\n{passage}\n\nRepeat the passage word for word.\nPassage:\n"

@@ -10,10 +10,12 @@ what was written into its blocks, not against the cache's own bookkeeping.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
+import msgspec
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -33,7 +35,9 @@ Slot = int | None             # the token a block slot holds; None: unknown (a b
 @dataclass
 class PromptSeq:
     tokens: list[int]         # every token of the sequence the cache was told of, in order
-    computed: int             # leading tokens whose K/V are written: the cache's seq_len
+    computed: int             # leading tokens whose K/V are written
+    lookahead: int = 0        # draft slots granted past them last step: the cache's seq_len is the sum
+    accepted: tuple[int, ...] = ()   # of last step's drafts, those kept: real tokens from the next ask on
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -78,7 +82,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self) -> None:
-        held = {**self.lengths, **{seq: p.computed for seq, p in self.running.items()}}
+        held = {**self.lengths, **{seq: p.computed + p.lookahead for seq, p in self.running.items()}}
         victim = self.cache.evict_largest()
         if victim is None:
             assert not held
@@ -90,7 +94,8 @@ class CacheMachine(RuleBasedStateMachine):
         if victim in self.lengths:
             del self.lengths[victim]
         else:
-            self.waiting[victim] = self.running.pop(victim).tokens   # to be recomputed, as if preempted
+            p = self.running.pop(victim)
+            self.waiting[victim] = [*p.tokens, *p.accepted]          # to be recomputed, as if preempted
 
     # ---- prompt sequences: the engine's surface ---------------------------------------------
 
@@ -107,10 +112,15 @@ class CacheMachine(RuleBasedStateMachine):
         then up to three waiting ones, in the order drawn; the outcome must match the asks."""
         asks: list[BlockAsk] = []
         for seq, p in self.running.items():
-            new = data.draw(st.lists(TOKENS, max_size=2))
-            left = len(p.tokens) + len(new) - p.computed
+            # Speculation: last step's kept drafts come first among the new tokens (their K/V are
+            # computed: num_computed counts them; the rejected ones' slots go back), and any running
+            # sequence may ask for draft slots after its tokens.
+            new = [*p.accepted, *data.draw(st.lists(TOKENS, max_size=2))]
+            num_computed = p.computed + len(p.accepted)
+            left = len(p.tokens) + len(new) - num_computed
             asks.append(BlockAsk(seq_id=seq, new_token_ids=tuple(new), max_compute=data.draw(st.integers(0, left)),
-                                 is_running=True))
+                                 is_running=True, num_computed=num_computed,
+                                 num_lookahead=data.draw(st.integers(0, 3))))
         candidates: list[int] = []
         if self.waiting:
             candidates = data.draw(st.lists(st.sampled_from(sorted(self.waiting)), unique=True, max_size=3))
@@ -119,7 +129,8 @@ class CacheMachine(RuleBasedStateMachine):
             asks.append(BlockAsk(seq_id=seq, new_token_ids=tuple(prompt),
                                  max_compute=data.draw(st.integers(1, len(prompt))), is_running=False))
         budget = data.draw(st.none() | st.integers(0, 24))
-        num_blocks_before = {seq: len(self.cache.block_table(seq).blocks) for seq in self.running}
+        without_drafts = copy.deepcopy(self.cache).allocate_step(
+            [msgspec.structs.replace(a, num_lookahead=0) for a in asks], budget)
 
         alloc = self.cache.allocate_step(asks, budget)
 
@@ -147,8 +158,9 @@ class CacheMachine(RuleBasedStateMachine):
             if ask.is_running:
                 p = self.running[grant.seq_id]
                 p.tokens += ask.new_token_ids
+                p.computed, p.accepted = ask.num_computed, ()
                 assert grant.num_cached == 0 and grant.start == p.computed
-                num_old_blocks = num_blocks_before[grant.seq_id]
+                num_old_blocks = -(-p.computed // BLOCK_SIZE)      # the rest was taken back, or is new
             else:
                 prompt = self.waiting.pop(grant.seq_id)
                 self.check_hit(prompt, grant.num_cached, grant.block_ids)
@@ -156,7 +168,18 @@ class CacheMachine(RuleBasedStateMachine):
                 p = self.running[grant.seq_id] = PromptSeq(prompt, grant.num_cached)
                 num_old_blocks = grant.num_cached // BLOCK_SIZE
             assert grant.start + grant.num_tokens <= len(p.tokens)
-            self.compute(p, grant.block_ids, num_old_blocks, grant.start + grant.num_tokens)
+            end = grant.start + grant.num_tokens
+            assert grant.num_lookahead in (0, ask.num_lookahead)
+            assert not grant.num_lookahead or end == len(p.tokens)        # drafts follow the last token
+            self.compute(p, grant.block_ids, num_old_blocks, end, grant.num_lookahead)
+            if grant.num_lookahead:                                     # drafts written, some kept
+                drafts = data.draw(st.lists(TOKENS, min_size=grant.num_lookahead, max_size=grant.num_lookahead))
+                for i, token in enumerate(drafts):
+                    self.slots[grant.block_ids[(end + i) // BLOCK_SIZE]][(end + i) % BLOCK_SIZE] = token
+                p.accepted = tuple(drafts[: data.draw(st.integers(0, len(drafts)))])
+        # Drafts never cost anyone their blocks: the same asks without them preempt and admit the same.
+        assert without_drafts.preempted == alloc.preempted
+        assert [g.seq_id for g in without_drafts.grants] == [g.seq_id for g in alloc.grants]
         assert (alloc.num_free_blocks, alloc.num_total_blocks) == (self.cache.free_blocks(), NUM_BLOCKS)
 
     @precondition(lambda self: self.running)
@@ -187,10 +210,12 @@ class CacheMachine(RuleBasedStateMachine):
         for i, block in enumerate(block_ids[:num_cached // BLOCK_SIZE]):
             assert self.slots[block] == prompt[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE], (block, i, prompt)
 
-    def compute(self, p: PromptSeq, block_ids: tuple[int, ...], num_old_blocks: int, end: int) -> None:
+    def compute(self, p: PromptSeq, block_ids: tuple[int, ...], num_old_blocks: int, end: int,
+                lookahead: int = 0) -> None:
         """Write the K/V of tokens p.computed..end into the shadow; blocks past the old table are new,
-        their previous contents gone."""
-        assert len(block_ids) == -(-end // BLOCK_SIZE)
+        their previous contents gone. `lookahead` draft slots follow."""
+        assert len(block_ids) == -(-(end + lookahead) // BLOCK_SIZE)
+        p.lookahead = lookahead
         for block in block_ids[num_old_blocks:]:
             self.slots[block] = [None] * BLOCK_SIZE
         for pos in range(p.computed, end):
@@ -220,7 +245,7 @@ class CacheMachine(RuleBasedStateMachine):
         for seq, num in self.lengths.items():
             assert self.cache.seq_len(seq) == num
         for seq, p in self.running.items():
-            assert self.cache.seq_len(seq) == p.computed
+            assert self.cache.seq_len(seq) == p.computed + p.lookahead
 
     @invariant()
     def free_and_cached_blocks_are_the_unreferenced_ones(self) -> None:

@@ -337,7 +337,8 @@ def test_completion_response_shape() -> None:
         "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None,
         "choices": [{"index": 0, "text": " Paris.", "logprobs": None, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                  "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
     }
 
 
@@ -353,7 +354,8 @@ def test_completion_chunks() -> None:
     assert wire.completion_usage_chunk(with_usage, Usage(prompt_tokens=2, completion_tokens=1)) == {
         "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "m",
         "system_fingerprint": None, "choices": [],
-        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3,
+                  "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
     }
 
 
@@ -378,7 +380,9 @@ def test_chat_stream_chunks() -> None:
     assert wire.chat_finish_chunk(CHAT, index=0, finish_reason="stop") == {**envelope, "choices": [
         {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}
     assert wire.chat_usage_chunk(CHAT_USAGE, Usage(prompt_tokens=9, completion_tokens=2)) == {
-        **envelope, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
+        **envelope, "choices": [], "usage": {
+            "prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+            "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}}
 
 
 def test_chat_chunks_with_include_usage_carry_usage_null() -> None:

@@ -1,0 +1,227 @@
+"""Speculative decoding in the batched engine: n-gram proposals, verification that changes no output
+(greedy or seeded, real model), the exact distribution (chi-square, tiny model), and the cache's
+books across accepted and rejected drafts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.chat import ChatTemplate
+from forge.config import EngineConfig
+from forge.llama import KVCache, LlamaModel
+from forge.llm import LLMEngine, LoadedModel
+from forge.sampling_params import SamplingParams
+from forge.speculative import Lookahead, SpeculativeConfig, ngram_proposal
+from forge.tokenizer import Tokenizer
+from tests.tiny_gguf import BOS_ID, EOS_ID, write_tiny_llama
+
+TEXT = ("The lighthouse on Gull Rock was built in 1871 by the harbour board. Its lamp burned paraffin until "
+        "1934, when an electric lamp replaced it. The keeper, Thomas Reed, kept a log of every ship that "
+        "passed, and his daughter Mary rowed out to rescue the crew of the schooner Alba in the storm of 1889.")
+CODE = '''def fibonacci(n):
+    """Return the n-th Fibonacci number."""
+    if n < 2:
+        return n
+    a, b = 0, 1
+    for _ in range(n - 1):
+        a, b = b, a + b
+    return b
+'''
+TASKS = [f"{TEXT}\n\nQuote, word for word, the sentence about Mary.",
+         f"Rewrite this function with the name fib, changing nothing else:\n\n{CODE}",
+         f"{TEXT}\n\nRepeat the first two sentences exactly.",
+         "Write a short poem about the sea."]
+
+
+# ---- the proposer -----------------------------------------------------------------------------------------
+
+def test_ngram_proposal_continues_the_latest_earlier_occurrence() -> None:
+    assert ngram_proposal([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 3) == [4, 5, 6]
+    assert ngram_proposal([1, 2, 7, 1, 2, 8, 1, 2], 2) == [8, 1]             # the latest match wins
+    assert ngram_proposal([9, 1, 2, 3, 4, 1, 2, 3], 2, max_ngram=3) == [4, 1]
+    assert ngram_proposal([1, 2, 3], 4) == []                               # nothing recurs
+    assert ngram_proposal([5, 5, 5, 5], 3) == [5]                           # only what exists follows
+    assert ngram_proposal([1, 2, 1, 2], 0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=40), st.integers(1, 6))
+def test_a_proposal_is_what_followed_its_match(tokens: list[int], k: int) -> None:
+    draft = ngram_proposal(tokens, k, max_ngram=3, min_ngram=2)
+    assert len(draft) <= k
+    if draft:
+        # Some n in [2, 3]: the last n tokens occurred earlier, and the draft followed them there.
+        assert any(tokens[i:i + n] == tokens[-n:] and tokens[i + n:i + n + len(draft)] == draft
+                   for n in (2, 3) for i in range(len(tokens) - n))
+
+
+def test_a_sequence_whose_drafts_fail_pauses() -> None:
+    look = Lookahead(max_tokens=4)
+    assert look.budget() == 4
+    for _ in range(3):
+        look.observe(4, 0)
+    assert [look.budget() for _ in range(Lookahead.PAUSE_STEPS)] == [0] * Lookahead.PAUSE_STEPS
+    assert look.budget() == 4
+    with pytest.raises(ValueError):
+        SpeculativeConfig("medusa")
+
+
+# ---- the real model: nothing changes but the speed --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(default_model_path: Path) -> LoadedModel:
+    return LoadedModel.load(default_model_path, progress=lambda message: None)
+
+
+def engine(loaded: LoadedModel, spec: str, *, num_blocks: int = 1024, block_size: int = 16,
+           **kwargs: object) -> LLMEngine:
+    per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
+    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block,
+                          max_model_len=min(1024, num_blocks * block_size),
+                          speculative=spec, num_speculative_tokens=4, speculative_max_batch=8,
+                          **kwargs)  # type: ignore[arg-type]
+    return LLMEngine(loaded, config)
+
+
+def run(eng: LLMEngine, requests: list[tuple[str, SamplingParams]], *, late: int = 0,
+        abort_after: dict[str, int] | None = None) -> dict[str, tuple[list[int], str | None, list[float]]]:
+    """request id -> (tokens, finish reason, logprobs); the last `late` requests arrive after 3 steps, so
+    their prompts are computed beside decode rows that carry drafts."""
+    out: dict[str, tuple[list[int], str | None, list[float]]] = {}
+    pending = [(f"r{i}", eng.tokenizer.encode(p), sp) for i, (p, sp) in enumerate(requests)]
+    for rid, ids, sp in pending[: len(pending) - late]:
+        eng.add_request(rid, ids, sp)
+        out[rid] = ([], None, [])
+    steps = 0
+    while eng.has_work() or steps < 3:
+        if steps == 3:
+            for rid, ids, sp in pending[len(pending) - late:]:
+                eng.add_request(rid, ids, sp)
+                out[rid] = ([], None, [])
+        for ev in eng.step():
+            tokens, _, lps = out[ev.request_id]
+            tokens.extend(ev.token_ids)
+            lps.extend(t.logprob for t in ev.logprobs if t.logprob is not None)
+            out[ev.request_id] = (tokens, ev.finish_reason, lps)
+        steps += 1
+        for rid, after in (abort_after or {}).items():
+            if len(out[rid][0]) >= after and out[rid][1] is None:
+                eng.abort(rid)
+    return out
+
+
+def chat(loaded: LoadedModel, text: str) -> str:
+    return loaded.chat_template.render([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def test_greedy_and_seeded_output_is_the_plain_engines(real: LoadedModel) -> None:
+    requests = [(chat(real, t), SamplingParams(max_tokens=48, temperature=0.0, logprobs=0)) for t in TASKS]
+    requests += [(chat(real, TASKS[0]), SamplingParams(max_tokens=40, temperature=0.9, seed=7)),
+                 (chat(real, TASKS[1]), SamplingParams(max_tokens=37, temperature=0.6, top_p=0.9, seed=8)),
+                 (chat(real, TASKS[2]), SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(13,)))]
+    plain = run(engine(real, "off"), requests, late=2)
+    spec_engine = engine(real, "ngram")
+    spec = run(spec_engine, requests, late=2)
+    stats = spec_engine.core.spec
+    assert stats.num_drafts > 5 and stats.num_accepted_tokens > 20        # it did speculate, and it paid
+    for rid, (tokens, reason, lps) in plain.items():
+        assert spec[rid][0] == tokens, rid                                # token for token
+        assert spec[rid][1] == reason, rid                                # max_tokens inside a kept run too
+        np.testing.assert_allclose(spec[rid][2], lps, atol=2e-3)          # a logprob for every token
+    assert spec_engine.cache.free_blocks() == spec_engine.cache.total_blocks()
+    assert spec_engine.core.tracked() == dict.fromkeys(spec_engine.core.tracked(), 0)
+
+
+def test_preemption_and_aborts_mid_speculation(real: LoadedModel) -> None:
+    requests = [(chat(real, t), SamplingParams(max_tokens=60, temperature=0.0)) for t in TASKS[:3]]
+    roomy = run(engine(real, "off"), requests)
+    # 24 blocks of 16 tokens: three prompts of ~100 tokens and their outputs cannot all stay.
+    tight = engine(real, "ngram", num_blocks=24)
+    out = run(tight, requests)
+    assert tight.core.stats().num_preemptions > 0 and tight.core.spec.num_accepted_tokens > 0
+    assert {rid: v[0] for rid, v in out.items()} == {rid: v[0] for rid, v in roomy.items()}
+    assert tight.cache.free_blocks() == tight.cache.total_blocks()
+    aborting = engine(real, "ngram")
+    run(aborting, requests, abort_after={"r0": 5, "r1": 9})
+    assert aborting.cache.free_blocks() == aborting.cache.total_blocks()
+    assert aborting.runner.num_tracked() == 0
+
+
+def test_no_speculation_where_it_does_not_apply(real: LoadedModel) -> None:
+    eng = engine(real, "ngram", max_num_seqs=16)
+    eng.core.scheduler.config.speculative = SpeculativeConfig("ngram", 4, max_batch=2)
+    many = [(chat(real, TASKS[0]), SamplingParams(max_tokens=8, temperature=0.0))] * 3   # 3 decoding > 2
+    run(eng, many)
+    penalised = [(chat(real, TASKS[0]), SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.2))]
+    run(eng, penalised)
+    assert eng.core.spec.num_drafts == 0
+
+
+# ---- the tiny model: the distribution, exactly ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab=64, hidden=32, layers=2,
+                            heads=4, kv_heads=2, ffn=48, seed=5, context=128)
+    reader = gguf.GGUFReader(path)
+    tokenizer = Tokenizer(reader.fields["tokenizer.ggml.tokens"].contents(), [],
+                          token_types=reader.fields["tokenizer.ggml.token_type"].contents(),
+                          bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    return LoadedModel(str(path), LlamaModel.load(path), tokenizer, ChatTemplate(None))
+
+
+def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    x = logits.astype(np.float64) / temperature
+    x = np.exp(x - x.max())
+    return x / x.sum()
+
+
+def chi_square_critical(df: int, z: float = 3.29) -> float:
+    """The chi-square quantile at about 1 - 5e-4 (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel) -> None:
+    """The third token's marginal under speculation against the model's exact one: the third token is
+    where drafts are verified (the first comes from the prompt's step, the second from the first
+    decode row), with a prompt in which every token recurs, so every decode step carries drafts."""
+    prompt = [*range(3, 35), *range(3, 35)]
+    temperature = 1.5
+    model = tiny.model
+    p1 = softmax(model.forward_context(prompt), temperature)                               # [V]
+    exact = np.zeros(model.config.vocab_size)
+    for t1 in np.flatnonzero(p1 > 1e-4):
+        p2 = softmax(model.forward_context([*prompt, int(t1)]), temperature)
+        for t2 in np.flatnonzero(p1[t1] * p2 > 1e-5):
+            exact += p1[t1] * p2[t2] * softmax(model.forward_context([*prompt, int(t1), int(t2)]), temperature)
+    exact /= exact.sum()
+    per_block = KVCache.bytes_per_block(model.config, 4)
+    eng = LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_memory=2048 * per_block, max_model_len=128,
+                                       max_num_seqs=64, speculative="ngram", speculative_max_batch=64))
+    eng.core.scheduler.config.speculative = SpeculativeConfig("ngram", 3, min_ngram=1, max_batch=64)
+    num = 3000
+    counts = np.zeros(model.config.vocab_size)
+    for start in range(0, num, 64):
+        for i in range(start, min(start + 64, num)):
+            eng.add_request(f"s{i}", prompt, SamplingParams(max_tokens=3, temperature=temperature, seed=i,
+                                                            ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while eng.has_work():
+            for ev in eng.step():
+                tokens.setdefault(ev.request_id, []).extend(ev.token_ids)
+        for seq in tokens.values():
+            counts[seq[2]] += 1
+    assert eng.core.spec.num_drafts > num // 2 and eng.core.spec.num_accepted_tokens > 0
+    expected = exact * num
+    big = expected >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    wanted = np.append(expected[big], expected[~big].sum())
+    stat = float(((observed - wanted) ** 2 / np.maximum(wanted, 1e-9)).sum())
+    assert stat < chi_square_critical(int(big.sum())), stat

@@ -66,14 +66,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-step-ms", type=float, default=_float_or_none(env("FORGE_MAX_STEP_MS", None)),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams) [FORGE_MAX_STEP_MS; off]")
-    g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", "off"),
+    g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", "ngram"),
                    help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
-                        "its own prompt and output, verified in the same step (output unchanged) "
-                        "[FORGE_SPECULATIVE; off]")
+                        "its own prompt and output, verified in the same step (output unchanged); off: one "
+                        "token per sequence per step [FORGE_SPECULATIVE; ngram]")
     g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "4")),
                    help="most guesses a sequence carries into a step [FORGE_NUM_SPECULATIVE_TOKENS; 4]")
-    g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "4")),
-                   help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 4]")
+    g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "32")),
+                   help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 32]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
                    help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),

@@ -60,10 +60,12 @@ class EngineConfig:
     max_step_ms: float | None = None
     # Speculative decoding (forge.speculative): "ngram" lets decoding sequences carry up to
     # num_speculative_tokens guesses from their own prompt and output into each step, verified in
-    # the same forward; only while at most speculative_max_batch sequences decode.
-    speculative: str = "off"
+    # the same forward (the output is the same as without); only while at most
+    # speculative_max_batch sequences decode. Measured to pay from 1 to 32 streams on this machine
+    # (docs/benchmarks.md), so on by default.
+    speculative: str = "ngram"
     num_speculative_tokens: int = 4
-    speculative_max_batch: int = 4
+    speculative_max_batch: int = 32
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):

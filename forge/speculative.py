@@ -30,7 +30,7 @@ class SpeculativeConfig:
     min_ngram: int = 2
     # Speculation pays while a step is bound by reading the weights, not by arithmetic: with more
     # sequences decoding than this, steps carry no drafts (measured: docs/benchmarks.md).
-    max_batch: int = 4
+    max_batch: int = 32
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -114,3 +115,21 @@ def write_tiny_llama(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def load_tiny(path: str | os.PathLike[str], *, seed: int) -> Any:
+    """A random 2-layer model (F32, vocabulary 64, context 128) written to `path` and loaded as forge
+    loads a model, with a hand-built tokenizer: the tiny file's single merge names a piece outside its
+    vocabulary, so Tokenizer.from_gguf rejects it on purpose."""
+    from forge.chat import ChatTemplate
+    from forge.llama import LlamaModel
+    from forge.llm import LoadedModel
+    from forge.tokenizer import Tokenizer
+
+    write_tiny_llama(path, vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, seed=seed, context=128)
+    reader = gguf.GGUFReader(path)
+    tokenizer = Tokenizer(reader.fields["tokenizer.ggml.tokens"].contents(), [],
+                          token_types=reader.fields["tokenizer.ggml.token_type"].contents(),
+                          bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    return LoadedModel(str(path), LlamaModel.load(path), tokenizer, ChatTemplate(None))
+

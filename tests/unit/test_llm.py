@@ -11,19 +11,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.llama import KVCache, LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.messages import SampledToken
 from forge.sampling_params import SamplingParams
-from forge.tokenizer import Tokenizer
-from tests.tiny_gguf import BOS_ID, EOS_ID, write_tiny_llama
+from tests.tiny_gguf import load_tiny
 
 TIE_GAP = 1e-3          # a top-2 logit gap below this is a near-tie: float noise may flip the argmax
 LOGPROB_TOL = 1e-3
@@ -84,15 +81,9 @@ def assert_idle_and_empty(engine: LLMEngine) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """A random 2-layer model (F32) with a hand-built tokenizer: the tiny file's single merge
-    names a piece outside its vocabulary, so Tokenizer.from_gguf rejects it on purpose."""
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab=64, hidden=32, layers=2,
-                            heads=4, kv_heads=2, ffn=48, seed=11, context=128)
-    reader = gguf.GGUFReader(path)
-    tokenizer = Tokenizer(reader.fields["tokenizer.ggml.tokens"].contents(), [],
-                          token_types=reader.fields["tokenizer.ggml.token_type"].contents(),
-                          bos_token_id=BOS_ID, eos_token_id=EOS_ID)
-    return LoadedModel(str(path), LlamaModel.load(path), tokenizer, ChatTemplate(None))
+    """A random 2-layer model (F32) with a hand-built tokenizer (tests/tiny_gguf.py)."""
+    loaded: LoadedModel = load_tiny(tmp_path_factory.mktemp("tiny") / "tiny.gguf", seed=11)
+    return loaded
 
 
 def tiny_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int = 64, max_model_len: int = 64,

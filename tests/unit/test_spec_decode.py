@@ -7,20 +7,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
-from forge.llama import KVCache, LlamaModel
+from forge.llama import KVCache
 from forge.llm import LLMEngine, LoadedModel
 from forge.sampling_params import SamplingParams
 from forge.speculative import Lookahead, SpeculativeConfig, ngram_proposal
-from forge.tokenizer import Tokenizer
-from tests.tiny_gguf import BOS_ID, EOS_ID, write_tiny_llama
+from tests.tiny_gguf import load_tiny
 
 TEXT = ("The lighthouse on Gull Rock was built in 1871 by the harbour board. Its lamp burned paraffin until "
         "1934, when an electric lamp replaced it. The keeper, Thomas Reed, kept a log of every ship that "
@@ -168,13 +165,8 @@ def test_no_speculation_where_it_does_not_apply(real: LoadedModel) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab=64, hidden=32, layers=2,
-                            heads=4, kv_heads=2, ffn=48, seed=5, context=128)
-    reader = gguf.GGUFReader(path)
-    tokenizer = Tokenizer(reader.fields["tokenizer.ggml.tokens"].contents(), [],
-                          token_types=reader.fields["tokenizer.ggml.token_type"].contents(),
-                          bos_token_id=BOS_ID, eos_token_id=EOS_ID)
-    return LoadedModel(str(path), LlamaModel.load(path), tokenizer, ChatTemplate(None))
+    loaded: LoadedModel = load_tiny(tmp_path_factory.mktemp("tiny") / "tiny.gguf", seed=5)
+    return loaded
 
 
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:

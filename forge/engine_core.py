@@ -101,9 +101,9 @@ class EngineCore:
                 param="prompt")
         seq = Sequence(next(self._ids), prompt_ids, min(params.max_tokens, room))
         seq.cache_salt = params.cache_salt
-        if self._spec_config.enabled and not params.has_penalties and params.grammar is None:
-            # Penalties and grammars depend on every token before a position: those sequences
-            # decode one token a step.
+        if self._spec_config.enabled and not params.has_penalties:
+            # Penalties depend on every token before a position: those sequences decode one token a
+            # step. (A grammar's masks after each draft come from llguidance: forge.structured.)
             seq.lookahead = Lookahead(self._spec_config.num_tokens)
         self.scheduler.submit(seq)
         stop_ids = frozenset(params.stop_token_ids)

@@ -103,21 +103,21 @@ class ModelRunner:
         batch = build_forward_batch(step.chunks, self.block_size)
         chunks = [c for c in step.chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]
-        masks = self._start_masks(states)
+        masks = self._start_masks(chunks, states)
         logits = self.model.forward(batch, self.kv)                                # [R, V]
         # One logits row per sampled position: a chunk with d drafts has d + 1, and each draws as a
-        # plain decode step would (its generator's next uniform, its count of tokens so far).
+        # plain decode step would (its generator's next uniform, its count of tokens so far, its
+        # grammar's mask after the drafts before it).
         widths = [c.num_draft + 1 for c in chunks]
         row_states = [s for s, w in zip(states, widths, strict=True) for _ in range(w)]
         rewind = [s.generator.bit_generator.state if c.num_draft and not s.params.is_greedy else None
                   for c, s in zip(chunks, states, strict=True)]
-        allowed = ([a for a, w in zip(self._allowed(states, masks, logits.shape[1]), widths, strict=True)
-                    for _ in range(w)] if masks is not None else [])
+        allowed = self._allowed(states, widths, masks, logits.shape[1]) if masks is not None else []
         out = self.sampler.sample(logits, SamplingBatch(
             params=[s.params for s in row_states], generators=[s.generator for s in row_states],
             counts=[s.counts for s in row_states],
             num_output_tokens=[c.num_output_tokens + j for c in chunks for j in range(c.num_draft + 1)],
-            allowed=allowed))                  # (constrained sequences never carry drafts: EngineCore)
+            allowed=allowed))
         tokens, logprobs = out.token_ids.tolist(), out.logprobs
         sampled = []
         row = 0
@@ -153,26 +153,31 @@ class ModelRunner:
             raise EngineError("this runner has no grammar engine for a constrained request")
         return self.grammars.matcher(params.grammar)
 
-    def _start_masks(self, states: list[_SeqSampling]) -> Future[I32] | None:
-        """The constrained rows' masks, computed on a helper thread (llguidance drops the GIL) while the
-        forward runs; None when no row is constrained."""
-        matchers = [s.matcher for s in states if s.matcher is not None]
-        if not matchers or self.grammars is None:
+    def _start_masks(self, chunks: list[SeqChunk], states: list[_SeqSampling]) -> Future[I32] | None:
+        """The constrained rows' masks (a chunk with drafts: one per row, each after the drafts before
+        it), computed on a helper thread (llguidance drops the GIL) while the forward runs; None when
+        no row is constrained."""
+        work = [(s.matcher, c.token_ids[len(c.token_ids) - c.num_draft:] if c.num_draft else ())
+                for c, s in zip(chunks, states, strict=True) if s.matcher is not None]
+        if not work or self.grammars is None:
             return None
         if self._masker is None:
             self._masker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-masks")
-        return self._masker.submit(self.grammars.fill_masks, matchers)
+        return self._masker.submit(self.grammars.fill_masks, [m for m, _ in work], [d for _, d in work])
 
-    def _allowed(self, states: list[_SeqSampling], masks: Future[I32], width: int) -> list[BoolArray | None]:
+    def _allowed(self, states: list[_SeqSampling], widths: list[int], masks: Future[I32],
+                 width: int) -> list[BoolArray | None]:
+        """One mask per sampled row (None for an unconstrained one)."""
         bitmasks = iter(masks.result())
         allowed: list[BoolArray | None] = []
-        for s in states:
-            if s.matcher is None:
-                allowed.append(None)
-                continue
-            row = allowed_tokens(next(bitmasks), width)
-            if not row.any() and self.eos_token_id is not None:   # a matcher in error: end the sequence
-                row = row.copy()
-                row[self.eos_token_id] = True
-            allowed.append(row)
+        for s, rows in zip(states, widths, strict=True):
+            for _ in range(rows):
+                if s.matcher is None:
+                    allowed.append(None)
+                    continue
+                row = allowed_tokens(next(bitmasks), width)
+                if not row.any() and self.eos_token_id is not None:   # a matcher in error: end the sequence
+                    row = row.copy()
+                    row[self.eos_token_id] = True
+                allowed.append(row)
         return allowed

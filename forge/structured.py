@@ -154,11 +154,28 @@ class Grammars:
             raise InvalidRequest(f"the constraint cannot be compiled: {error}", param=param)
         return pristine
 
-    def fill_masks(self, matchers: Sequence[llguidance.LLMatcher]) -> I32:
-        """Bitmasks of the tokens each matcher allows next: [len(matchers), ceil(V / 32)]. Releases the GIL."""
-        masks = llnp.allocate_token_bitmask(len(matchers), self.vocab_size)
-        if matchers:
-            llnp.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], masks)
+    def fill_masks(self, matchers: Sequence[llguidance.LLMatcher],
+                   drafts: Sequence[Sequence[int]] = ()) -> I32:
+        """Bitmasks of the tokens each matcher allows next, [rows, ceil(V / 32)]: one row per matcher, or
+        with drafts (speculative decoding), 1 + len(drafts[i]) rows for matcher i: what it allows now,
+        then after each of its drafts in turn (rows after a draft the grammar refuses allow everything:
+        that draft can never be kept, so they are never used). Matchers end as they began. Releases the GIL."""
+        if not drafts or not any(drafts):
+            masks = llnp.allocate_token_bitmask(len(matchers), self.vocab_size)
+            if matchers:
+                llnp.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], masks)
+            return masks
+        masks = llnp.allocate_token_bitmask(sum(len(d) + 1 for d in drafts), self.vocab_size)
+        plain, drafted, row = [], [], 0
+        for m, d in zip(matchers, drafts, strict=True):
+            if d:
+                drafted.append((m, row, list(d)))
+            else:
+                plain.append((m, row))
+            row += len(d) + 1
+        if plain:
+            llnp.fill_next_token_bitmask_par(self._executor, plain, masks)
+        llnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, masks)
         return masks
 
     @staticmethod

@@ -232,3 +232,48 @@ def test_a_bad_grammar_is_refused_at_add_request(real: LoadedModel) -> None:
     with pytest.raises(InvalidRequest, match="cannot be compiled"):
         eng.add_request("bad", "hi", SamplingParams(grammar=regex_grammar("(", param="p")))
     assert not eng.has_work()
+
+
+def test_masks_after_drafts_are_the_masks_after_consuming_them(real: LoadedModel, grammars: Grammars) -> None:
+    """Speculative decoding's rows under a grammar: row j is what the grammar allows after drafts[:j];
+    rows past a draft the grammar refuses are never used. The matchers end as they began."""
+    tok = real.tokenizer
+    grammar = json_schema_grammar(PERSON, param="p")
+    drafts = tok.encode('{"name": "Ann", "age"', add_special_tokens=False)
+    plain, drafting = grammars.matcher(grammar), grammars.matcher(grammar)
+    rows = grammars.fill_masks([plain, drafting], [[], drafts])                  # [1 + 1 + len(drafts), W]
+    assert rows.shape[0] == 2 + len(drafts)
+    reference = grammars.matcher(grammar)
+    for j in range(len(drafts) + 1):
+        np.testing.assert_array_equal(rows[1 + j], grammars.fill_masks([reference])[0])
+        if j < len(drafts):
+            assert reference.consume_token(drafts[j])
+    np.testing.assert_array_equal(rows[0], grammars.fill_masks([drafting])[0])  # both still at the start
+
+
+INVOICE = ("Invoice 2291 from Harbour Supplies Ltd, 14 Quay Street, Falmouth, dated 3 March 2024. Items: 12 brass "
+           "hinges at 2.40 each, 3 tins of marine varnish at 18.75 each, 1 coil of rope at 42.00. Total due: "
+           "127.05, payable to Harbour Supplies Ltd within 30 days.")
+INVOICE_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["number", "seller", "address", "items", "total"],
+    "properties": {"number": {"type": "integer"}, "seller": {"type": "string", "maxLength": 40},
+                   "address": {"type": "string", "maxLength": 40}, "total": {"type": "number"},
+                   "items": {"type": "array", "maxItems": 4, "items": {
+                       "type": "object", "additionalProperties": False, "required": ["name", "quantity"],
+                       "properties": {"name": {"type": "string", "maxLength": 30}, "quantity": {"type": "integer"}}}}}}
+
+
+def test_constrained_speculation_changes_nothing_but_the_speed(real: LoadedModel) -> None:
+    grammar = json_schema_grammar(INVOICE_SCHEMA, param="p")
+    prompt = chat(real, f"{INVOICE}\n\nExtract the invoice as JSON.")
+    params = [SamplingParams(max_tokens=120, temperature=0.0, grammar=grammar),
+              SamplingParams(max_tokens=120, temperature=0.8, seed=3, grammar=grammar)]
+    plain = generate(engine(real, speculative="off"), [prompt, prompt], params)
+    spec_engine = engine(real, speculative="ngram")
+    spec = generate(spec_engine, [prompt, prompt], params)
+    assert spec == plain
+    assert spec_engine.core.spec.num_accepted_tokens > 10                 # the drafts were checked and kept
+    for text, reason in spec.values():
+        if reason == "stop":
+            jsonschema.validate(json.loads(text), INVOICE_SCHEMA)
+

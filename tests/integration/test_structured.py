@@ -7,12 +7,13 @@ import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
 import jsonschema
 import openai
+import pydantic
 
 from actors.supervisor import running_daemon
 from tests.integration.harness import HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon
@@ -48,6 +49,23 @@ TIME = {"type": "function", "function": {
     "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
                    "properties": {"zone": {"type": "string", "maxLength": 40}}}}}
 SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": TIME["function"]["parameters"]}
+
+
+class Owner(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=30)
+    age: int
+
+
+class Cat(pydantic.BaseModel):
+    """Arrays and strings bounded: a small model decoding greedily may repeat an item to max_tokens."""
+    name: str = pydantic.Field(max_length=30)
+    age: int
+    colours: list[Literal["black", "white", "ginger"]] = pydantic.Field(min_length=1, max_length=3)
+    owner: Owner
+
+
+class GetWeather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=40)
 
 
 @asynccontextmanager
@@ -108,12 +126,24 @@ async def test_every_constraint_kind_on_both_endpoints(make_daemon: MakeDaemon) 
                 model=SERVED_MODEL, messages=[{"role": "user", "content": "Is water wet?"}], temperature=0,
                 max_completion_tokens=10, extra_body={"guided_grammar": 'root ::= "yes" | "no" | "maybe"'})
             short = await client.chat.completions.create(**{**movie_request("a cat"), "max_completion_tokens": 5})
+            # The client's own helpers: a Pydantic model as the response format, a Pydantic strict tool.
+            parsed = await client.chat.completions.parse(
+                model=SERVED_MODEL, messages=[{"role": "user", "content": "Describe a cat and its owner."}],
+                response_format=Cat, max_completion_tokens=150, temperature=0)
+            called = await client.chat.completions.parse(
+                model=SERVED_MODEL, messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+                tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required", temperature=0,
+                parallel_tool_calls=False, max_completion_tokens=60)
     assert obj.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
     assert [c.text for c in choice.choices] and all(c.text in ("blue", "green", "on fire") for c in choice.choices)
     assert all(c.finish_reason == "stop" for c in choice.choices)
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", legacy.choices[0].text)
     assert grammar.choices[0].message.content in ("yes", "no", "maybe")
+    cat = parsed.choices[0].message.parsed
+    assert isinstance(cat, Cat) and 1 <= len(cat.colours) <= 3 and isinstance(cat.owner, Owner)
+    [tool_call] = called.choices[0].message.tool_calls or []
+    assert isinstance(tool_call.function.parsed_arguments, GetWeather)
     # The limit reached before the JSON closed: "length", as OpenAI reports it.
     assert short.choices[0].finish_reason == "length"
     assert short.usage is not None and short.usage.completion_tokens == 5

@@ -337,7 +337,8 @@ class Gateway:
         finally:
             self._abort(pipe, reader.group)
         request.state.completion_tokens = reader.num_completion_tokens
-        response = json_response(build())
+        failure = reader.failure()
+        response = error_response(failure) if failure is not None else json_response(build())
         self.admission.leave()
         return response
 

@@ -19,6 +19,7 @@ from actors.metrics import Metrics
 from actors.router import ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
+from forge.errors import RequestError
 from forge.messages import TextDelta
 from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
@@ -37,6 +38,7 @@ class Choice:
     num_cached_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    error: str | None = None                 # the engine failed this choice
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -121,6 +123,24 @@ class ChoiceReader:
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             m.e2e_request_latency.observe(now - self._arrival)
+        if delta.error is not None:
+            choice.error = delta.error
+
+    def failure(self) -> RequestError | None:
+        """The error to answer with when the engine failed a choice (a 500: not the client's fault)."""
+        error = next((c.error for c in self.choices if c.error is not None), None)
+        if error is None:
+            return None
+        return RequestError(f"the engine failed while generating this response ({error})", status=500,
+                            type="server_error", code="engine_fault")
+
+
+def _error_frame(reader: ChoiceReader) -> bytes:
+    """A choice the engine failed ends its stream part with OpenAI's error envelope as an SSE event
+    (the other choices carry on; the stream still ends with [DONE])."""
+    error = reader.failure()
+    assert error is not None
+    return wire.sse_frame(wire.error_body(error.message, error.type, error.param, error.code))
 
 
 # ---- /v1/completions ---------------------------------------------------------------------------
@@ -163,6 +183,9 @@ async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> Asy
             yield wire.SSE_PING
             continue
         k, delta, choice = item
+        if delta.error is not None:
+            yield _error_frame(reader)
+            continue
         # Text held back (half a character, a possible stop string) still sends its logprobs.
         if not delta.text and delta.finish_reason is None and not (shape.want_logprobs and delta.logprobs):
             continue
@@ -212,6 +235,9 @@ async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logp
             yield wire.SSE_PING
             continue
         k, delta, choice = item
+        if delta.error is not None:
+            yield _error_frame(reader)
+            continue
         lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs and delta.logprobs else None
         reason = choice.finish_reason if delta.finish_reason is not None else None
         if calls is None:

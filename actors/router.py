@@ -18,7 +18,10 @@ def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
                      logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason,
                      num_prompt_tokens=b.num_prompt_tokens or a.num_prompt_tokens,
                      num_completion_tokens=b.num_completion_tokens or a.num_completion_tokens,
-                     num_cached_tokens=b.num_cached_tokens or a.num_cached_tokens)
+                     num_cached_tokens=b.num_cached_tokens or a.num_cached_tokens,
+                     num_draft_tokens=b.num_draft_tokens or a.num_draft_tokens,
+                     num_accepted_tokens=b.num_accepted_tokens or a.num_accepted_tokens,
+                     error=b.error or a.error)
 
 
 class ResponseGroup:
@@ -61,7 +64,7 @@ class ResponseGroup:
             if out:
                 for i, d in out:
                     self._pending[i] = None
-                    if d.finish_reason is not None:
+                    if d.finish_reason is not None or d.error is not None:
                         self.unfinished.discard(i)
                 return out
             await self._wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -30,6 +31,8 @@ from forge.messages import (
 
 SchedulerInbox = Tokenised | Abort
 ToTokeniser = Accepted | Rejected | TokensEmitted
+
+log = structlog.get_logger("forge.scheduler")
 
 
 class SchedulerActor:
@@ -125,8 +128,10 @@ class SchedulerActor:
             self._metrics.iteration_tokens.observe(sum(len(c.token_ids) for c in batch.chunks))
         if output.step_id != batch.step_id:
             raise RuntimeError(f"step {output.step_id} answered step {batch.step_id}")
+        if output.failed:
+            log.error("step_failed", error=output.error, num_sequences=len(output.failed))
         for event in self._core.apply(output):
-            if event.finish_reason is not None:
+            if event.finish_reason is not None or event.error is not None:
                 self._rids.pop(event.request_id, None)
             await self._to_tokeniser.send(event)
         m = self._metrics

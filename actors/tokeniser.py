@@ -100,6 +100,13 @@ class TokeniserActor:
         stream = self._streams.get(msg.request_id)
         if stream is None:                       # ended here already: a stop string or an abort
             return
+        if msg.error is not None:                # the engine failed it: whatever text was held back is lost
+            del self._streams[msg.request_id]
+            self._metrics.request_failed.inc()
+            self._router.deliver(TextDelta(request_id=msg.request_id, text="", num_tokens=0, error=msg.error,
+                                           num_prompt_tokens=stream.num_prompt_tokens,
+                                           num_completion_tokens=stream.num_tokens))
+            return
         text = stream.detok.push(msg.token_ids)
         stream.num_tokens += len(msg.token_ids)
         reason = msg.finish_reason

@@ -164,6 +164,15 @@ class EngineCore:
         one more); finish requests that meet a stop rule, at the first token that meets it."""
         self.scheduler.observe_step(output.num_tokens, output.elapsed_s)
         events = []
+        for seq_id in output.failed:                 # the step raised: its sequences end in error
+            req = self._requests.get(seq_id)
+            if req is None:
+                continue
+            events.append(TokensEmitted(request_id=req.request_id, token_ids=(), error=output.error or "engine fault",
+                                        num_prompt_tokens=len(req.seq.prompt)))
+            self.scheduler.abort(seq_id)
+            del self._seq_of[req.request_id]
+            self._forget(seq_id)
         counts: dict[int, int] = {}
         for tok in output.sampled:
             counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1

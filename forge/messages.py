@@ -111,6 +111,8 @@ class StepOutput(Message, frozen=True):
     sampled: tuple[SampledToken, ...]
     num_tokens: int = 0              # tokens computed in the step
     elapsed_s: float = 0.0
+    failed: tuple[int, ...] = ()     # the step raised: these sequences (all of its chunks) end in error
+    error: str | None = None
 
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
@@ -125,6 +127,7 @@ class TokensEmitted(Message, frozen=True):
     num_cached_tokens: int = 0
     num_draft_tokens: int = 0                   # speculation so far: drafts proposed, and kept
     num_accepted_tokens: int = 0
+    error: str | None = None                    # the request ended in a fault of the engine (no tokens)
 
 
 # ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
@@ -200,6 +203,7 @@ class TextDelta(Message, frozen=True):
     num_cached_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    error: str | None = None                     # ended by a fault of the engine: the last delta
 
 
 DaemonEvent = Accepted | Rejected | TextDelta

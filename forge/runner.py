@@ -91,7 +91,19 @@ class ModelRunner:
         return len(self._seqs)
 
     def execute(self, step: StepBatch) -> StepOutput:
+        """Run one step. A fault in it (an exception in the forward or the sampler, non-finite logits)
+        fails the step's sequences, whose sampling state is dropped, and nothing else."""
         t0 = time.perf_counter()
+        try:
+            return self._execute(step, t0)
+        except Exception as exc:      # noqa: BLE001 - one bad step must not take the engine down
+            failed = tuple(c.seq_id for c in step.chunks)
+            for seq_id in failed:
+                self._seqs.pop(seq_id, None)
+            return StepOutput(step_id=step.step_id, sampled=(), failed=failed, error=f"{type(exc).__name__}: {exc}",
+                              elapsed_s=time.perf_counter() - t0)
+
+    def _execute(self, step: StepBatch, t0: float) -> StepOutput:
         for seq_id in step.dropped:
             self._seqs.pop(seq_id, None)
         for new in step.new_seqs:

@@ -38,7 +38,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = DaemonConfig(
         engine=engine_config(args),
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
-                              max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens),
+                              max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
+                              watchdog_s=args.watchdog),
         model=args.model, drain_timeout=args.drain_timeout)
     try:
         anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
@@ -79,6 +80,9 @@ def register(sub: Any) -> None:
                        help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS]")
     serve.add_argument("--max-body-size", default=env("FORGE_MAX_BODY_SIZE", "1MiB"),
                        help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE]")
+    serve.add_argument("--watchdog", type=float, default=float(env("FORGE_WATCHDOG_S", "60") or 60),
+                       help="seconds one engine step may run before /healthz answers 503 'stuck' (and it is "
+                            "logged), for systemd's watchdog or a load balancer to act [FORGE_WATCHDOG_S; 60]")
     serve.add_argument("--drain-timeout", type=float, default=float(env("FORGE_DRAIN_TIMEOUT", "30") or 30),
                        help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT]")
     add_engine_flags(serve)

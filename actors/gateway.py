@@ -43,7 +43,7 @@ from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.chat import ChatTemplate
-from forge.errors import CapacityError, RequestError
+from forge.errors import CapacityError, PromptTooLong, RequestError
 from forge.messages import Abort, Accepted, Rejected, Submit
 from forge.sampling_params import SamplingParams
 from forge.structured import Grammars
@@ -63,6 +63,7 @@ class GatewayConfig:
     max_queued_tokens: int = 262144
     sse_ping_interval: float = 5.0
     retry_after_s: int = 5
+    watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
 
 
 @dataclass(slots=True)
@@ -75,6 +76,7 @@ class Pipeline:
     max_model_len: int
     load_stats: LoadStats
     grammars: Grammars
+    step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
 
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
@@ -94,6 +96,7 @@ class Gateway:
         self.metrics = metrics
         self.pipeline: Pipeline | None = None
         self.is_draining = False
+        self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
 
@@ -121,6 +124,7 @@ class Gateway:
         return json_response(wire.error_body(message, kind), exc.status_code)
 
     async def _request_error(self, _request: Request, exc: RequestError) -> Response:
+        self.metrics.request_rejected.labels(reason=_rejection_reason(exc)).inc()
         return error_response(exc)
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
@@ -180,6 +184,15 @@ class Gateway:
             return json_response({"status": "draining"}, 503)
         if self.pipeline is None:
             return json_response({"status": "loading"}, 503)
+        age = self.pipeline.step_age()
+        if age > self.config.watchdog_s:
+            if not self._stuck:
+                log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
+            self._stuck = True
+            return json_response({"status": "stuck", "step_seconds": round(age, 1)}, 503)
+        if self._stuck:
+            log.info("step_unstuck")
+            self._stuck = False
         return json_response({"status": "ok"})
 
     async def metrics_route(self, request: Request) -> Response:
@@ -365,6 +378,17 @@ class Gateway:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return                        # the daemon stopped (drain timed out): nothing to free
 
+
+
+def _rejection_reason(exc: RequestError) -> str:
+    """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, invalid."""
+    if exc.status == 401:
+        return "auth"
+    if exc.status == 503:                 # a CapacityError, or one relayed from the engine as data
+        return "draining" if exc.code in ("draining", "loading") else "overload"
+    if exc.code == PromptTooLong.code:
+        return "too_long"
+    return "invalid"
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

@@ -26,6 +26,10 @@ class Metrics:
         self.generation_tokens = Counter("forge:generation_tokens", "Tokens generated.", registry=r)
         self.request_success = Counter("forge:request_success", "Finished requests.", ["finished_reason"],
                                        registry=r)
+        self.request_aborted = Counter("forge:request_aborted", "Requests whose client left, by where they were.",
+                                       ["phase"], registry=r)
+        self.request_rejected = Counter("forge:request_rejected", "Requests refused, by reason.", ["reason"],
+                                        registry=r)
         self.request_failed = Counter("forge:request_failed", "Requests ended by a fault of the engine.", registry=r)
         self.num_preemptions = Counter("forge:num_preemptions", "Sequences preempted.", registry=r)
         self.prefix_cache_hit_rate = Gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.",

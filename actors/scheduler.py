@@ -52,6 +52,7 @@ class SchedulerActor:
         self._arrivals: dict[int, float] = {}        # seq id -> arrival, until first scheduled
         self._rids: dict[str, int] = {}
         self._num_queued_tokens = 0
+        self._step_started: float | None = None     # monotonic time the step in flight was sent
         self._queued: dict[int, int] = {}            # seq id -> prompt tokens, while waiting
 
     def statistics(self) -> CoreStats:
@@ -65,6 +66,11 @@ class SchedulerActor:
     @property
     def num_queued_tokens(self) -> int:
         return self._num_queued_tokens
+
+    def step_age(self) -> float:
+        """Seconds the step in flight has been running (0.0 between steps): the watchdog's reading."""
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with (self._inbox, self._to_allocator, self._from_allocator, self._to_worker,
@@ -100,10 +106,13 @@ class SchedulerActor:
                 self._num_queued_tokens += len(ids)
                 self._metrics.prompt_tokens.inc(len(ids))
                 await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
-            case Abort(request_id=rid):
+            case Abort(request_id=rid, by_client=by_client):
                 # It comes behind its own Tokenised; unknown here, the request already ended.
                 aborted = self._rids.pop(rid, None)
                 if aborted is not None:
+                    phase = self._core.phase(rid)
+                    if by_client and phase is not None:
+                        self._metrics.request_aborted.labels(phase=phase).inc()
                     self._core.abort(rid)
                     self._dequeue(aborted)
 
@@ -120,9 +129,12 @@ class SchedulerActor:
         spec = self._core.spec
         drafts, draft_tokens, accepted = spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens
         per_pos = list(spec.accepted_per_position)
-        started = time.monotonic()
-        await self._to_worker.send(batch)
-        output = await self._from_worker.receive()
+        started = self._step_started = time.monotonic()
+        try:
+            await self._to_worker.send(batch)
+            output = await self._from_worker.receive()
+        finally:
+            self._step_started = None
         if batch.chunks:
             self._metrics.step_duration.observe(time.monotonic() - started)
             self._metrics.iteration_tokens.observe(sum(len(c.token_ids) for c in batch.chunks))

@@ -135,7 +135,7 @@ class Daemon:
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
-                    grammars=edge_grammars)
+                    grammars=edge_grammars, step_age=scheduler.step_age)
                 attention = "compiled" if loaded.model.fused_attention else "numpy"
                 self.metrics.kernels.labels(backend=loaded.kernels.name, attention=attention).set(1)
                 log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,

@@ -112,7 +112,7 @@ class TokeniserActor:
         reason = msg.finish_reason
         if stream.detok.stopped:
             reason = "stop"
-            await self._to_scheduler.send(Abort(request_id=msg.request_id))
+            await self._to_scheduler.send(Abort(request_id=msg.request_id, by_client=False))
         elif reason is not None:
             text += stream.detok.flush()
         if reason is not None:

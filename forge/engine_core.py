@@ -122,6 +122,17 @@ class EngineCore:
         self._forget(seq_id)
         return True
 
+    def phase(self, request_id: str) -> str | None:
+        """Where a request is: "queued" (waiting or preempted), "prefill" (running, nothing emitted
+        yet), "decode"; None for one unknown here."""
+        seq_id = self._seq_of.get(request_id)
+        if seq_id is None:
+            return None
+        seq = self._requests[seq_id].seq
+        if self.scheduler.running_seq(seq_id) is None:
+            return "queued"
+        return "decode" if seq.output else "prefill"
+
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._to_drop)
 

@@ -153,6 +153,7 @@ class Abort(Message, frozen=True):
     """Drop a request: its client went away (gateway -> tokeniser -> scheduler), or a stop string
     ended it (tokeniser -> scheduler). Never answered: whoever sends it has already let go."""
     request_id: str
+    by_client: bool = True           # False: a stop string ended it (a success, not an abort)
 
 
 # ---- to the router (the gateway's per-request streams), all through the tokeniser -------------

@@ -4,6 +4,7 @@ holding nothing for them afterwards."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import anyio
@@ -24,24 +25,29 @@ from tests.integration.harness import (
     wait_idle,
 )
 
-RAISE, NAN = 48_000, 48_001        # prompt token ids that trip the injected faults
+RAISE, NAN, STALL = 48_000, 48_001, 48_002     # prompt token ids that trip the injected faults
 
 
 @pytest.fixture
-def faulty(loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The model's forward raises when a step computes token RAISE and returns NaN logits when it
-    computes token NAN (the daemon under test shares the session's loaded model)."""
+def faulty(loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The model's forward raises when a step computes token RAISE, returns NaN logits when it
+    computes token NAN, and hangs until the returned event is set when it computes token STALL (the
+    daemon under test shares the session's loaded model)."""
     forward = loaded.model.forward
+    release = threading.Event()
 
     def injected(batch: Any, kv: Any) -> Any:
         if RAISE in batch.token_ids:
             raise RuntimeError("injected fault")
+        if STALL in batch.token_ids:
+            release.wait(HANG_GUARD_S)
         logits = forward(batch, kv)
         if NAN in batch.token_ids:
             logits = np.full_like(logits, np.nan)
         return logits
 
     monkeypatch.setattr(loaded.model, "forward", injected)
+    return release
 
 
 @pytest.mark.usefixtures("faulty")
@@ -66,3 +72,57 @@ async def test_a_faulty_step_fails_its_requests_and_nothing_else(make_daemon: Ma
             assert (await http.get("/healthz")).status_code == 200
             await wait_idle(daemon)
     assert sample(daemon, "forge:request_failed_total") == 3
+
+
+async def test_a_stuck_step_turns_healthz_to_503_until_it_moves(make_daemon: MakeDaemon,
+                                                                 faulty: threading.Event) -> None:
+    daemon = make_daemon(gateway={"watchdog_s": 0.3})
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            replies: list[httpx.Response] = []
+
+            async def stalled() -> None:
+                replies.append(await http.post("/v1/completions", json={
+                    "model": SERVED_MODEL, "prompt": [STALL, 7, 8], "max_tokens": 2}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stalled)
+                try:
+                    while (health := await http.get("/healthz")).status_code == 200:
+                        await anyio.sleep(0.05)
+                finally:
+                    faulty.set()                                 # the step moves again
+                assert health.status_code == 503 and health.json()["status"] == "stuck"
+                assert health.json()["step_seconds"] >= 0.3
+            assert replies[0].status_code == 200                 # and its request completes
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+
+
+
+async def test_counters_name_what_did_not_succeed(make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon(gateway={"api_key": "sekrit"})
+    auth = {"Authorization": "Bearer sekrit"}
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            assert (await http.post("/v1/completions", json={"prompt": "x"})).status_code == 401
+            bad = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}, headers=auth)
+            assert bad.status_code == 400
+            too_long = await http.post("/v1/completions", json={"prompt": "word " * 1100, "max_tokens": 1},
+                                       headers=auth)
+            assert too_long.status_code == 400
+            stopped = await http.post("/v1/completions", headers=auth, json={
+                "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [" Paris"]})
+            assert stopped.json()["choices"][0]["finish_reason"] == "stop"          # a stop string: no abort
+            async with http.stream("POST", "/v1/completions", headers=auth, json={
+                    "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}) as reply:
+                async for chunk in reply.aiter_raw():
+                    if b"data: {" in chunk:
+                        break                                                     # the client goes away
+            await wait_idle(daemon)
+    assert sample(daemon, "forge:request_rejected_total", {"reason": "auth"}) == 1
+    assert sample(daemon, "forge:request_rejected_total", {"reason": "invalid"}) == 1
+    assert sample(daemon, "forge:request_rejected_total", {"reason": "too_long"}) == 1
+    assert sample(daemon, "forge:request_aborted_total", {"phase": "decode"}) == 1
+    assert sample(daemon, "forge:request_aborted_total", {"phase": "queued"}) == 0
+    assert sample(daemon, "forge:request_success_total", {"finished_reason": "stop"}) == 1

@@ -24,7 +24,13 @@ class AccessLog:
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex[:16]
         start = time.monotonic()
         state = scope.setdefault("state", {})
-        info: dict[str, Any] = {"status": 500, "first_byte_s": None}
+        info: dict[str, Any] = {"status": None, "first_byte_s": None, "client_closed": False}
+
+        async def receive_wrapper() -> Any:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                info["client_closed"] = True
+            return message
 
         async def send_wrapper(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -36,11 +42,15 @@ class AccessLog:
 
         with structlog.contextvars.bound_contextvars(request_id=request_id):
             try:
-                await self.app(scope, receive, send_wrapper)
+                await self.app(scope, receive_wrapper, send_wrapper)
             finally:
-                if scope.get("path") not in ("/healthz", "/metrics") or info["status"] >= 400:
+                # A client that left before its response began is logged as nginx does (499), not as
+                # a failure of the server; one that left mid-stream keeps its status, marked.
+                status = info["status"] if info["status"] is not None else (499 if info["client_closed"] else 500)
+                if scope.get("path") not in ("/healthz", "/metrics") or status >= 400:
                     log.info("access", method=scope.get("method"), path=scope.get("path"),
-                             status=info["status"], prompt_tokens=state.get("prompt_tokens"),
+                             status=status, response_id=state.get("response_id"),
+                             client_closed=info["client_closed"], prompt_tokens=state.get("prompt_tokens"),
                              completion_tokens=state.get("completion_tokens"),
                              ttfb_s=info["first_byte_s"], duration_s=round(time.monotonic() - start, 4))
 

@@ -259,6 +259,7 @@ class Gateway:
         req = api.decode_generate(body)
         params = msgspec.structs.replace(api.to_sampling_params(req, default_max_tokens=32), temperature=0.0)
         rid = f"{wire.new_request_id('cmpl')}-0"
+        request.state.response_id = rid.removesuffix("-0")
         reader = await self._start(request, pipe, [Submit(request_id=rid, params=params, text=req.prompt)],
                                     len(body), arrival)
         return await self._respond(request, pipe, reader, lambda: {
@@ -271,6 +272,7 @@ class Gateway:
         params = api.to_sampling_params(req, default_max_tokens=16, grammar=await self._grammar(pipe, req))
         prompts = api.completion_prompts(req)
         n, base = req.n, wire.new_request_id("cmpl")
+        request.state.response_id = base
         submits = []
         for i, prompt in enumerate(prompts):
             for j in range(n):
@@ -295,6 +297,7 @@ class Gateway:
         functions = api.request_functions(req)
         messages, template_tools = _prompt_messages(pipe, req.messages, functions)
         base = wire.new_request_id("chatcmpl")
+        request.state.response_id = base
         submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
                           tools=template_tools) for j in range(req.n)]
         reader = await self._start(request, pipe, submits, len(body), arrival)

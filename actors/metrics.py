@@ -44,6 +44,9 @@ class Metrics:
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self.inter_token_latency = Histogram("forge:inter_token_latency_seconds", "Time between tokens.",
                                              buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram("forge:time_per_output_token_seconds",
+                                               "A request's time per token after its first.",
+                                               buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
         self.e2e_request_latency = Histogram("forge:e2e_request_latency_seconds", "Request latency.",
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self.request_queue_time = Histogram("forge:request_queue_time_seconds", "Time queued before running.",

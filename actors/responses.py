@@ -123,6 +123,8 @@ class ChoiceReader:
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             m.e2e_request_latency.observe(now - self._arrival)
+            if choice.first_token_at is not None and choice.num_completion_tokens > 1:
+                m.time_per_output_token.observe((now - choice.first_token_at) / (choice.num_completion_tokens - 1))
         if delta.error is not None:
             choice.error = delta.error
 

@@ -100,7 +100,8 @@ async def test_a_stuck_step_turns_healthz_to_503_until_it_moves(make_daemon: Mak
 
 
 
-async def test_counters_name_what_did_not_succeed(make_daemon: MakeDaemon) -> None:
+async def test_counters_and_the_access_log_name_what_did_not_succeed(make_daemon: MakeDaemon,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     daemon = make_daemon(gateway={"api_key": "sekrit"})
     auth = {"Authorization": "Bearer sekrit"}
     with anyio.fail_after(HANG_GUARD_S):
@@ -114,15 +115,27 @@ async def test_counters_name_what_did_not_succeed(make_daemon: MakeDaemon) -> No
             stopped = await http.post("/v1/completions", headers=auth, json={
                 "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [" Paris"]})
             assert stopped.json()["choices"][0]["finish_reason"] == "stop"          # a stop string: no abort
+            whole = await http.post("/v1/completions", headers=auth, json={"prompt": PROMPT, "max_tokens": 4})
+            assert whole.json()["usage"]["completion_tokens"] == 4
             async with http.stream("POST", "/v1/completions", headers=auth, json={
                     "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}) as reply:
                 async for chunk in reply.aiter_raw():
                     if b"data: {" in chunk:
                         break                                                     # the client goes away
+            with pytest.raises(httpx.ReadTimeout):                               # gone before its answer
+                await http.post("/v1/completions", headers=auth, timeout=1.0, json={
+                    "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True})
             await wait_idle(daemon)
     assert sample(daemon, "forge:request_rejected_total", {"reason": "auth"}) == 1
     assert sample(daemon, "forge:request_rejected_total", {"reason": "invalid"}) == 1
     assert sample(daemon, "forge:request_rejected_total", {"reason": "too_long"}) == 1
-    assert sample(daemon, "forge:request_aborted_total", {"phase": "decode"}) == 1
+    assert sample(daemon, "forge:request_aborted_total", {"phase": "decode"}) == 2
+    assert sample(daemon, "forge:time_per_output_token_seconds_count") >= 1
+    access = [line for line in capsys.readouterr().out.splitlines() if " access " in line]
+    left = [line for line in access if "client_closed=True" in line]
+    assert len(left) == 2, access
+    assert any("status=499" in line for line in left) and any("status=200" in line for line in left)
+    assert all("response_id=cmpl-" in line for line in left)
+    assert not any("status=500" in line for line in access)
     assert sample(daemon, "forge:request_aborted_total", {"phase": "queued"}) == 0
     assert sample(daemon, "forge:request_success_total", {"finished_reason": "stop"}) == 1

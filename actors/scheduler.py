@@ -140,9 +140,11 @@ class SchedulerActor:
             self._metrics.iteration_tokens.observe(sum(len(c.token_ids) for c in batch.chunks))
         if output.step_id != batch.step_id:
             raise RuntimeError(f"step {output.step_id} answered step {batch.step_id}")
+        events = self._core.apply(output)
         if output.failed:
-            log.error("step_failed", error=output.error, num_sequences=len(output.failed))
-        for event in self._core.apply(output):
+            log.error("step_failed", error=output.error, num_sequences=len(output.failed),
+                      request_ids=[e.request_id for e in events if e.error is not None])
+        for event in events:
             if event.finish_reason is not None or event.error is not None:
                 self._rids.pop(event.request_id, None)
             await self._to_tokeniser.send(event)

@@ -4,6 +4,7 @@ holding nothing for them afterwards."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -51,7 +52,8 @@ def faulty(loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> threading.Ev
 
 
 @pytest.mark.usefixtures("faulty")
-async def test_a_faulty_step_fails_its_requests_and_nothing_else(make_daemon: MakeDaemon) -> None:
+async def test_a_faulty_step_fails_its_requests_and_nothing_else(make_daemon: MakeDaemon,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     daemon = make_daemon()
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
@@ -65,6 +67,11 @@ async def test_a_faulty_step_fails_its_requests_and_nothing_else(make_daemon: Ma
                 raw = await reply.aread()
             payloads = data_payloads(raw)
             assert payloads[-1]["error"]["code"] == "engine_fault"
+            # The log names the failed requests by the response ids the access log gives them.
+            out = capsys.readouterr().out.splitlines()
+            failed_ids = {m for line in out if "step_failed" in line for m in re.findall(r"cmpl-[0-9a-f]{32}", line)}
+            answered_ids = {m for line in out if " access " in line for m in re.findall(r"cmpl-[0-9a-f]{32}", line)}
+            assert len(failed_ids) == 3 and failed_ids <= answered_ids
             # The daemon serves on, and keeps nothing for the failed requests.
             ok = await http.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 4,
                                                           "temperature": 0})

@@ -209,9 +209,7 @@ class Gateway:
         req = api.decode_tokenize(await self._body(request))
         self._check_model(req.model)
         if req.messages is not None:
-            functions = [Function(t.function.name, t.function.description, t.function.parameters)
-                         for t in req.tools or ()]
-            messages, template_tools = _prompt_messages(pipe, req.messages, functions)
+            messages, template_tools = _prompt_messages(pipe, req.messages, api.functions(req.tools))
             text = pipe.template.render(messages, add_generation_prompt=req.add_generation_prompt,
                                         tools=template_tools)
             ids = pipe.tokenizer.encode(text, add_special_tokens=False)

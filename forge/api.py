@@ -441,9 +441,11 @@ def tool_mode(req: ChatCompletionRequest) -> str:
 
 def request_functions(req: ChatCompletionRequest) -> list[Function]:
     """The tools shown to the model: none under tool_choice "none"."""
-    if not req.tools or tool_mode(req) == "none":
-        return []
-    return [Function(t.function.name, t.function.description, t.function.parameters) for t in req.tools]
+    return [] if tool_mode(req) == "none" else functions(req.tools)
+
+
+def functions(tools: list[Tool] | None) -> list[Function]:
+    return [Function(t.function.name, t.function.description, t.function.parameters) for t in tools or ()]
 
 
 def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:

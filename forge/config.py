@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS
-from forge.speculative import SPECULATIVE_METHODS
+from forge.speculative import SpeculativeConfig
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
@@ -83,11 +83,6 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
-        if self.speculative not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ValueError("num_speculative_tokens must be in [1, 16]")
-        if self.speculative_max_batch < 1:
-            raise ValueError("speculative_max_batch must be positive")
+        SpeculativeConfig(self.speculative, self.num_speculative_tokens, max_batch=self.speculative_max_batch)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SPECULATIVE_METHODS = ("off", "ngram")
+NGRAM_WINDOW = 4096                     # a proposal looks this many tokens back at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,8 @@ class SpeculativeConfig:
             raise ValueError("num_speculative_tokens must be in [1, 16]")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
+        if self.max_batch < 1:
+            raise ValueError("speculative_max_batch must be positive")
 
     @property
     def enabled(self) -> bool:
@@ -46,7 +49,7 @@ class SpeculativeConfig:
 
 
 def ngram_proposal(tokens: Sequence[int], k: int, *, max_ngram: int = 4, min_ngram: int = 2,
-                   window: int = 4096) -> list[int]:
+                   window: int = NGRAM_WINDOW) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest suffix of `tokens`
     (between min_ngram and max_ngram long) within the last `window` tokens; [] when none recurs."""
     n_tokens = len(tokens)

@@ -215,7 +215,8 @@ def test_fused_decode_attention_equals_the_numpy_reference(
     the numpy path's output."""
     rng = np.random.default_rng(seed)
     head_dim = 16 * int(rng.integers(1, 5))
-    query_lens = [min(n, 5) if prefill_every and s % prefill_every == 0 else 1 for s, n in enumerate(lens)]
+    # Chunks up to 12 rows: up to MAX_FUSED_CHUNK_ROWS (8) they run on the kernel row by row.
+    query_lens = [min(n, 12) if prefill_every and s % prefill_every == 0 else 1 for s, n in enumerate(lens)]
     num_blocks = sum(-(-n // block_size) for n in lens) + 3
     batch = paged_batch(rng, lens, query_lens, block_size, num_blocks)
     config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)

@@ -122,7 +122,8 @@ async def test_counters_and_the_access_log_name_what_did_not_succeed(make_daemon
             stopped = await http.post("/v1/completions", headers=auth, json={
                 "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [" Paris"]})
             assert stopped.json()["choices"][0]["finish_reason"] == "stop"          # a stop string: no abort
-            whole = await http.post("/v1/completions", headers=auth, json={"prompt": PROMPT, "max_tokens": 4})
+            whole = await http.post("/v1/completions", headers=auth, json={"prompt": PROMPT, "max_tokens": 4,
+                                                                        "ignore_eos": True})
             assert whole.json()["usage"]["completion_tokens"] == 4
             async with http.stream("POST", "/v1/completions", headers=auth, json={
                     "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}) as reply:

@@ -107,8 +107,12 @@ class TokeniserActor:
                                            num_prompt_tokens=stream.num_prompt_tokens,
                                            num_completion_tokens=stream.num_tokens))
             return
-        text = stream.detok.push(msg.token_ids)
-        stream.num_tokens += len(msg.token_ids)
+        # A step's tokens come together; a stop string inside them ends the output at the token
+        # that completes it, as if they had come one by one.
+        text, taken = stream.detok.push_run(msg.token_ids)
+        ids = msg.token_ids[:taken]
+        logprobs = msg.logprobs[:len(ids)]
+        stream.num_tokens += len(ids)
         reason = msg.finish_reason
         if stream.detok.stopped:
             reason = "stop"
@@ -119,8 +123,8 @@ class TokeniserActor:
             del self._streams[msg.request_id]
             self._metrics.request_success.labels(finished_reason=reason).inc()
         self._router.deliver(TextDelta(
-            request_id=msg.request_id, text=text, num_tokens=len(msg.token_ids),
-            logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in msg.logprobs),
+            request_id=msg.request_id, text=text, num_tokens=len(ids),
+            logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in logprobs),
             finish_reason=reason, num_prompt_tokens=stream.num_prompt_tokens,
             num_completion_tokens=stream.num_tokens, num_cached_tokens=msg.num_cached_tokens,
             num_draft_tokens=msg.num_draft_tokens, num_accepted_tokens=msg.num_accepted_tokens))

@@ -61,6 +61,17 @@ class IncrementalDetokenizer:
             self._chunks[:] = ["".join(self._chunks)]
         return self._chunks[0] if self._chunks else ""
 
+    def push_run(self, ids: Sequence[int]) -> tuple[str, int]:
+        """Feed one step's ids; return their text and how many were taken: all of them, or those
+        up to the one that completes a stop string (what feeding them one by one would take)."""
+        if not self._stops or len(ids) <= 1:
+            return self.push(ids), len(ids)
+        text, taken = "", 0
+        while taken < len(ids) and not self.stopped:
+            text += self.push(ids[taken:taken + 1])
+            taken += 1
+        return text, taken
+
     def push(self, ids: Sequence[int]) -> str:
         """Feed generated ids; return the text they complete ("" once stopped)."""
         if self.stopped:

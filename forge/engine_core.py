@@ -194,31 +194,38 @@ class EngineCore:
                 req.num_draft_tokens += len(req.seq.draft)
                 req.num_accepted_tokens += num - 1
                 self.scheduler.accept_drafts(seq_id, num - 1)
+        # One event per sequence per step, with all the tokens it kept: a stream gets a step's
+        # accepted drafts in one frame, not several frames microseconds apart.
+        runs: dict[int, list[SampledToken]] = {}
         for tok in output.sampled:
             req = self._requests.get(tok.seq_id)
             if req is None:            # aborted while its step ran, or finished by an earlier token
                 continue
             seq = req.seq
             self.scheduler.push_token(seq.id, tok.token_id, False)
-            reason: FinishReason | None = None
+            runs.setdefault(seq.id, []).append(tok)
             # Under a grammar the end comes when the grammar allows it, min_tokens or not.
             if tok.token_id in req.stop_ids and (len(seq.output) >= req.params.min_tokens
                                                  or req.params.grammar is not None):
-                reason = "stop"
+                events.append(self._emitted(req, runs.pop(seq.id), "stop"))
             elif seq.is_complete():
-                reason = "length"
-            logprobs: tuple[SampledToken, ...] = (tok,) if req.params.logprobs is not None else ()
-            events.append(TokensEmitted(request_id=req.request_id, token_ids=(tok.token_id,),
-                                        logprobs=logprobs, finish_reason=reason,
-                                        num_prompt_tokens=len(seq.prompt),
-                                        num_cached_tokens=seq.num_cached_tokens,
-                                        num_draft_tokens=req.num_draft_tokens,
-                                        num_accepted_tokens=req.num_accepted_tokens))
-            if reason is not None:
-                self.scheduler.finish(seq.id)
-                del self._seq_of[req.request_id]
-                self._forget(seq.id)
+                events.append(self._emitted(req, runs.pop(seq.id), "length"))
+        for seq_id, run in runs.items():
+            events.append(self._emitted(self._requests[seq_id], run, None))
         return events
+
+    def _emitted(self, req: _Request, run: list[SampledToken], reason: FinishReason | None) -> TokensEmitted:
+        seq = req.seq
+        event = TokensEmitted(request_id=req.request_id, token_ids=tuple(t.token_id for t in run),
+                              logprobs=tuple(run) if req.params.logprobs is not None else (),
+                              finish_reason=reason, num_prompt_tokens=len(seq.prompt),
+                              num_cached_tokens=seq.num_cached_tokens, num_draft_tokens=req.num_draft_tokens,
+                              num_accepted_tokens=req.num_accepted_tokens)
+        if reason is not None:
+            self.scheduler.finish(seq.id)
+            del self._seq_of[req.request_id]
+            self._forget(seq.id)
+        return event
 
     def _forget(self, seq_id: int) -> None:
         req = self._requests.pop(seq_id)

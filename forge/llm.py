@@ -198,10 +198,10 @@ class LLM:
                 out, detok = completions[ev.request_id], detoks[ev.request_id]
                 if out.finish_reason is not None:
                     continue
-                out.token_ids.extend(ev.token_ids)
-                out.logprobs.extend(ev.logprobs)
+                text, taken = detok.push_run(ev.token_ids)
+                out.token_ids.extend(ev.token_ids[:taken])
+                out.logprobs.extend(ev.logprobs[:taken])
                 out.num_cached_tokens = ev.num_cached_tokens
-                text = detok.push(ev.token_ids)
                 if detok.stopped:
                     self.engine.abort(ev.request_id)
                     out.finish_reason = "stop"

@@ -22,7 +22,16 @@ from actors.metrics import Metrics
 from actors.router import Router
 from actors.tokeniser import TokeniserActor
 from forge.chat import ChatTemplate
-from forge.messages import Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokensEmitted
+from forge.messages import (
+    Abort,
+    Accepted,
+    Rejected,
+    SampledToken,
+    Submit,
+    TextDelta,
+    Tokenised,
+    TokensEmitted,
+)
 from forge.sampling_params import SamplingParams
 from forge.tokenizer import Tokenizer
 
@@ -87,6 +96,26 @@ async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(token
         [(_, delta)] = await group.next_deltas()
         assert delta.finish_reason == "stop" and "Paris" not in delta.text
         assert not group.unfinished and set(rig.actor.tracked().values()) == {0}
+
+
+async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_token_that_completes_it(
+        tokenizer: Tokenizer) -> None:
+    """A speculative step hands over several tokens at once: the output (text, token count and
+    logprobs) is what it would be had they come one by one."""
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["r"])
+        params = SamplingParams(stop=("Paris",), logprobs=0)
+        await rig.inbox.send(Submit(request_id="r", params=params, text="The capital is"))
+        await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
+        run = ids(tokenizer, " Paris, of course")
+        assert len(run) > 2
+        await rig.inbox.send(TokensEmitted(request_id="r", token_ids=run,
+                                           logprobs=tuple(SampledToken(0, t, -0.5) for t in run)))
+        await rig.settle()
+        [(_, delta)] = await group.next_deltas()
+        assert delta.finish_reason == "stop" and delta.text == " "
+        assert delta.num_tokens == delta.num_completion_tokens == 1 == len(delta.logprobs)
+        assert [type(m) for m in rig.scheduler_got()] == [Tokenised, Abort]
 
 
 async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Tokenizer) -> None:

@@ -28,6 +28,9 @@ class AllocatorActor:
                           prefix_hit_rate=c.prefix_hit_rate(), prefix_queries=c.num_prefix_queries,
                           prefix_hits=c.num_prefix_hits, prefix_misses=tuple(c.num_prefix_misses.items()))
 
+    def block_map(self) -> str:
+        return self._cache.block_map()
+
     def tracked(self) -> dict[str, int]:
         """Sizes of the per-request tables: the block tables of live sequences."""
         return {"allocator.seqs": len(self._cache.sequences())}

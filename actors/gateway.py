@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.admission import Admission, LoadStats
+from actors.dashboard import dashboard_page
 from actors.metrics import Metrics
 from actors.responses import (
     ChoiceReader,
@@ -39,6 +40,7 @@ from actors.responses import (
 )
 from actors.router import ResponseGroup, Router
 from actors.sse import SSEResponse
+from actors.stats import Stats
 from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
@@ -97,6 +99,7 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self.is_draining = False
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
+        self.stats = Stats(metrics)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
 
@@ -106,6 +109,8 @@ class Gateway:
         routes = [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/stats", self.stats_route, methods=["GET"]),
+            Route("/dashboard", self.dashboard, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -179,25 +184,40 @@ class Gateway:
 
     # ---- plain routes -----------------------------------------------------------------------
 
-    async def healthz(self, _request: Request) -> Response:
+    def _health(self) -> dict[str, Any]:
+        """{"status": "ok" | "loading" | "draining" | "stuck", ...}: what /healthz and /stats say."""
         if self.is_draining:
-            return json_response({"status": "draining"}, 503)
+            return {"status": "draining"}
         if self.pipeline is None:
-            return json_response({"status": "loading"}, 503)
+            return {"status": "loading"}
         age = self.pipeline.step_age()
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
             self._stuck = True
-            return json_response({"status": "stuck", "step_seconds": round(age, 1)}, 503)
+            return {"status": "stuck", "step_seconds": round(age, 1)}
         if self._stuck:
             log.info("step_unstuck")
             self._stuck = False
-        return json_response({"status": "ok"})
+        return {"status": "ok"}
+
+    async def healthz(self, _request: Request) -> Response:
+        health = self._health()
+        return json_response(health, 200 if health["status"] == "ok" else 503)
 
     async def metrics_route(self, request: Request) -> Response:
         self._check_key(request)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def stats_route(self, request: Request) -> Response:
+        self._check_key(request)
+        return json_response(self.stats.snapshot(self._health()["status"]), headers={"Cache-Control": "no-store"})
+
+    async def dashboard(self, _request: Request) -> Response:
+        """The page itself holds no data (the key is asked for by the page, for /stats), so it is
+        served without one; its script runs under a content security policy that allows only it."""
+        page = dashboard_page()
+        return Response(page.html, media_type="text/html; charset=utf-8", headers=page.headers)
 
     async def models(self, request: Request) -> Response:
         pipe = self._ready(request)

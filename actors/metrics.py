@@ -7,13 +7,38 @@ observed where the event happens.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
 _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class LatencyWindow:
+    """Recent samples of one latency, for percentiles over the last `window_s` seconds (the
+    dashboard's; Prometheus users take quantiles of the histograms instead). Bounded: at most
+    `max_samples` are kept, the oldest dropped first."""
+
+    def __init__(self, window_s: float = 300.0, max_samples: int = 20_000) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+
+    def add(self, value: float, now: float | None = None) -> None:
+        self._samples.append((time.monotonic() if now is None else now, value))
+
+    def percentiles(self, now: float | None = None) -> dict[str, float | int] | None:
+        """{"count", "p50", "p90", "p99"} of the samples in the window (seconds); None when empty."""
+        since = (time.monotonic() if now is None else now) - self.window_s
+        values = [v for t, v in self._samples if t >= since]
+        if not values:
+            return None
+        p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99]).tolist()
+        return {"count": len(values), "p50": p50, "p90": p90, "p99": p99}
 
 
 class Metrics:
@@ -69,12 +94,20 @@ class Metrics:
                                              ["position"], registry=r)
         self.kernels = Gauge("forge:kernels_info", "The kernels in use: the weights' backend, the decode attention.",
                              ["backend", "attention"], registry=r)
+        # the dashboard's recent latencies (GET /stats), recorded beside the histograms above
+        self.recent_ttft = LatencyWindow()
+        self.recent_itl = LatencyWindow()
+        self.recent_tpot = LatencyWindow()
         self._refreshers: list[Callable[[], None]] = []
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
         self._refreshers.append(refresh)
 
-    def render(self) -> bytes:
+    def refresh(self) -> None:
+        """Bring the gauges read from the actors up to date (what a scrape does first)."""
         for refresh in self._refreshers:
             refresh()
+
+    def render(self) -> bytes:
+        self.refresh()
         return generate_latest(self.registry)

@@ -104,12 +104,15 @@ class ChoiceReader:
             if choice.first_token_at is None:
                 choice.first_token_at = now
                 m.time_to_first_token.observe(now - self._arrival)
+                m.recent_ttft.add(now - self._arrival, now)
                 if delta.num_tokens > 1:
                     m.inter_token_latency.observe(0.0)
+                    m.recent_itl.add(0.0, now)
             elif choice.last_token_at is not None:
                 gap = (now - choice.last_token_at) / delta.num_tokens
                 for _ in range(min(delta.num_tokens, MAX_GAPS_PER_DELTA)):
                     m.inter_token_latency.observe(gap)
+                    m.recent_itl.add(gap, now)
             choice.last_token_at = now
         choice.text += delta.text
         for lp in delta.logprobs:
@@ -124,7 +127,9 @@ class ChoiceReader:
             choice.finish_reason = delta.finish_reason
             m.e2e_request_latency.observe(now - self._arrival)
             if choice.first_token_at is not None and choice.num_completion_tokens > 1:
-                m.time_per_output_token.observe((now - choice.first_token_at) / (choice.num_completion_tokens - 1))
+                tpot = (now - choice.first_token_at) / (choice.num_completion_tokens - 1)
+                m.time_per_output_token.observe(tpot)
+                m.recent_tpot.add(tpot, now)
         if delta.error is not None:
             choice.error = delta.error
 

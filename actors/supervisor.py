@@ -7,12 +7,14 @@ the drain timeout, then the process exits 0. An actor that crashes takes the dae
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,6 +29,7 @@ from actors.gateway import Gateway, GatewayConfig, Pipeline
 from actors.metrics import Metrics
 from actors.router import Router
 from actors.scheduler import SchedulerActor
+from actors.stats import Sources
 from actors.tokeniser import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
@@ -138,6 +141,12 @@ class Daemon:
                     grammars=edge_grammars, step_age=scheduler.step_age)
                 attention = "compiled" if loaded.model.fused_attention else "numpy"
                 self.metrics.kernels.labels(backend=loaded.kernels.name, attention=attention).set(1)
+                allocator = self.allocator
+                self.gateway.stats.sources = Sources(
+                    scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
+                    serving=self._serving(loaded, num_blocks=num_blocks, max_model_len=max_model_len,
+                                          attention=attention))
+                tg.start_soon(self.gateway.stats.run_sampler)
                 log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,
                          attention=attention,
                          compiled_kernels=compiled.status(),
@@ -153,6 +162,23 @@ class Daemon:
                 self.gateway.pipeline = None
                 log.info("stopped", inflight=self.gateway.admission.num_inflight)
                 tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+
+    def _serving(self, loaded: LoadedModel, *, num_blocks: int, max_model_len: int,
+                 attention: str) -> dict[str, Any]:
+        """What the dashboard shows as "serving": the model and the settings that shape its figures."""
+        cfg = self.config.engine
+        spec = "off" if cfg.speculative == "off" else f"{cfg.speculative}, {cfg.num_speculative_tokens} tokens"
+        return {
+            "served_model_name": self.config.gateway.served_model_name, "model_file": Path(loaded.path).name,
+            "layers": loaded.model.config.num_layers,
+            "weights_mib": round(loaded.model.weights.nbytes / 2**20, 1), "kernels": loaded.kernels.name,
+            "attention": attention, "kv_cache_dtype": cfg.kv_cache_dtype,
+            "kv_blocks": num_blocks, "block_size": cfg.block_size, "kv_tokens": num_blocks * cfg.block_size,
+            "max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_step_ms": cfg.max_step_ms if cfg.max_step_ms is not None else "off",
+            "scheduling_policy": cfg.scheduling_policy, "prefix_caching": "on" if cfg.enable_prefix_caching else "off",
+            "speculative": spec, "version": _version()}
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.drain_timeout) as scope:
@@ -182,6 +208,13 @@ class Daemon:
                     count(m.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
 
         m.on_scrape(refresh)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("forge")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _progress(message: str) -> None:

@@ -375,3 +375,11 @@ class PagedKVCache:
 
     def ref_count(self, block: BlockId) -> int:
         return self._ref[block]
+
+    def block_map(self) -> str:
+        """Every block's state, one character per block id: '.' free, 'c' cached (unreferenced,
+        evictable), 'u' used by one sequence, 's' shared by several. What the dashboard draws."""
+        states = ["u" if r == 1 else "s" if r > 1 else "." for r in self._ref]
+        for block in self._evictable:
+            states[block] = "c"
+        return "".join(states)

@@ -51,12 +51,14 @@ async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: 
     extra = {"ignore_eos": False} if getattr(args, "ignore_eos", "true") == "false" else None
     for c in _levels(args.concurrency):
         results, wall = await loadgen.run_closed_loop(base, workload, c, _requests_for(c, args), model=model,
-                                                      progress=not args.quiet, extra=extra)
+                                                      progress=not args.quiet, extra=extra,
+                                                      api_key=getattr(args, "api_key", None))
         records.append(loadgen.level_record(server, c, results, wall, args.ttft_slo, args.tpot_slo))
     if args.rate:
         n = args.rate_requests
         results, wall = await loadgen.run_open_loop(base, workload, args.rate, n, seed=args.seed, model=model,
-                                                    progress=not args.quiet, extra=extra)
+                                                    progress=not args.quiet, extra=extra,
+                                                    api_key=getattr(args, "api_key", None))
         rec = loadgen.level_record(server, 0, results, wall, args.ttft_slo, args.tpot_slo)
         rec["rate"] = args.rate
         records.append(rec)
@@ -302,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--base", required=True, help="server URL, e.g. http://127.0.0.1:8080")
     serve.add_argument("--model", default=None, help="model name to send")
     serve.add_argument("--label", default="server")
+    serve.add_argument("--api-key", default=os.environ.get("FORGE_API_KEY") or None,
+                       help="sent as 'Authorization: Bearer KEY' [FORGE_API_KEY]")
     serve.add_argument("--tokenizer-model", default=None, help="GGUF whose tokenizer sizes the prompts")
     serve.add_argument("--kinds", default="open,shared-prefix,grounded",
                        help=f"prompt kinds of the workload, in turn: {', '.join(loadgen.WORKLOAD_KINDS)} "

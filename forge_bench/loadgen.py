@@ -214,15 +214,21 @@ class _Progress:
                   end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
 
 
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 async def run_closed_loop(base_url: str, workload: Workload, concurrency: int, num_requests: int, *,
                           model: str | None = None, extra: dict[str, Any] | None = None,
-                          progress: bool = True, timeout_s: float = 1800) -> tuple[list[RequestResult], float]:
+                          progress: bool = True, timeout_s: float = 1800,
+                          api_key: str | None = None) -> tuple[list[RequestResult], float]:
     """`concurrency` clients each send their next request as soon as the previous one ends."""
     items = [workload.items[i % len(workload.items)] for i in range(num_requests)]
     results: list[RequestResult] = []
     bar = _Progress(f"c={concurrency}", num_requests, progress)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits,
+                                 headers=_auth(api_key)) as client:
         queue = list(reversed(items))
 
         async def worker() -> None:
@@ -240,13 +246,14 @@ async def run_closed_loop(base_url: str, workload: Workload, concurrency: int, n
 
 async def run_open_loop(base_url: str, workload: Workload, rate: float, num_requests: int, *, seed: int = 0,
                         model: str | None = None, extra: dict[str, Any] | None = None,
-                        progress: bool = True, timeout_s: float = 1800) -> tuple[list[RequestResult], float]:
+                        progress: bool = True, timeout_s: float = 1800,
+                        api_key: str | None = None) -> tuple[list[RequestResult], float]:
     """Poisson arrivals at `rate` requests/s, whatever the server's pace."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, num_requests)
     results: list[RequestResult] = []
     bar = _Progress(f"rate={rate}/s", num_requests, progress)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s,
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=_auth(api_key),
                                  limits=httpx.Limits(max_connections=None)) as client:
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:

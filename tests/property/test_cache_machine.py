@@ -238,6 +238,13 @@ class CacheMachine(RuleBasedStateMachine):
         assert [cache.ref_count(b) for b in range(NUM_BLOCKS)] == [holders[b] for b in range(NUM_BLOCKS)]
         assert cache.used_blocks() == len(holders)
         assert cache.free_blocks() + cache.used_blocks() == cache.total_blocks() == NUM_BLOCKS
+        # the dashboard's block map says the same, block by block
+        expected = ["s" if holders[b] > 1 else "u" if holders[b] else "." for b in range(NUM_BLOCKS)]
+        block_map = cache.block_map()
+        assert [c if c != "c" else "." for c in block_map] == expected
+        assert block_map.count(".") + block_map.count("c") == cache.free_blocks()
+        if not cache.enable_prefix_caching:
+            assert "c" not in block_map
 
     @invariant()
     def lengths_match_the_shadow(self) -> None:

@@ -11,7 +11,7 @@ one-process use and the seed's API.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from forge.config import SCHEDULING_POLICIES, EngineConfig
@@ -202,21 +202,31 @@ class Scheduler:
         self._step += 1
         budget = self._step_budget()
         shares: dict[SeqId, int] = {}
-        speculate = self._speculates()
+        decoding: list[Sequence] = []
         for seq in self._budget_order(self._running):
             left = seq.total_len() - seq.num_computed_tokens
             num = min(left, budget)
             budget -= num
             shares[seq.id] = num
             seq.draft = []
-            if speculate and left == num == 1 and seq.lookahead is not None:
-                seq.draft = self._propose_draft(seq, budget)
+            if left == num == 1 and seq.lookahead is not None:
+                decoding.append(seq)
+        num_slots = min(self.config.max_batch_size - len(self._running), MAX_ADMIT_CANDIDATES)
+        candidates = self._admission_order(num_slots) if budget > 0 and num_slots > 0 else []
+        if decoding and self._speculates():
+            # Guesses come last: only from budget no prompt can use this step (the running ones
+            # had theirs above; the waiting candidates need their uncached tokens). A guess may be
+            # rejected; a prompt token is work that must be done, and someone waits for its end.
+            spare = budget - sum(seq.total_len() - self._estimated_cached(seq) for seq in candidates)
+            for seq in decoding:
+                if spare <= 0:
+                    break
+                seq.draft = self._propose_draft(seq, spare)
+                spare -= len(seq.draft)
                 budget -= len(seq.draft)
         asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._running]
-        num_slots = min(self.config.max_batch_size - len(self._running), MAX_ADMIT_CANDIDATES)
-        if budget > 0 and num_slots > 0:
-            asks += [self._ask(seq, seq.total_len(), is_running=False)
-                     for seq in self._admission_order(num_slots)]
+        if budget > 0:
+            asks += [self._ask(seq, seq.total_len(), is_running=False) for seq in candidates]
         return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
 
     def _speculates(self) -> bool:
@@ -289,11 +299,51 @@ class Scheduler:
         if self.config.policy == "fcfs":
             return [self._waiting[i] for i in range(min(limit, len(self._waiting)))]
 
-        def key(seq: Sequence) -> tuple[int, int, int]:
+        if not self._index_prefixes:
+            def plain(seq: Sequence) -> tuple[int, int, int]:
+                return (0, seq.arrival_step, 0) if self._is_aged(seq) else (1, seq.total_len(), seq.arrival_step)
+            return sorted(self._waiting, key=plain)[:limit]
+        # Prompts that share a prefix no one has computed yet (a burst of requests behind one new
+        # system prompt) are one job: the first of them computes the prefix, after which the others
+        # cost only their tails. So each ranks by its uncached tokens shared out over the waiting
+        # prompts with the same next block, and only one of them is admitted at a time: admitted
+        # together, each would compute the same blocks.
+        nexts = {seq.id: self._next_uncached_block(seq) for seq in self._waiting}
+        sharers = Counter(h for h in nexts.values() if h is not None)
+
+        def key(seq: Sequence) -> tuple[int, float, int]:
             if self._is_aged(seq):
                 return (0, seq.arrival_step, 0)
-            return (1, seq.total_len() - self._estimated_cached(seq), seq.arrival_step)
-        return sorted(self._waiting, key=key)[:limit]
+            h = nexts[seq.id]
+            need = seq.total_len() - self._estimated_cached(seq)
+            return (1, need / sharers[h] if h is not None else need, seq.arrival_step)
+        claimed = self._blocks_in_prefill()
+        out: list[Sequence] = []
+        for seq in sorted(self._waiting, key=key):
+            h = nexts[seq.id]
+            if h is not None and h in claimed:
+                continue                  # another sequence computes this block now: wait for it
+            if h is not None:
+                claimed.add(h)
+            out.append(seq)
+            if len(out) == limit:
+                break
+        return out
+
+    def _next_uncached_block(self, seq: Sequence) -> int | None:
+        """The hash of the first prompt block the prefix cache likely lacks; None when what is left
+        is less than a block (nothing another prompt could share)."""
+        hashes = self._prompt_hashes(seq)[: (len(seq.prompt) - 1) // self.layout.block_size]
+        num = self._estimated_cached(seq) // self.layout.block_size
+        return hashes[num] if num < len(hashes) else None
+
+    def _blocks_in_prefill(self) -> set[int]:
+        """Hashes of the prompt blocks running sequences have yet to compute."""
+        bs, out = self.layout.block_size, set()
+        for seq in self._running:
+            if seq.num_computed_tokens < len(seq.prompt):
+                out.update(self._prompt_hashes(seq)[seq.num_computed_tokens // bs:])
+        return out
 
     def _prompt_hashes(self, seq: Sequence) -> list[int]:
         if seq.prompt_hashes is None:

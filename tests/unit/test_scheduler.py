@@ -6,6 +6,7 @@ from forge.errors import CapacityError
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import AGING_STEPS, LocalScheduler, SchedulerConfig
 from forge.sequence import SeqState, Sequence
+from forge.speculative import Lookahead, SpeculativeConfig
 
 
 def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> LocalScheduler:
@@ -210,3 +211,47 @@ def test_shortest_first_ranks_a_waiting_prompt_by_its_uncached_tokens() -> None:
     plan = sched.schedule()
     assert plan.admitted[0] == 3 and shares(plan)[3] == 3
     assert sched.get(3).num_cached_tokens == 36
+
+
+def test_speculative_guesses_take_only_the_budget_no_prompt_can_use() -> None:
+    """A decoding sequence's guesses come after every prompt's share: while a waiting prompt needs
+    the rest of the step, the step carries none; once the prompts have theirs, the guesses return."""
+    spec = SpeculativeConfig("ngram", num_tokens=4)
+    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first", speculative=spec),
+                           PagedKVCache(64, 4))
+    looping = Sequence(1, [1, 2, 3] * 4, 20)          # repeats itself: the n-gram proposer always has a guess
+    looping.lookahead = Lookahead(4)
+    sched.submit(looping)
+    assert shares(sched.schedule()) == {1: 8}
+    assert shares(sched.schedule()) == {1: 4}
+    sched.push_token(1, 1, False)                     # decoding now, its pattern going on
+    sched.submit(Sequence(2, [9] * 10, 1))            # needs 10 tokens: more than the 7 left
+    plan = sched.schedule()
+    assert shares(plan) == {1: 1, 2: 7}
+    assert [s.num_draft for s in plan.scheduled if s.seq_id == 1] == [0]
+    sched.accept_drafts(1, 0)
+    sched.push_token(1, 2, False)
+    plan = sched.schedule()                           # 2 needs its last 3; 4 tokens spare
+    assert shares(plan) == {1: 1, 2: 3}
+    assert looping.draft == [3, 1, 2]                 # what followed the last "2 3 1 2"
+    assert [s.num_draft for s in plan.scheduled if s.seq_id == 1] == [3]
+
+
+def test_prompts_behind_one_new_prefix_are_one_job_computed_once() -> None:
+    """A burst of prompts sharing a prefix nobody has computed: one of them computes it, early (the
+    group's cost is shared out over its members), while the others wait for it instead of computing
+    the same blocks; then they cost the step only their last tokens."""
+    cache = PagedKVCache(64, 4, enable_prefix_caching=True)
+    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=32, policy="shortest-first"), cache)
+    prefix = list(range(10, 22))                      # 3 full blocks
+    for seq_id in (1, 2, 3):
+        sched.submit(Sequence(seq_id, prefix + [seq_id], 4))
+    sched.submit(Sequence(4, [50] * 10, 4))           # shorter than each of them alone
+    plan = sched.schedule()
+    assert plan.admitted == [1, 4] and shares(plan) == {1: 13, 4: 10}   # 2 and 3 wait for 1's blocks
+    for seq_id in plan.decode_batch:
+        sched.push_token(seq_id, 7, False)
+    plan = sched.schedule()
+    assert sorted(plan.admitted) == [2, 3]
+    assert shares(plan) == {1: 1, 4: 1, 2: 1, 3: 1}  # the prefix came from the cache
+    assert cache.num_prefix_hits == 2 * 12

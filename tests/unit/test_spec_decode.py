@@ -154,7 +154,9 @@ def test_preemption_and_aborts_mid_speculation(real: LoadedModel) -> None:
 def test_no_speculation_where_it_does_not_apply(real: LoadedModel) -> None:
     eng = engine(real, "ngram", max_num_seqs=16)
     eng.core.scheduler.config.speculative = SpeculativeConfig("ngram", 4, max_batch=2)
-    many = [(chat(real, TASKS[0]), SamplingParams(max_tokens=8, temperature=0.0))] * 3   # 3 decoding > 2
+    # 3 decoding > 2: prompts with no block in common, so that all three are admitted in one step
+    # (prompts behind one uncomputed prefix are admitted one after the other)
+    many = [(f"Story {n}. {TASKS[0]}", SamplingParams(max_tokens=8, temperature=0.0)) for n in "ABC"]
     run(eng, many)
     penalised = [(chat(real, TASKS[0]), SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.2))]
     run(eng, penalised)

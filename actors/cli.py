@@ -39,7 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine=engine_config(args),
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
-                              watchdog_s=args.watchdog),
+                              watchdog_s=args.watchdog, body_timeout=args.body_timeout),
         model=args.model, drain_timeout=args.drain_timeout)
     try:
         anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
@@ -65,26 +65,31 @@ def register(sub: Any) -> None:
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("--addr", default=env("FORGE_ADDR", "127.0.0.1:8080"),
-                       help="listen address HOST:PORT [FORGE_ADDR]")
+                       help="listen address HOST:PORT [FORGE_ADDR; 127.0.0.1:8080]")
     serve.add_argument("--api-key", default=env("FORGE_API_KEY", None),
-                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY]")
+                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY; none]")
     serve.add_argument("--served-model-name", default=env("FORGE_SERVED_MODEL_NAME", None),
-                       help="the model id clients send and /v1/models lists [FORGE_SERVED_MODEL_NAME]")
-    serve.add_argument("--log-level", default=env("FORGE_LOG", "info"), help="[FORGE_LOG]")
+                       help="the model id clients send and /v1/models lists "
+                            "[FORGE_SERVED_MODEL_NAME; the model file's name without .gguf]")
+    serve.add_argument("--log-level", default=env("FORGE_LOG", "info"),
+                       help="debug, info, warning, error or critical [FORGE_LOG; info]")
     serve.add_argument("--log-format", choices=["json", "console"], default=env("FORGE_LOG_FORMAT", None),
                        help="[FORGE_LOG_FORMAT; console on a terminal, else json]")
     serve.add_argument("--max-waiting", type=int, default=int(env("FORGE_MAX_WAITING", "256") or 256),
-                       help="queued requests beyond which new ones get 503 [FORGE_MAX_WAITING]")
+                       help="queued requests beyond which new ones get 503 [FORGE_MAX_WAITING; 256]")
     serve.add_argument("--max-queued-tokens", type=int,
                        default=int(env("FORGE_MAX_QUEUED_TOKENS", "262144") or 262144),
-                       help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS]")
+                       help="queued prompt tokens beyond which new requests get 503 [FORGE_MAX_QUEUED_TOKENS; 262144]")
     serve.add_argument("--max-body-size", default=env("FORGE_MAX_BODY_SIZE", "1MiB"),
-                       help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE]")
+                       help="largest request body; beyond it 413 [FORGE_MAX_BODY_SIZE; 1MiB]")
+    serve.add_argument("--body-timeout", type=float, default=float(env("FORGE_BODY_TIMEOUT", "30") or 30),
+                       help="seconds a request body has to arrive whole; after it 408 and the connection "
+                            "closes [FORGE_BODY_TIMEOUT; 30]")
     serve.add_argument("--watchdog", type=float, default=float(env("FORGE_WATCHDOG_S", "60") or 60),
                        help="seconds one engine step may run before /healthz answers 503 'stuck' (and it is "
                             "logged), for systemd's watchdog or a load balancer to act [FORGE_WATCHDOG_S; 60]")
     serve.add_argument("--drain-timeout", type=float, default=float(env("FORGE_DRAIN_TIMEOUT", "30") or 30),
-                       help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT]")
+                       help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT; 30]")
     add_engine_flags(serve)
     serve.set_defaults(func=_cmd_serve)
 

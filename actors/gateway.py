@@ -29,6 +29,7 @@ from starlette.routing import Route
 from actors.admission import Admission, LoadStats
 from actors.dashboard import dashboard_page
 from actors.metrics import Metrics
+from actors.openapi import openapi_document
 from actors.responses import (
     ChoiceReader,
     CompletionShape,
@@ -61,6 +62,7 @@ class GatewayConfig:
     served_model_name: str = "forge"
     api_key: str | None = None
     max_body_size: int = 1 << 20
+    body_timeout: float = 30.0      # seconds a request body has to arrive whole (408 after)
     max_waiting: int = 256
     max_queued_tokens: int = 262144
     sse_ping_interval: float = 5.0
@@ -111,6 +113,7 @@ class Gateway:
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/stats", self.stats_route, methods=["GET"]),
             Route("/dashboard", self.dashboard, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -167,12 +170,18 @@ class Gateway:
         if declared is not None and declared.isdigit() and int(declared) > max_drain:
             raise too_large
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_drain:
-                raise too_large
-            if size <= limit:
-                chunks.append(chunk)
+        # A body that never ends (a stalled or hostile client) holds a handler and a connection:
+        # it has body_timeout seconds to arrive whole, then gets a 408 and the connection closes.
+        with anyio.move_on_after(self.config.body_timeout) as scope:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_drain:
+                    raise too_large
+                if size <= limit:
+                    chunks.append(chunk)
+        if scope.cancelled_caught:
+            raise RequestError(f"the request body did not arrive within {self.config.body_timeout:g} s",
+                               status=408, code="body_timeout", headers={"Connection": "close"})
         if size > limit:
             raise too_large
         return b"".join(chunks)
@@ -212,6 +221,10 @@ class Gateway:
     async def stats_route(self, request: Request) -> Response:
         self._check_key(request)
         return json_response(self.stats.snapshot(self._health()["status"]), headers={"Cache-Control": "no-store"})
+
+    async def openapi(self, request: Request) -> Response:
+        self._check_key(request)
+        return json_response(openapi_document())
 
     async def dashboard(self, _request: Request) -> Response:
         """The page itself holds no data (the key is asked for by the page, for /stats), so it is

@@ -51,7 +51,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=env("FORGE_MODEL", None),
-                   help="GGUF model file [FORGE_MODEL; default: SmolLM2-135M-Instruct, fetched on first use]")
+                   help="GGUF model file [FORGE_MODEL; the default model]")
     g.add_argument("--max-num-seqs", type=int, default=int(env("FORGE_MAX_NUM_SEQS", "64")),
                    help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
     g.add_argument("--max-num-batched-tokens", type=int,
@@ -82,7 +82,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV block [FORGE_BLOCK_SIZE; 16]")
     g.add_argument("--no-prefix-caching", action="store_true",
                    default=env("FORGE_PREFIX_CACHING", "1") == "0",
-                   help="do not reuse cached prompt prefixes [FORGE_PREFIX_CACHING=0]")
+                   help="do not reuse cached prompt prefixes [FORGE_PREFIX_CACHING=0; caching on]")
     g.add_argument("--blas-threads", type=int,
                    default=_int_or_none(env("FORGE_BLAS_THREADS", str(os.cpu_count() or 1))),
                    help="threads for the forward's matmuls: the pool of EngineConfig.matmul_strategy 'split' "

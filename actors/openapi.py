@@ -1,0 +1,91 @@
+"""The gateway's OpenAPI document (GET /openapi.json), generated from the request types themselves.
+
+The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
+(forge/api.py), constraints included, so the document cannot drift from what is accepted. Every
+error is declared as OpenAI's envelope. Success bodies are described loosely (an object, or an
+SSE stream): their exact shapes are OpenAI's (docs/api.md).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import msgspec
+
+from forge import api
+
+_REF = "#/components/schemas/{name}"
+
+_ERROR = {
+    "type": "object", "required": ["error"], "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string", "minLength": 1},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+_GENERATED = {"type": "object", "required": ["text", "prompt_tokens", "completion_tokens"],
+              "properties": {"text": {"type": "string"}, "prompt_tokens": {"type": "integer", "minimum": 0},
+                             "completion_tokens": {"type": "integer", "minimum": 0}}}
+
+_ERRORS = {
+    str(status): {"description": what, "content": {"application/json": {"schema": {"$ref": _REF.format(
+        name="ErrorBody")}}}}
+    for status, what in ((400, "the request is malformed or out of range; `param` names the field"),
+                         (401, "the API key is missing or wrong"),
+                         (404, "no such model, or no such route"),
+                         (408, "the body did not arrive in time"),
+                         (413, "the body is over the size limit"),
+                         (503, "overloaded, loading or draining: try again after Retry-After"))}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None = None, stream: bool = False,
+               ok: dict[str, Any] | None = None, auth: bool = True) -> dict[str, Any]:
+    ok = ok or _json({"type": "object"}, "the result")
+    if stream:
+        ok = {**ok, "content": {**ok["content"], "text/event-stream": {"schema": {"type": "string"}}}}
+    op: dict[str, Any] = {"operationId": operation_id, "summary": summary,
+                          "responses": {"200": ok, **{k: v for k, v in _ERRORS.items() if auth or k == "503"}}}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if not auth:
+        op["security"] = []
+    return op
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    types = (api.CompletionRequest, api.ChatCompletionRequest, api.TokenizeRequest, api.DetokenizeRequest,
+             api.GenerateRequest)
+    bodies, components = msgspec.json.schema_components(types, ref_template=_REF)
+    completion, chat, tokenize, detokenize, generate = bodies
+    components["ErrorBody"] = _ERROR
+    text = {"description": "plain text", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    paths = {
+        "/v1/completions": {"post": _operation("createCompletion", "Complete a prompt", body=completion,
+                                               stream=True)},
+        "/v1/chat/completions": {"post": _operation("createChatCompletion", "Complete a chat", body=chat,
+                                                    stream=True)},
+        "/v1/models": {"get": _operation("listModels", "The model served")},
+        "/tokenize": {"post": _operation("tokenize", "Token ids of a prompt or chat", body=tokenize)},
+        "/detokenize": {"post": _operation("detokenize", "Text of token ids", body=detokenize)},
+        "/generate": {"post": _operation("generate", "Greedy completion (the seed's API)", body=generate,
+                                         ok=_json(_GENERATED, "the text and its token counts"))},
+        "/healthz": {"get": _operation("health", "Ready (200) or loading, draining, stuck (503)", auth=False)},
+        "/metrics": {"get": _operation("metrics", "Prometheus metrics", ok=text)},
+        "/stats": {"get": _operation("stats", "The dashboard's data")},
+        "/openapi.json": {"get": _operation("openapi", "This document")},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "forge", "version": "1",
+                 "description": "An OpenAI-compatible API for serving GGUF language models."},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+    }

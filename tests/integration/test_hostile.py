@@ -1,0 +1,119 @@
+"""Hostile and odd input at the HTTP edge: each gets the right answer (served, or a 4xx in the
+OpenAI error envelope), never a 500 or a traceback, and never an effect on a well-formed request
+running beside it. One daemon takes them all, a normal stream in flight throughout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import httpx
+
+from actors.supervisor import running_daemon
+from tests.integration.harness import HANG_GUARD_S, PROMPT, MakeDaemon, data_payloads, wait_idle
+
+JSON = {"content-type": "application/json"}
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# (what, path, raw body, headers, the statuses that are right)
+HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
+    ("NUL bytes in the prompt and a stop string", "/v1/completions",
+     json.dumps({"prompt": "a\u0000b", "stop": ["\u0000"], "max_tokens": 3}).encode(), JSON, {200}),
+    ("NUL bytes in a chat message", "/v1/chat/completions",
+     json.dumps({"messages": [{"role": "user", "content": "hi\u0000there"}], "max_tokens": 3}).encode(), JSON,
+     {200}),
+    ("a lone surrogate in the prompt", "/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 3}', JSON,
+     {400}),
+    ("a lone surrogate in a stop string", "/v1/completions",
+     b'{"prompt": "hi", "stop": ["\\udfff"], "max_tokens": 3}', JSON, {400}),
+    ("a lone surrogate in a chat message", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\udc00"}], "max_tokens": 3}', JSON, {400}),
+    ("invalid UTF-8 in a stop string", "/v1/completions", b'{"prompt": "hi", "stop": ["\xc3\x28"]}', JSON, {400}),
+    ("invalid UTF-8 in a chat message", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', JSON, {400}),
+    ("10,000 stop strings", "/v1/completions",
+     json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}).encode(), JSON, {400}),
+    ("a 100,000-deep array in an unknown field", "/v1/completions",
+     b'{"prompt": "hi", "max_tokens": 2, "x": ' + nested(100_000) + b"}", JSON, {400}),
+    ("a 100,000-deep array as the prompt", "/v1/completions", b'{"prompt": ' + nested(100_000) + b"}", JSON,
+     {400}),
+    ("a 10,000-deep object as a JSON schema", "/v1/completions",
+     b'{"prompt": "hi", "max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": '
+     b'{"name": "x", "schema": ' + b'{"a": ' * 10_000 + b"1" + b"}" * 10_000 + b"}}}", JSON, {400}),
+    ("unknown fields", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 2, "frobnicate": {"a": [1, 2]}, "x-extra": None}).encode(), JSON,
+     {200}),
+    ("a wrong content type", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}).encode(),
+     {"content-type": "text/plain"}, {200}),
+    ("no content type", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), {}, {200}),
+    ("duplicate keys", "/v1/completions", b'{"prompt": "a", "prompt": "b", "max_tokens": 2}', JSON, {200}),
+    ("a number too large for any field", "/v1/completions",
+     b'{"prompt": "hi", "max_tokens": 1' + b"0" * 400 + b"}", JSON, {400}),
+    ("NaN where a number goes", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', JSON, {400}),
+    ("a huge seed", "/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "seed": 18446744073709551616}', JSON,
+     {400}),
+    ("a body that is only whitespace", "/v1/completions", b" \n\t ", JSON, {400}),
+    ("a UTF-8 byte order mark", "/v1/completions", b'\xef\xbb\xbf{"prompt": "hi", "max_tokens": 2}', JSON,
+     {400}),
+    ("a prompt of 20,000 emoji", "/v1/completions", json.dumps({"prompt": "\U0001f600" * 20_000}).encode(), JSON,
+     {400}),
+    ("token ids of the wrong type", "/v1/completions", b'{"prompt": [1, "2", 3.5]}', JSON, {400}),
+    ("a tokenize request with a NUL", "/tokenize", json.dumps({"prompt": "a\u0000"}).encode(), JSON, {200}),
+]
+
+
+async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon()
+    with anyio.fail_after(4 * HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            neighbour: dict[str, Any] = {}
+
+            async def well_formed_stream() -> None:
+                body = {"prompt": PROMPT, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
+                resp = await http.post("/v1/completions", json=body)
+                neighbour["status"] = resp.status_code
+                neighbour["payloads"] = data_payloads(resp.content)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(well_formed_stream)
+                for what, path, body, headers, allowed in HOSTILE:
+                    resp = await http.post(path, content=body, headers=headers)
+                    assert resp.status_code in allowed, f"{what}: {resp.status_code} {resp.text[:300]}"
+                    if resp.status_code >= 400:
+                        error = resp.json()["error"]
+                        assert error["message"] and error["type"] == "invalid_request_error", what
+                        assert "Traceback" not in resp.text, what
+                    assert (await http.get("/healthz")).status_code == 200, what
+            assert neighbour["status"] == 200
+            text = "".join(p["choices"][0]["text"] for p in neighbour["payloads"] if p.get("choices"))
+            plain = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 48, "temperature": 0,
+                                                             "ignore_eos": True})
+            assert text == plain.json()["choices"][0]["text"]      # the same as with nobody hostile around
+            await wait_idle(daemon)
+
+
+async def test_a_body_that_never_ends_gets_408_and_the_connection_closes(make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon(gateway={"body_timeout": 1.0})
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            host, port = url.removeprefix("http://").split(":")
+            async with await anyio.connect_tcp(host, int(port)) as conn:
+                await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n")   # and then nothing more
+                raw = b""
+                with anyio.move_on_after(HANG_GUARD_S):
+                    while True:
+                        try:
+                            raw += await conn.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break                                  # closed by the server
+            head, _, body = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), raw[:200]
+            assert b'"body_timeout"' in body
+            assert (await http.get("/healthz")).status_code == 200
+            await wait_idle(daemon)

@@ -8,7 +8,6 @@ observed where the event happens.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -21,23 +20,29 @@ _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 
 
 class LatencyWindow:
     """Recent samples of one latency, for percentiles over the last `window_s` seconds (the
-    dashboard's; Prometheus users take quantiles of the histograms instead). Bounded: at most
-    `max_samples` are kept, the oldest dropped first."""
+    dashboard's; Prometheus users take quantiles of the histograms instead). Bounded: a ring of
+    `max_samples`, the oldest overwritten first. Adding is two array stores; a percentile read
+    costs a mask and a partial sort, off the per-token path."""
 
-    def __init__(self, window_s: float = 300.0, max_samples: int = 20_000) -> None:
+    def __init__(self, window_s: float = 300.0, max_samples: int = 1 << 16) -> None:
         self.window_s = window_s
-        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self._at = np.full(max_samples, -np.inf)
+        self._values = np.zeros(max_samples)
+        self._next = 0
 
     def add(self, value: float, now: float | None = None) -> None:
-        self._samples.append((time.monotonic() if now is None else now, value))
+        i = self._next % len(self._values)
+        self._at[i] = time.monotonic() if now is None else now
+        self._values[i] = value
+        self._next += 1
 
     def percentiles(self, now: float | None = None) -> dict[str, float | int] | None:
         """{"count", "p50", "p90", "p99"} of the samples in the window (seconds); None when empty."""
         since = (time.monotonic() if now is None else now) - self.window_s
-        values = [v for t, v in self._samples if t >= since]
-        if not values:
+        values = self._values[self._at >= since]
+        if not len(values):
             return None
-        p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99]).tolist()
+        p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
         return {"count": len(values), "p50": p50, "p90": p90, "p99": p99}
 
 

@@ -1,10 +1,11 @@
 """What an open dashboard costs the engine: 32-stream load with and without the page open.
 
 Runs against a forge daemon you started (`forge serve --addr 127.0.0.1:8282 --max-num-seqs 32`):
-arms alternate (none, browser, none, browser, ...), each a closed-loop run of the mixed workload.
-"browser" opens /dashboard in headless chromium on this machine (the worst case: the browser
-competes for the same cores; a dashboard watched from another machine costs the daemon only its
-/stats answers, once a second). Reported per arm: the mean engine step time (from
+after one unreported warm-up run, arms alternate (none, poll, browser, none, ...), each a
+closed-loop run of the mixed workload. "poll" fetches /stats once a second, as an open dashboard
+does: the daemon's whole share of the cost (the page watched from another machine). "browser"
+opens /dashboard in headless chromium on this machine: the worst case, the browser's own rendering
+competing for the same cores. Reported per arm: the mean engine step time (from
 forge:step_duration_seconds over the run), output tok/s, and the ITL p50/p99 the clients saw.
 With --screenshot PATH it also saves the page, under that load, as a PNG.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,11 +69,32 @@ def run_arm(base: str, workload: loadgen.Workload, args: argparse.Namespace, hea
         return await loadgen.run_closed_loop(base, workload, args.concurrency, args.requests, progress=False,
                                              api_key=args.api_key)
 
-    if args.arm == "browser":
-        with dashboard(base, args.api_key) as page:
+    if args.arm == "poll":
+        stop = threading.Event()
+
+        def poll() -> None:
+            with httpx.Client(base_url=base, headers=headers) as client:
+                while not stop.wait(1.0):
+                    client.get("/stats").raise_for_status()
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
             results, wall = anyio.run(load)
-            if screenshot:
-                page.save_screenshot(screenshot)
+        finally:
+            stop.set()
+            poller.join()
+    elif args.arm == "browser":
+        with dashboard(base, args.api_key) as page:
+            timer = threading.Timer(args.screenshot_after, page.save_screenshot, [screenshot])
+            if screenshot:                 # mid-run, with every stream going
+                timer.start()
+            try:
+                results, wall = anyio.run(load)
+            finally:
+                timer.cancel()
+                if timer.is_alive():
+                    timer.join()
     else:
         results, wall = anyio.run(load)
     after = step_totals(base, headers)
@@ -91,13 +114,21 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--screenshot", default=None, help="save the page under load (last browser arm)")
+    parser.add_argument("--screenshot-after", type=float, default=20.0, help="seconds into that arm")
+    parser.add_argument("--screenshot-only", action="store_true", help="one browser run for the screenshot")
     args = parser.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     workload = loadgen.build_workload(Tokenizer.from_gguf(resolve_model(None, lambda _: None)), num_requests=96,
                                       max_tokens=args.max_tokens)
+    if args.screenshot_only:
+        args.arm = "browser"
+        print(json.dumps(run_arm(args.base, workload, args, headers, args.screenshot)))
+        return
+    args.arm = "warm-up"           # once, unreported: every arm then meets the same warm prefix cache
+    run_arm(args.base, workload, args, headers, None)
     rows = []
     for r in range(args.rounds):
-        for arm in ("none", "browser"):
+        for arm in ("none", "poll", "browser"):
             args.arm = arm
             last = r == args.rounds - 1
             row = run_arm(args.base, workload, args, headers, args.screenshot if last else None)

@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 
 from actors.metrics import Metrics
-from actors.router import ResponseGroup
+from actors.router import SHUTDOWN, ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
@@ -134,10 +134,14 @@ class ChoiceReader:
             choice.error = delta.error
 
     def failure(self) -> RequestError | None:
-        """The error to answer with when the engine failed a choice (a 500: not the client's fault)."""
+        """The error to answer with when the engine failed a choice (a 500: not the client's fault), or
+        the daemon stopped before it ended (a 503: send it again)."""
         error = next((c.error for c in self.choices if c.error is not None), None)
         if error is None:
             return None
+        if error == SHUTDOWN:
+            return RequestError("the server stopped before this response was complete: send it again",
+                                status=503, type="server_error", code="shutdown")
         return RequestError(f"the engine failed while generating this response ({error})", status=500,
                             type="server_error", code="engine_fault")
 

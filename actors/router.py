@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import anyio
 
+from forge.errors import CapacityError
 from forge.messages import Accepted, DaemonEvent, Rejected, TextDelta
+
+# The error of a choice the daemon ended because it stopped (drain timeout) before the choice did.
+SHUTDOWN = "shutdown"
 
 
 def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
@@ -44,6 +48,15 @@ class ResponseGroup:
                 pending = self._pending[i]
                 self._pending[i] = event if pending is None else _merge(pending, event)
         self._changed.set()
+
+    def fail(self) -> None:
+        """End every unfinished choice: one still without a verdict is refused (503, draining), the
+        others end with the SHUTDOWN error (an SSE error event, or a 503 for an unsent body)."""
+        for i in sorted(self.unfinished):
+            rid = self.request_ids[i]
+            if self._status[i] is None:
+                self.put(Rejected.of(rid, CapacityError("the server is shutting down", code="draining")))
+            self.put(TextDelta(request_id=rid, text="", num_tokens=0, error=SHUTDOWN))
 
     async def _wait(self) -> None:
         await self._changed.wait()
@@ -90,6 +103,13 @@ class Router:
         group = self._groups.get(event.request_id)
         if group is not None:
             group.put(event)
+
+    def fail_all(self) -> int:
+        """End every open response (the daemon stops with requests still running); their count."""
+        groups = list({id(g): g for g in self._groups.values()}.values())
+        for group in groups:
+            group.fail()
+        return len(groups)
 
     def __len__(self) -> int:
         return len(self._groups)

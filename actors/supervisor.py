@@ -46,6 +46,9 @@ from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
 
+# After the drain timeout, how long the responses that were ended get to write their last frames.
+FINAL_WRITE_S = 2.0
+
 
 @dataclass(slots=True)
 class DaemonConfig:
@@ -184,7 +187,13 @@ class Daemon:
         with anyio.move_on_after(self.config.drain_timeout) as scope:
             await self.gateway.admission.wait_idle()
         if scope.cancelled_caught:
-            log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight)
+            # Responses still running end properly, never cut off: a stream with an error event and
+            # [DONE], a body not yet sent with a 503 (code "shutdown": send it again).
+            pipe = self.gateway.pipeline
+            ended = pipe.router.fail_all() if pipe is not None else 0
+            log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
+            with anyio.move_on_after(FINAL_WRITE_S):
+                await self.gateway.admission.wait_idle()
 
     def _register_gauges(self) -> None:
         m = self.metrics

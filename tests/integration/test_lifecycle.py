@@ -3,6 +3,7 @@ and SIGTERM drains a real `forge serve` process (running streams finish, new req
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -189,3 +190,28 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path, default_model_path: P
     assert sum(len(p["choices"][0]["text"]) > 0 for p in payloads) > 1
     assert exit_code == 0, log.read_text()[-4000:]
     assert "Traceback" not in log.read_text()
+
+
+async def test_when_the_drain_timeout_expires_running_responses_end_with_an_error_never_cut(
+        make_daemon: MakeDaemon) -> None:
+    """A stream still running at the drain timeout ends with an error event and [DONE]; a response
+    whose body is not sent yet gets a 503 envelope (code "shutdown": send it again). Nothing is cut."""
+    daemon = make_daemon(drain_timeout=0.5, max_num_seqs=4)
+    endless = {"prompt": PROMPT, "max_tokens": 900, "ignore_eos": True}      # would outlive the drain
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            async with anyio.create_task_group() as tg:
+                streamed = Client(tg, http, endless, stream=True)
+                plain = Client(tg, http, endless, stream=False)
+                await streamed.first_frame.wait()
+                await wait_until(lambda: _stats(daemon)[0] == 2)
+                daemon.request_drain()
+                await streamed.done.wait()
+                await plain.done.wait()
+    assert streamed.status == 200
+    payloads = data_payloads(streamed.raw)                  # asserts the framing: ends with [DONE]
+    assert payloads[-1]["error"]["code"] == "shutdown" and payloads[-1]["error"]["type"] == "server_error"
+    assert all("choices" in p for p in payloads[:-1])
+    assert plain.status == 503
+    error = json.loads(plain.raw)["error"]
+    assert error["code"] == "shutdown" and error["type"] == "server_error" and error["message"]

@@ -47,6 +47,12 @@ def default_model_path() -> Path:
 def resolve_model(path: str | os.PathLike[str] | None, progress: Progress) -> Path:
     """The model file to load: the default one (fetched if needed) when `path` is None."""
     if path is None:
+        if os.environ.get("FORGE_DOWNLOAD") == "0":      # the systemd unit: never fetch at start-up
+            target = default_model_path()
+            if not (target.is_file() and _is_verified(target)):
+                raise ModelLoadError(f"the default model is not in {target.parent} and FORGE_DOWNLOAD=0: "
+                                     f"fetch it first with `FORGE_HOME={forge_home()} forge pull`")
+            return target
         return pull(progress=progress)
     resolved = Path(path).expanduser()
     if not resolved.is_file():

@@ -28,8 +28,10 @@ from tests.integration.harness import (
     completion_text,
     data_payloads,
     free_port,
+    generated_tokens,
     wait_healthy,
     wait_idle,
+    wait_until,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,19 +63,20 @@ http {{
 """
 
 
-def site_config(listen_port: int, upstream_port: int) -> str:
-    """deploy/nginx/forge.conf listening on a loopback port, proxying to the daemon's port."""
+def site_config(listen_port: int, upstream_ports: int | list[int]) -> str:
+    """deploy/nginx/forge.conf listening on a loopback port, proxying to the daemons' ports."""
+    ports = [upstream_ports] if isinstance(upstream_ports, int) else upstream_ports
     text = SITE.read_text()
     text, num_listen = re.subn(r"(?m)^(\s*)listen\s+[^;]+;", rf"\g<1>listen 127.0.0.1:{listen_port};", text)
-    text, num_upstream = re.subn(r"(?m)^(\s*)server\s+127\.0\.0\.1:8080;",
-                                 rf"\g<1>server 127.0.0.1:{upstream_port};", text)
+    servers = "\n".join(f"\\g<1>server 127.0.0.1:{port};" for port in ports)
+    text, num_upstream = re.subn(r"(?m)^(\s*)server\s+127\.0\.0\.1:8080;", servers, text)
     assert num_listen == 1 and num_upstream == 1, "forge.conf no longer has one listen and one upstream line"
     return text
 
 
 @asynccontextmanager
-async def running_nginx(tmp_path: Path, upstream_port: int) -> AsyncIterator[str]:
-    """nginx in the foreground in front of the daemon; yields its base URL."""
+async def running_nginx(tmp_path: Path, upstream_port: int | list[int]) -> AsyncIterator[str]:
+    """nginx in the foreground in front of the daemon(s); yields its base URL."""
     assert NGINX is not None
     port = free_port()
     (tmp_path / "forge.conf").write_text(site_config(port, upstream_port))
@@ -170,3 +173,48 @@ async def test_tokens_arrive_through_nginx_while_generating(make_daemon: MakeDae
             await wait_idle(daemon)       # the client went away; nginx closes its upstream connection
     assert num_running == 1
     assert json.loads(first.removeprefix("data: "))["choices"][0]["text"]
+
+
+@needs_nginx
+async def test_a_rolling_restart_behind_nginx_reaches_no_client(make_daemon: MakeDaemon, tmp_path: Path) -> None:
+    """Two replicas behind deploy/'s nginx site, streaming traffic through it; one replica gets
+    SIGTERM's drain mid-run and stops. Every request the clients sent completes, whole: the
+    draining replica finishes what it took, nginx passes its 503s and then its refused connections
+    on to the other replica, and no client sees a 502, a 503 or a cut stream."""
+    first, second = make_daemon(max_num_seqs=4), make_daemon(max_num_seqs=4)
+    results: list[tuple[int, bytes]] = []
+    with anyio.fail_after(4 * HANG_GUARD_S):
+        async with running_daemon(first) as url_a, running_daemon(second) as url_b:
+            async with (running_nginx(tmp_path, [_port(url_a), _port(url_b)]) as proxy,
+                        httpx.AsyncClient(base_url=proxy, timeout=HANG_GUARD_S) as http):
+                stop = anyio.Event()
+
+                async def client(i: int) -> None:
+                    while not stop.is_set():
+                        body = {"model": SERVED_MODEL, "prompt": f"{PROMPT} {i}", "max_tokens": 16,
+                                "ignore_eos": True, "stream": True}
+                        resp = await http.post("/v1/completions", json=body)
+                        results.append((resp.status_code, resp.content))
+
+                async def first_is_gone() -> bool:
+                    try:
+                        await http.get(f"{url_a}/healthz")
+                    except httpx.TransportError:
+                        return True
+                    return False
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(6):
+                        tg.start_soon(client, i)
+                    await wait_until(lambda: generated_tokens(first) > 0 and generated_tokens(second) > 0)
+                    first.request_drain()                      # what SIGTERM does
+                    while not await first_is_gone():
+                        await anyio.sleep(0.05)
+                    after = len(results)
+                    await wait_until(lambda: len(results) >= after + 12)   # served by the one left
+                    stop.set()
+    statuses = [status for status, _ in results]
+    assert statuses and set(statuses) == {200}, statuses
+    for _, raw in results:
+        payloads = data_payloads(raw)                          # whole: ends with [DONE]
+        assert payloads[-1]["choices"][0]["finish_reason"] == "length"

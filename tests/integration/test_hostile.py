@@ -117,3 +117,31 @@ async def test_a_body_that_never_ends_gets_408_and_the_connection_closes(make_da
             assert b'"body_timeout"' in body
             assert (await http.get("/healthz")).status_code == 200
             await wait_idle(daemon)
+
+
+async def test_clients_trickling_headers_hold_only_their_own_connections(make_daemon: MakeDaemon) -> None:
+    """Slowloris: 50 connections sending their headers a byte at a time. Each costs forge one idle
+    connection (cutting them is the proxy's job: deploy/nginx/forge.conf's client_header_timeout);
+    requests from everyone else are served meanwhile, and once they go, nothing is left of them."""
+    daemon = make_daemon()
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            host, port = url.removeprefix("http://").split(":")
+            trickling = anyio.Event()
+
+            async def slow_client() -> None:
+                async with await anyio.connect_tcp(host, int(port)) as conn:
+                    await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    trickling.set()
+                    for _ in range(40):
+                        await conn.send(b"a")
+                        await anyio.sleep(0.05)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(slow_client)
+                await trickling.wait()
+                resp = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True})
+                assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+                assert (await http.get("/healthz")).status_code == 200
+            await wait_idle(daemon)

@@ -1,0 +1,44 @@
+"""The API key: every route needs it but /healthz (for load balancers) and the dashboard's page
+(which holds no data and asks for the key itself); missing, wrong and almost-right keys get 401;
+the key never appears in a log line, whatever was sent."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import pytest
+
+from actors.supervisor import running_daemon
+from tests.integration.harness import HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, assert_error
+
+KEY = "s3cret-Key-0042"
+OPEN = {"/healthz", "/dashboard"}
+ALMOST = [KEY[:-1], KEY + "3", KEY.lower(), " " + KEY, f"{KEY[:4]} {KEY[4:]}", KEY.replace("0", "O")]
+
+
+async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never_logged(
+        make_daemon: MakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon = make_daemon(gateway={"api_key": KEY})
+    app_routes = {(route.path, method) for route in daemon.gateway.app().routes
+                  for method in (getattr(route, "methods", None) or ()) if method != "HEAD"}
+    body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 2}
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url) as http:
+            for path, method in sorted(app_routes):
+                if path in OPEN:
+                    assert (await http.request(method, path)).status_code == 200, path
+                    continue
+                for headers in [{}, *({"Authorization": f"Bearer {k}"} for k in ALMOST),
+                                {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}, {"X-Api-Key": KEY}]:
+                    resp = await http.request(method, path, json=body if method == "POST" else None,
+                                              headers=headers)
+                    assert_error(resp, 401, type="authentication_error")
+                    assert KEY not in resp.text
+            ok = await http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+            assert ok.status_code == 200
+    assert {path for path, _ in app_routes} >= {"/v1/completions", "/v1/chat/completions", "/metrics", "/stats",
+                                                "/openapi.json", "/tokenize"}
+    logs = capsys.readouterr()
+    assert "401" in logs.out + logs.err                        # the refusals were logged...
+    assert KEY not in logs.out and KEY not in logs.err         # ...without the key
+    assert KEY[:-1] not in logs.out + logs.err               # nor the almost-right ones

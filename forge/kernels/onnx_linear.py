@@ -38,6 +38,11 @@ def session_options(num_threads: int) -> ort.SessionOptions:
     # Outputs are allocated per call: an arena per session would hold each weight's largest
     # output (hundreds of sessions, each growing to the biggest step it has seen).
     options.enable_cpu_mem_arena = False
+    # Nor memory patterns: a session records one per input shape it meets and keeps them all, and
+    # a step's row count changes nearly every step, so over hours the patterns of hundreds of
+    # sessions grew the daemon's RSS without bound (a 10-minute soak: 1.8 -> 4.6 GB; without them
+    # RSS stays flat, docs/reliability.md). They bought no speed here (docs/benchmarks.md).
+    options.enable_mem_pattern = False
     # Spinning threads would keep cores busy between the engine's many short calls, taking them
     # from attention and from the next call's own threads.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -308,14 +308,15 @@ class Scheduler:
         # cost only their tails. So each ranks by its uncached tokens shared out over the waiting
         # prompts with the same next block, and only one of them is admitted at a time: admitted
         # together, each would compute the same blocks.
-        nexts = {seq.id: self._next_uncached_block(seq) for seq in self._waiting}
+        cached = {seq.id: self._estimated_cached(seq) for seq in self._waiting}
+        nexts = {seq.id: self._next_uncached_block(seq, cached[seq.id]) for seq in self._waiting}
         sharers = Counter(h for h in nexts.values() if h is not None)
 
         def key(seq: Sequence) -> tuple[int, float, int]:
             if self._is_aged(seq):
                 return (0, seq.arrival_step, 0)
             h = nexts[seq.id]
-            need = seq.total_len() - self._estimated_cached(seq)
+            need = seq.total_len() - cached[seq.id]
             return (1, need / sharers[h] if h is not None else need, seq.arrival_step)
         claimed = self._blocks_in_prefill()
         out: list[Sequence] = []
@@ -330,11 +331,11 @@ class Scheduler:
                 break
         return out
 
-    def _next_uncached_block(self, seq: Sequence) -> int | None:
-        """The hash of the first prompt block the prefix cache likely lacks; None when what is left
-        is less than a block (nothing another prompt could share)."""
+    def _next_uncached_block(self, seq: Sequence, num_cached: int) -> int | None:
+        """The hash of the first prompt block the prefix cache likely lacks (past its `num_cached`
+        tokens); None when what is left is less than a block (nothing another prompt could share)."""
         hashes = self._prompt_hashes(seq)[: (len(seq.prompt) - 1) // self.layout.block_size]
-        num = self._estimated_cached(seq) // self.layout.block_size
+        num = num_cached // self.layout.block_size
         return hashes[num] if num < len(hashes) else None
 
     def _blocks_in_prefill(self) -> set[int]:

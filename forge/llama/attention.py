@@ -91,9 +91,13 @@ class AttentionPlan:
         return [g for part in self.decode_parts for g in part]
 
 
-def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0) -> F32:
-    """[n, num_keys - first_key]: key j is visible to the query at position p iff j <= p."""
-    visible = np.arange(first_key, num_keys)[None, :] <= query_positions[:, None]      # [n, K]
+def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0, window: int = 0) -> F32:
+    """[n, num_keys - first_key]: key j is visible to the query at position p iff j <= p (and,
+    with a sliding window, p - j < window)."""
+    keys = np.arange(first_key, num_keys)[None, :]                                     # [1, K]
+    visible = keys <= query_positions[:, None]                                         # [n, K]
+    if window:
+        visible &= keys > query_positions[:, None] - window
     return np.where(visible, np.float32(0.0), np.float32(-np.inf))                     # [n, K]
 
 
@@ -144,11 +148,16 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
 
 
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
-                   num_parts: int | None = None, *, fused: bool = False) -> AttentionPlan:
+                   num_parts: int | None = None, *, fused: bool = False, window: int = 0) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
-    the batch is assumed validated."""
+    the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
+    last `window` positions (the compiled kernel reads whole contexts: a step with a position
+    past the window runs on the numpy reference instead)."""
     starts = batch.query_start
+    if window and batch.num_tokens and int(batch.positions.max()) < window:
+        window = 0                                          # no query reaches past the window
+    fused = fused and not window
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 
@@ -173,7 +182,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         decode_seqs = np.flatnonzero(lengths == 1)
         num_decode_parts = num_parts if len(decode_seqs) >= MIN_PARALLEL_DECODE_SEQS else 1
         parts = _split_decodes(decode_seqs, num_blocks_needed, num_decode_parts)
-        decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed) for seqs in parts]
+        decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed, window) for seqs in parts]
         long_seqs = np.flatnonzero(lengths > 1)
 
     prefills: list[PrefillSeq] = []
@@ -184,8 +193,8 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         tiles: list[PrefillTile] = []
         for t in range(lo, hi, tile_rows):
             positions = batch.positions[t:min(t + tile_rows, hi)]                      # [n]
-            num_keys, mask_from = int(positions.max()) + 1, int(positions.min()) + 1
-            bias = _causal_bias(positions, num_keys, mask_from)                          # [n, K - mask_from]
+            num_keys, mask_from = int(positions.max()) + 1, 0 if window else int(positions.min()) + 1
+            bias = _causal_bias(positions, num_keys, mask_from, window)                  # [n, K - mask_from]
             tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
         prefills.append(PrefillSeq(batch.block_tables[s, : int(num_blocks_needed[s])], ctx, tiles))
     # a decode row costs its padded keys, in the same units as a tile: one query row x keys
@@ -201,7 +210,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
 
 
 def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,
-                   num_blocks_needed: I64) -> list[DecodeGroup]:
+                   num_blocks_needed: I64, window: int = 0) -> list[DecodeGroup]:
     """Group one part's decode sequences by length, each group's gathered keys under the budget."""
     starts = batch.query_start
     kv_width = config.num_kv_heads * config.head_dim
@@ -219,7 +228,7 @@ def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, b
         seqs = decode_seqs[begin:end]
         nb = int(num_blocks_needed[seqs].max())
         rows = starts[seqs]                                                              # [S]
-        bias = _causal_bias(batch.positions[rows], nb * block_size)                      # [S, L]
+        bias = _causal_bias(batch.positions[rows], nb * block_size, window=window)      # [S, L]
         groups.append(DecodeGroup(rows, batch.block_tables[seqs, :nb], bias[:, None, None, :]))
         begin = end
     return groups

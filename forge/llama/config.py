@@ -1,11 +1,13 @@
 """LlamaConfig: the hyperparameters of a Llama-family model, read from GGUF metadata.
 
-Owns the metadata keys and their validation; never hard-codes a model's numbers. Reading the
-tensors belongs to weights.py.
+Owns the metadata keys and their validation; never hard-codes a model's numbers. Which family a
+file is, and how its block differs, comes from forge.llama.arch; reading the tensors belongs to
+weights.py.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,7 @@ import numpy as np
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
+from forge.llama.arch import ARCHITECTURES, Architecture
 
 ARCHITECTURE = "llama"
 
@@ -36,6 +39,18 @@ class LlamaConfig:
     tied_embeddings: bool     # no output.weight: the head is the token embedding, transposed
     rope_dim: int             # leading dims of each head that RoPE rotates (== head_dim for Llama)
     rope_scale: float = 1.0   # linear position scaling; 1.0 means none
+    arch: Architecture = ARCHITECTURES[ARCHITECTURE]
+    sliding_window: int = 0   # keys a sliding-window layer's query sees (its own included); 0: none
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` attends to the last sliding_window positions only."""
+        period = self.arch.sliding_window_period
+        return bool(self.sliding_window and period and (layer + 1) % period)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q.k in attention: 1 / sqrt(head size) for every family here."""
+        return 1.0 / math.sqrt(self.head_dim)
 
     @property
     def group_size(self) -> int:
@@ -86,12 +101,10 @@ def _optional_number(reader: GGUFFile, key: str, default: float) -> float:
 def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaConfig:
     """Build and validate the config; raises ModelLoadError with a one-line message."""
     name = os.path.basename(os.fspath(path))
-    arch = field_value(reader, "general.architecture")
-    if arch != ARCHITECTURE:
-        raise ModelLoadError(f"{name}: architecture {arch!r} is not supported (only {ARCHITECTURE!r})")
-    a = ARCHITECTURE
+    arch = architecture_of(reader, name)
+    a = arch.name
     hidden = _required_int(reader, f"{a}.embedding_length", name)
-    num_heads, num_kv_heads, head_dim, rope_dim = _head_shape(reader, name, hidden)
+    num_heads, num_kv_heads, head_dim, rope_dim = _head_shape(reader, a, name, hidden)
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
     if not isinstance(eos, int):
         raise ModelLoadError(f"{name}: metadata key 'tokenizer.ggml.eos_token_id' is missing")
@@ -116,13 +129,29 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         eos_token_id=eos,
         tied_embeddings="output.weight" not in reader.tensors,
         rope_dim=rope_dim,
-        rope_scale=_rope_scale(reader, name),
+        rope_scale=_rope_scale(reader, a, name),
+        arch=arch,
+        sliding_window=_sliding_window(reader, arch, name),
     )
 
 
-def _head_shape(reader: GGUFFile, name: str, hidden: int) -> tuple[int, int, int, int]:
+def architecture_of(reader: GGUFFile, name: str) -> Architecture:
+    """The file's family; an unsupported one is refused naming it and the supported ones."""
+    arch = field_value(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        supported = ", ".join(repr(a) for a in ARCHITECTURES)
+        raise ModelLoadError(f"{name}: architecture {arch!r} is not supported (only {supported})")
+    return ARCHITECTURES[arch]
+
+
+def _sliding_window(reader: GGUFFile, arch: Architecture, name: str) -> int:
+    if not arch.sliding_window_period:
+        return 0
+    return _required_int(reader, f"{arch.name}.attention.sliding_window", name)
+
+
+def _head_shape(reader: GGUFFile, a: str, name: str, hidden: int) -> tuple[int, int, int, int]:
     """(num_heads, num_kv_heads, head_dim, rope_dim), validated against each other."""
-    a = ARCHITECTURE
     num_heads = _required_int(reader, f"{a}.attention.head_count", name)
     num_kv_heads = field_value(reader, f"{a}.attention.head_count_kv") or num_heads
     if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
@@ -138,14 +167,14 @@ def _head_shape(reader: GGUFFile, name: str, hidden: int) -> tuple[int, int, int
     return num_heads, num_kv_heads, head_dim, rope_dim
 
 
-def _rope_scale(reader: GGUFFile, name: str) -> float:
+def _rope_scale(reader: GGUFFile, a: str, name: str) -> float:
     """Linear position scaling is supported; other RoPE scaling schemes are refused, not ignored."""
-    kind = field_value(reader, f"{ARCHITECTURE}.rope.scaling.type")
+    kind = field_value(reader, f"{a}.rope.scaling.type")
     if kind in (None, "none"):
         return 1.0
     if kind != "linear":
         raise ModelLoadError(f"{name}: RoPE scaling {kind!r} is not supported")
-    factor = _optional_number(reader, f"{ARCHITECTURE}.rope.scaling.factor", 1.0)
+    factor = _optional_number(reader, f"{a}.rope.scaling.factor", 1.0)
     if factor <= 0:
         raise ModelLoadError(f"{name}: RoPE scaling factor must be positive, got {factor}")
     return factor

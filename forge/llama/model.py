@@ -1,8 +1,8 @@
 """LlamaModel: one batched forward per engine step over the paged KV cache, in numpy float32.
 
-Owns the transformer arithmetic (RMSNorm, RoPE, grouped-query attention, SwiGLU) and the
-one-sequence Model protocol on top of it. Does no scheduling and no sampling; the only I/O is
-reading the model file in load().
+Owns the transformer arithmetic (RMSNorm, RoPE, grouped-query attention, SwiGLU, and the optional
+parts of the families in forge.llama.arch) and the one-sequence Model protocol on top of it. Does
+no scheduling and no sampling; the only I/O is reading the model file in load().
 """
 
 from __future__ import annotations
@@ -54,6 +54,30 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     return out
 
 
+def head_norm_(x: F32, weight: F32, eps: float) -> None:
+    """RMSNorm of every head in place: x is [T, heads, hd] (a view is fine), weight [hd]."""
+    sum_sq = np.einsum("thd,thd->th", x, x)                      # [T, heads]
+    x *= (1.0 / np.sqrt(sum_sq * np.float32(1.0 / x.shape[-1]) + np.float32(eps)))[..., None]
+    x *= weight
+
+
+def gelu_tanh_gated(gate_up: F32) -> F32:
+    """GELU(gate) * up, GELU by its tanh approximation, for gate_up = [gate | up] [T, 2F]; [T, F]."""
+    half = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :half], gate_up[:, half:]              # [T, F] views
+    act = gate * gate                                            # [T, F]
+    act *= np.float32(0.044715)
+    act += 1.0
+    act *= gate
+    act *= np.float32(math.sqrt(2.0 / math.pi))
+    np.tanh(act, out=act)
+    act += 1.0
+    act *= gate
+    act *= np.float32(0.5)
+    act *= up
+    return act
+
+
 def swiglu(gate_up: F32) -> F32:
     """SiLU(gate) * up for gate_up = [gate | up] of shape [T, 2F]; returns [T, F]."""
     half = gate_up.shape[1] // 2
@@ -73,6 +97,10 @@ class LlamaModel:
         self.config = config
         self.weights = weights
         self.rope = RopeTables.build(config, weights.rope_freqs)
+        self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
+        self.rope_sliding = (RopeTables.build(config, weights.rope_freqs, sliding=True)
+                             if any(self.sliding) else self.rope)
+        self.activation = gelu_tanh_gated if config.arch.activation == "gelu_tanh" else swiglu
         # The compiled decode attention goes with the compiled kernels; --kernels numpy keeps the
         # whole forward on the numpy reference.
         self.fused_attention = weights.kernels != "numpy" and compiled.library() is not None
@@ -149,21 +177,29 @@ class LlamaModel:
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
         plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention)
-        scale = np.float32(1.0 / math.sqrt(hd))
+        plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window)
+                        if any(self.sliding) else plan)
+        scale = np.float32(c.attention_scale)
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
+        rotation_sliding = self.rope_sliding.at(batch.positions) if any(self.sliding) else rotation
         x = w.embed(batch.token_ids)                                            # [T, H]
+        if c.arch.scale_embeddings:
+            x *= np.float32(math.sqrt(c.hidden_size))
         pool = active_pool()
         row_parts = (_row_parts(num_tokens, pool.num_parts)
                      if num_tokens >= MIN_ROW_SPLIT_TOKENS and self._rows_split else [])
         for i, layer in enumerate(w.layers):
             q = np.empty((num_tokens, c.num_heads, hd), dtype=np.float32)      # [T, nh, hd]
-            inputs = functools.partial(self._attention_inputs, layer, i, x, rotation, batch.slot_mapping, kv, scale, q)
+            layer_rotation = rotation_sliding if self.sliding[i] else rotation
+            inputs = functools.partial(self._attention_inputs, layer, i, x, layer_rotation, batch.slot_mapping, kv,
+                                       scale, q)
             if row_parts:
                 pool.run_parts(functools.partial(inputs, matmul_unsplit), row_parts)
             else:
                 inputs(matmul, [(0, num_tokens)])
-            attn = attend(plan, q, kv.k[i], kv.v[i], kv.scratch).reshape(num_tokens, -1)  # [T, nh * hd]
+            attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch)
+            attn = attn.reshape(num_tokens, -1)                                 # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
                 row_parts = []
@@ -183,7 +219,12 @@ class LlamaModel:
         nh, nkv = c.num_heads, c.num_kv_heads
         for lo, hi in rows:
             heads = mm(rms_norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
+            if layer.qkv_bias is not None:
+                heads += layer.qkv_bias
             heads = heads.reshape(hi - lo, -1, c.head_dim)                      # [n, nh + 2 nkv, hd]
+            if layer.q_norm is not None and layer.k_norm is not None:
+                head_norm_(heads[:, :nh], layer.q_norm, c.rms_eps)
+                head_norm_(heads[:, nh : nh + nkv], layer.k_norm, c.rms_eps)
             apply_rope(heads[:, : nh + nkv], rotation[lo:hi])
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
@@ -195,8 +236,10 @@ class LlamaModel:
         eps = self.config.rms_eps
         for lo, hi in rows:
             xt = x[lo:hi]                                                       # [n, H] view
-            xt += mm(attn[lo:hi], layer.wo)
-            xt += mm(swiglu(mm(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+            out = mm(attn[lo:hi], layer.wo)
+            xt += out if layer.post_attn_norm is None else rms_norm(out, layer.post_attn_norm, eps)
+            out = mm(self.activation(mm(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+            xt += out if layer.post_ffn_norm is None else rms_norm(out, layer.post_ffn_norm, eps)
 
 
 def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:

@@ -1,8 +1,9 @@
 """Rotary position embeddings in the GGUF row order: adjacent pairs (2i, 2i+1) rotate together.
 
-GGUF conversion permutes the q/k rows of every head so that pair i is (2i, 2i+1), with angle
-pos * base^(-2i / rope_dim). forge keeps the rows as stored and rotates adjacent pairs; it never
-un-permutes them (mixing the two conventions gives fluent-looking garbage).
+GGUF conversion permutes the q/k rows of every Llama head so that pair i is (2i, 2i+1), with angle
+pos * base^(-2i / rope_dim). forge keeps those rows as stored and rotates adjacent pairs; it never
+un-permutes them (mixing the two conventions gives fluent-looking garbage). Families whose files
+rotate halves (i with i + rope_dim / 2) get their rows reordered into pairs at load (weights.py).
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ class RopeTables:
         return int(self.rotation.shape[0])
 
     @classmethod
-    def build(cls, config: LlamaConfig, freq_divisors: F32 | None = None) -> RopeTables:
-        """Angles computed in float64 once, stored as complex64 for every position below max_position."""
+    def build(cls, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False) -> RopeTables:
+        """Angles computed in float64 once, stored as complex64 for every position below max_position.
+        `sliding`: the tables of the family's sliding-window layers (their own base, no scaling)."""
         half = config.rope_dim // 2
-        inv_freq = config.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / config.rope_dim)  # [half]
+        theta, scale = config.rope_theta, config.rope_scale
+        if sliding and config.arch.sliding_rope_base:
+            theta, scale, freq_divisors = config.arch.sliding_rope_base, 1.0, None
+        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / config.rope_dim)  # [half]
         if freq_divisors is not None:
             inv_freq = inv_freq / freq_divisors.astype(np.float64)
-        positions = np.arange(config.max_position, dtype=np.float64) / config.rope_scale             # [P]
+        positions = np.arange(config.max_position, dtype=np.float64) / scale                         # [P]
         angles = np.outer(positions, inv_freq)                                                        # [P, half]
         rotation = np.empty(angles.shape, np.complex64)                                               # [P, half]
         rotation.real = np.cos(angles)

@@ -6,7 +6,8 @@ array for forge.llama.linear: C-contiguous, except w_down, an F-ordered view of 
 (multiplied weight-first, measured faster at decode sizes); q/k/v fused into one matrix and gate/up into
 another per layer; a tied head is C-contiguous [H, V] and the embedding its transposed view (measured
 faster than the other way round). Keeps no copy of the file's bytes once loading is done. The q/k rows
-stay in the file's RoPE order.
+stay in the file's RoPE order for Llama files; a family that rotates halves has each head's q/k rows
+(and their biases and QK-norm weights) reordered into pairs here (forge.llama.arch).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
 
 F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
 
 
 class LinearKernel(Protocol):
@@ -65,6 +67,11 @@ class LayerWeights:
     ffn_norm: F32        # [H]
     w_gate_up: Weight    # [H, 2 * F]                 columns: gate, then up
     w_down: Weight       # [F, H]                     dense: F-ordered, a view of the file's [H, F]
+    qkv_bias: F32 | None = None        # [(nh + 2 * nkv) * hd]  qwen2
+    q_norm: F32 | None = None          # [hd]  QK-norm (qwen3, gemma3)
+    k_norm: F32 | None = None          # [hd]
+    post_attn_norm: F32 | None = None  # [H]   sandwich norms (gemma3): after attention's projection
+    post_ffn_norm: F32 | None = None   # [H]   and after the MLP, before each residual add
 
 
 @dataclass(slots=True)
@@ -95,6 +102,8 @@ class LlamaWeights:
         held: list[Any] = [self.embedding, self.out_norm]
         for layer in self.layers:
             held += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
+            held += [w for w in (layer.qkv_bias, layer.q_norm, layer.k_norm, layer.post_attn_norm,
+                                 layer.post_ffn_norm) if w is not None]
         if not (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
                 and np.shares_memory(self.head, self.embedding)):
             held.append(self.head)
@@ -110,25 +119,29 @@ class _TensorSource:
         self._kernels = kernels if kernels is not None and kernels.backend == "onnxruntime" else None
         self._num_threads = _usable_cores()
 
-    def matrix(self, names: list[str], shapes: list[tuple[int, int]], *, f_ordered: bool = False) -> Weight:
+    def matrix(self, names: list[str], shapes: list[tuple[int, int]], *, f_ordered: bool = False,
+               row_orders: list[I64 | None] | None = None) -> Weight:
         """The [out_i, in] matrices side by side as one [in, sum(out_i)] weight: a kernel over the
         file's blocks when the backend and their types allow, else dense float32 (fused; with
-        f_ordered and one matrix, the F-ordered view of the file's [out, in])."""
+        f_ordered and one matrix, the F-ordered view of the file's [out, in]). row_orders[i], when
+        given, reorders the rows of matrix i (the file's row row_orders[i][r] becomes row r)."""
+        orders = row_orders or [None] * len(names)
         if self._kernels is not None and all(self._tensor(n).tensor_type in SUPPORTED for n in names):
             from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 
             parts = []
-            for name, shape in zip(names, shapes, strict=True):
+            for name, shape, order in zip(names, shapes, orders, strict=True):
                 tensor = self._tensor(name)
+                data = tensor.data if order is None else tensor.data[order]    # whole rows of blocks
                 try:
-                    parts.append(affine_blocks(tensor.data, tensor.tensor_type, shape))
+                    parts.append(affine_blocks(data, tensor.tensor_type, shape))
                 except ValueError as exc:
                     raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
             level = ACCURACY_INT8 if self._kernels.int8_activations else ACCURACY_FP32
             return OnnxLinear(parts, num_threads=self._num_threads, accuracy_level=level)
-        if f_ordered and len(names) == 1:
+        if f_ordered and len(names) == 1 and orders[0] is None:
             return self.owned(names[0], shapes[0]).T
-        return self.fused(names, shapes)
+        return self.fused(names, shapes, orders)
 
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype."""
@@ -173,40 +186,74 @@ class _TensorSource:
             array = np.array(array, dtype=np.float32, order="C")
         return array
 
-    def fused(self, names: list[str], shapes: list[tuple[int, int]]) -> F32:
-        """Stack [out_i, in] matrices side by side, transposed: [in, sum(out_i)], C-contiguous."""
+    def fused(self, names: list[str], shapes: list[tuple[int, int]], orders: list[I64 | None] | None = None) -> F32:
+        """Stack [out_i, in] matrices side by side, transposed: [in, sum(out_i)], C-contiguous; rows
+        reordered as in matrix()."""
         width = shapes[0][1]
         out = np.empty((width, sum(rows for rows, _ in shapes)), dtype=np.float32)  # [in, out]
         col = 0
-        for name, shape in zip(names, shapes, strict=True):
-            out[:, col:col + shape[0]] = self.load(name, shape).T  # one dequantized temporary at a time
+        for name, shape, order in zip(names, shapes, orders or [None] * len(names), strict=True):
+            w = self.load(name, shape)                             # one dequantized temporary at a time
+            out[:, col:col + shape[0]] = (w if order is None else w[order]).T
             col += shape[0]
         return out
+
+
+def halves_to_pairs(num_heads: int, head_dim: int, rope_dim: int) -> I64:
+    """Row order that turns q/k rows rotating halves (dim i with i + rope_dim / 2) into rows rotating
+    adjacent pairs (2i with 2i + 1), head by head; dims past rope_dim keep their place."""
+    half = rope_dim // 2
+    within = np.concatenate([np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1),
+                             np.arange(rope_dim, head_dim)])                         # [hd]
+    order: I64 = (np.arange(num_heads)[:, None] * head_dim + within[None, :]).reshape(-1)  # [num_heads * hd]
+    return order
 
 
 def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
     """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
     dequantized once); raises ModelLoadError on a missing or odd one."""
     src = _TensorSource(reader, config.name, kernels)
-    c = config
+    c, arch = config, config.arch
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    for blk_tensor in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"):
-        if src.has(f"blk.0.{blk_tensor}"):
-            raise ModelLoadError(f"{c.name}: attention biases are not supported")
+    if not arch.attention_bias:
+        for blk_tensor in ("attn_q.bias", "attn_k.bias", "attn_v.bias"):
+            if src.has(f"blk.0.{blk_tensor}"):
+                raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
+    if src.has("blk.0.attn_output.bias"):
+        raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
+    q_order = k_order = head_order = None
+    if arch.rope_style == "halves":
+        q_order = halves_to_pairs(c.num_heads, hd, c.rope_dim)
+        k_order = halves_to_pairs(c.num_kv_heads, hd, c.rope_dim)
+        head_order = halves_to_pairs(1, hd, c.rope_dim)
     layers: list[LayerWeights] = []
     for i in range(c.num_layers):
         p = f"blk.{i}."
-        layers.append(LayerWeights(
+        layer = LayerWeights(
             attn_norm=src.owned(p + "attn_norm.weight", (hidden,)),
             wqkv=src.matrix(
                 [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                 [(c.num_heads * hd, hidden), (c.num_kv_heads * hd, hidden), (c.num_kv_heads * hd, hidden)],
+                row_orders=[q_order, k_order, None],
             ),
             wo=src.matrix([p + "attn_output.weight"], [(hidden, c.num_heads * hd)]),
             ffn_norm=src.owned(p + "ffn_norm.weight", (hidden,)),
             w_gate_up=src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)]),
             w_down=src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True),
-        ))
+        )
+        if arch.attention_bias:
+            layer.qkv_bias = np.concatenate([
+                _rows(src.owned(p + "attn_q.bias", (c.num_heads * hd,)), q_order),
+                _rows(src.owned(p + "attn_k.bias", (c.num_kv_heads * hd,)), k_order),
+                src.owned(p + "attn_v.bias", (c.num_kv_heads * hd,)),
+            ])
+        if arch.qk_norm:
+            layer.q_norm = _rows(src.owned(p + "attn_q_norm.weight", (hd,)), head_order)
+            layer.k_norm = _rows(src.owned(p + "attn_k_norm.weight", (hd,)), head_order)
+        if arch.sandwich_norms:
+            layer.post_attn_norm = src.owned(p + "post_attention_norm.weight", (hidden,))
+            layer.post_ffn_norm = src.owned(p + "post_ffw_norm.weight", (hidden,))
+        layers.append(layer)
     embedding: F32 | QuantEmbedding
     head: Weight
     if c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
@@ -236,6 +283,10 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         rope_freqs=rope_freqs,
         kernels=kernels.name if kernels is not None else "numpy",
     )
+
+
+def _rows(array: F32, order: I64 | None) -> F32:
+    return array if order is None else np.ascontiguousarray(array[order])
 
 
 def _usable_cores() -> int:

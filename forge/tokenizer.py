@@ -1,6 +1,15 @@
-"""The text <-> token-id mapping of a GGUF model: byte-level BPE built from the file's metadata.
+"""The text <-> token-id mapping of a GGUF model, built from the file's metadata with `tokenizers`.
 
-Owns vocabulary, merges, pre-tokenizer choice, special tokens and the byte-level unicode mapping
+Two kinds of vocabulary, by `tokenizer.ggml.model`:
+    gpt2    byte-level BPE (SmolLM2, Llama 3, Qwen): the file's merges, a pre-tokenizer named by
+            `tokenizer.ggml.pre`, every byte spelled as one printable character
+    llama   SentencePiece BPE (Gemma, Llama 2, Mistral, TinyLlama): spaces as "▁", bytes no piece
+            spells as <0xXX> tokens (byte fallback); the file has no merges, so they are derived
+            from the vocabulary, best first: by score, or for Gemma by the pieces' order in the
+            file (its scores do not follow its merge order); a "▁" before the text unless the file
+            says tokenizer.ggml.add_space_prefix = false
+
+Owns vocabulary, merges, pre-tokenizer choice, special tokens and each token's bytes
 (`token_bytes`). Reads metadata only; it never touches tensors and never does network I/O.
 """
 
@@ -12,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
@@ -22,13 +31,25 @@ from forge.gguf_file import GGUFFile, read_gguf
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_BYTE = 6
+
+SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
 
 # The split regex of Llama-3 style byte-level BPE ("llama-bpe" in GGUF files).
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's split: as Llama 3's, but digits one by one.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# Pre-tokenizer names whose files split as GPT-2 did (byte-level, its own regex).
+_GPT2_SPLIT_NAMES = frozenset({"default", "gpt2", "gpt-2"})
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -48,7 +69,7 @@ _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer of one model.
+    """The tokenizer of one model: byte-level BPE (kind "gpt2") or SentencePiece BPE ("spm").
 
     Invariants:
     - `encode` never raises on any `str`, and gives the ids the model's own tokenizer gives. A byte
@@ -62,8 +83,11 @@ class Tokenizer:
     def __init__(
         self,
         tokens: Sequence[str],
-        merges: Sequence[str],
+        merges: Sequence[str] | Sequence[tuple[str, str]],
         *,
+        kind: str = "gpt2",
+        add_space_prefix: bool = False,
+        unk_token_id: int | None = None,
         token_types: Sequence[int] | None = None,
         pre: str = "default",
         bos_token_id: int | None = None,
@@ -86,11 +110,25 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.pre = pre
+        self.kind = kind
+        self.add_space_prefix = add_space_prefix
+        self.warnings: list[str] = []      # what the loader should tell the operator (an unknown pre-tokenizer)
+        self._types = types
         self.special_ids = frozenset(i for i, t in enumerate(types) if t == TOKEN_TYPE_CONTROL)
         added_ids = [i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
         self._added_ids = frozenset(added_ids)
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
-        self._bpe = _build_bpe(self._tokens, merges, pre)
+        if kind == "spm":
+            has_unk = unk_token_id is not None and 0 <= unk_token_id < self.vocab_size
+            unk = self._tokens[unk_token_id] if has_unk and unk_token_id is not None else None
+            self._bpe = _build_spm(self._tokens, merges, add_space_prefix=add_space_prefix, unk_token=unk)
+        elif kind == "gpt2":
+            if pre not in _SPLITS and pre != "smollm" and pre not in _GPT2_SPLIT_NAMES:
+                self.warnings.append(f"unknown pre-tokenizer {pre!r}: splitting text as GPT-2 does (byte-level "
+                                     "regex); tokens may differ from the model's own tokenizer")
+            self._bpe = _build_bpe(self._tokens, [m if isinstance(m, str) else " ".join(m) for m in merges], pre)
+        else:
+            raise ModelLoadError(f"unknown tokenizer kind {kind!r}")
         self._bpe.add_special_tokens(
             [AddedToken(self._tokens[i], special=True, normalized=False) for i in added_ids if i in self.special_ids]
         )
@@ -98,7 +136,8 @@ class Tokenizer:
         self._bpe.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False) for i in user_defined])
         # Bytes no token spells are dropped by BPE, each alone (the rest of the text, even the
         # other bytes of the same character, is kept): exactly what the model's own tokenizer does.
-        self.missing_bytes = _missing_bytes(self._tokens, self._added_ids)
+        self.missing_bytes = (_missing_bytes(self._tokens, self._added_ids) if kind == "gpt2"
+                              else _missing_byte_pieces(self._tokens, types))
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | Any) -> Tokenizer:
@@ -106,25 +145,41 @@ class Tokenizer:
         reader = _open_reader(path_or_reader)
         meta = _Metadata(reader)
         model = meta.string("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ModelLoadError(
-                f"unsupported tokenizer {model!r}: forge supports only byte-level BPE (tokenizer.ggml.model = 'gpt2')"
-            )
         tokens = meta.strings("tokenizer.ggml.tokens")
-        merges = meta.strings("tokenizer.ggml.merges")
-        if tokens is None or merges is None:
-            raise ModelLoadError("the model file has no tokenizer vocabulary or merges")
-        return cls(
-            tokens,
-            merges,
+        if model not in ("gpt2", "llama"):
+            raise ModelLoadError(f"unsupported tokenizer {model!r}: forge supports 'gpt2' (byte-level BPE) "
+                                 "and 'llama' (SentencePiece BPE)")
+        if tokens is None:
+            raise ModelLoadError("the model file has no tokenizer vocabulary")
+        common: dict[str, Any] = dict(
             token_types=meta.numbers("tokenizer.ggml.token_type"),
             pre=meta.string("tokenizer.ggml.pre") or "default",
             bos_token_id=meta.number("tokenizer.ggml.bos_token_id"),
             eos_token_id=meta.number("tokenizer.ggml.eos_token_id"),
             pad_token_id=meta.number("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(meta.number("tokenizer.ggml.add_bos_token") or 0),
             chat_template=meta.string("tokenizer.chat_template"),
         )
+        if model == "gpt2":
+            merges = meta.strings("tokenizer.ggml.merges")
+            if merges is None:
+                raise ModelLoadError("the model file has no tokenizer merges")
+            return cls(tokens, merges, add_bos=bool(meta.number("tokenizer.ggml.add_bos_token") or 0), **common)
+        # SentencePiece: merges derived from the vocabulary, best first (module docstring)
+        if (meta.string("general.architecture") or "").startswith("gemma"):
+            # Gemma files store pieces of two or more spaces as spaces; the pieces around them use "▁"
+            tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+            priority: Sequence[float] = [-float(i) for i in range(len(tokens))]
+        else:
+            scores = meta.floats("tokenizer.ggml.scores")
+            if scores is None or len(scores) != len(tokens):
+                raise ModelLoadError("the SentencePiece vocabulary has no scores, or not one per token")
+            priority = scores
+        add_bos = meta.number("tokenizer.ggml.add_bos_token")
+        add_space_prefix = meta.number("tokenizer.ggml.add_space_prefix")
+        return cls(tokens, spm_merges(tokens, priority), kind="spm",
+                   add_space_prefix=True if add_space_prefix is None else bool(add_space_prefix),
+                   unk_token_id=meta.number("tokenizer.ggml.unknown_token_id"),
+                   add_bos=True if add_bos is None else bool(add_bos), **common)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Text to ids. Special-token text (e.g. "<|im_start|>") becomes its single id.
@@ -151,6 +206,11 @@ class Tokenizer:
         if not 0 <= token_id < self.vocab_size:
             raise IndexError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
         cached = self._bytes_cache[token_id]
+        if cached is None and self.kind == "spm":
+            piece = self._tokens[token_id]
+            byte = _BYTE_PIECE.fullmatch(piece) if self._types[token_id] == TOKEN_TYPE_BYTE else None
+            cached = bytes((int(byte.group(1), 16),)) if byte else piece.replace(SPACE, " ").encode("utf-8")
+            self._bytes_cache[token_id] = cached
         if cached is None:
             piece = self._tokens[token_id]
             # As the decoder does for every token (special ones too): a character of the byte
@@ -164,7 +224,7 @@ class Tokenizer:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def token_to_id(self, piece: str) -> int | None:
-        """The id of a vocabulary entry given in its stored (byte-level) spelling."""
+        """The id of a vocabulary entry given in its stored spelling (byte-level, or with "▁")."""
         token_id = self._bpe.token_to_id(piece)
         return None if token_id is None else int(token_id)
 
@@ -188,8 +248,54 @@ def _build_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str) -> _BpeTo
     return bpe
 
 
+def spm_merges(tokens: Sequence[str], priority: Sequence[float]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece BPE vocabulary implies: every split of a piece into two pieces of
+    the vocabulary, ranked by the priority of the piece they make (highest first; ties: longer
+    left part, then longer right part, then the order of the vocabulary and of the parts' ids).
+    The same order transformers builds for these files, so the two tokenize alike."""
+    ids = {piece: i for i, piece in enumerate(tokens)}
+    found: list[tuple[float, int, int, int, str, str]] = []
+    for order, piece in enumerate(tokens):
+        if ids.get(piece) != order:
+            continue                                             # a duplicate spelling: the first one counts
+        splits = [(ids[piece[:k]], ids[piece[k:]], k) for k in range(1, len(piece))
+                  if piece[:k] in ids and piece[k:] in ids]
+        for *_, k in sorted(splits):
+            found.append((priority[order], k, len(piece) - k, len(found), piece[:k], piece[k:]))
+    found.sort(key=lambda m: (-m[0], -m[1], -m[2], m[3]))
+    return [(left, right) for *_, left, right in found]
+
+
+def _build_spm(tokens: Sequence[str], merges: Sequence[str] | Sequence[tuple[str, str]], *,
+               add_space_prefix: bool, unk_token: str | None) -> _BpeTokenizer:
+    vocab: dict[str, int] = {}
+    for i, piece in enumerate(tokens):
+        vocab.setdefault(piece, i)
+    pairs = [(m.split(" ", 1)[0], m.split(" ", 1)[-1]) if isinstance(m, str) else m for m in merges]
+    try:
+        spm = _BpeTokenizer(models.BPE(vocab, pairs, unk_token=unk_token, fuse_unk=True, byte_fallback=True))
+    except Exception as exc:  # the library reports bad merges (unknown pieces) as plain exceptions
+        raise ModelLoadError(f"invalid tokenizer vocabulary or merges: {exc}") from exc
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)
+        steps.append(decoders.Strip(" ", 1, 0))
+    else:
+        spm.normalizer = normalizers.Replace(" ", SPACE)
+    spm.decoder = decoders.Sequence(steps)
+    return spm
+
+
+def _missing_byte_pieces(tokens: Sequence[str], types: Sequence[int]) -> frozenset[int]:
+    """Byte values with no <0xXX> piece: text needing them cannot be spelled by byte fallback."""
+    present = {int(m.group(1), 16) for piece, t in zip(tokens, types, strict=True)
+               if t == TOKEN_TYPE_BYTE and (m := _BYTE_PIECE.fullmatch(piece))}
+    return frozenset(set(range(256)) - present)
+
+
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer named by `tokenizer.ggml.pre`; unknown names get plain byte-level splitting."""
+    """The pre-tokenizer named by `tokenizer.ggml.pre`; other names get GPT-2's byte-level splitting
+    (the constructor warns about names it does not know)."""
     if pre == "smollm":
         return pre_tokenizers.Sequence(
             [
@@ -197,10 +303,10 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
-    if pre in ("llama-bpe", "llama3", "llama-v3"):
+    if pre in _SPLITS:
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -246,6 +352,15 @@ class _Metadata:
     def numbers(self, key: str) -> list[int] | None:
         items = self._list(key)
         return None if items is None else [_int(key, item) for item in items]
+
+    def floats(self, key: str) -> list[float] | None:
+        value = self._values.get(key)
+        if value is None:
+            return None
+        try:
+            return np.asarray(value, dtype=np.float64).reshape(-1).tolist()
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"GGUF metadata {key} must be numbers") from exc
 
 
 def _int(key: str, value: Any) -> int:

@@ -162,14 +162,14 @@ def test_llama3_pre_tokenizer_builds() -> None:
 def test_unsupported_model_is_rejected(tmp_path: Path) -> None:
     import gguf
 
-    path = tmp_path / "spm.gguf"
+    path = tmp_path / "wordpiece.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_model("bert")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match="byte-level BPE"):
+    with pytest.raises(ModelLoadError, match="unsupported tokenizer 'bert': forge supports 'gpt2'"):
         Tokenizer.from_gguf(path)
 
 

@@ -31,8 +31,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         body = parse_size(args.max_body_size)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
-    if args.model is not None and not os.path.isfile(args.model):
-        raise SystemExit(f"forge: model file not found: {args.model}")
+    from forge.hub import CATALOG
+
+    if args.model is not None and not os.path.isfile(args.model) and args.model not in CATALOG:
+        raise SystemExit(f"forge: model file not found: {args.model} "
+                         f"(or name a model forge fetches: {', '.join(CATALOG)})")
     name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
                                       else "SmolLM2-135M-Instruct")
     config = DaemonConfig(

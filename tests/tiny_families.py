@@ -1,0 +1,198 @@
+"""Tiny random models of every family forge runs, as Hugging Face checkpoints and as GGUF files.
+
+`state_dict(family)` makes a checkpoint's tensors with numpy from a fixed seed, under the names and
+in the layout Hugging Face transformers uses; `write_gguf(family, path)` writes the same weights the
+way llama.cpp's converter does (Llama's q/k rows permuted into pairs, Gemma's norm weights + 1, the
+GGUF tensor and metadata names). scripts/make_family_reference.py loads the checkpoint into
+transformers (torch, a dev-only venv) and commits its logits; tests/unit/test_families.py writes
+the GGUF and checks forge's logits against them. Both sides build the weights from this file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from tests.tiny_gguf import BOS_ID, EOS_ID, SPECIAL_TOKENS, _tokens, permute_rows
+
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    family: str                 # general.architecture
+    hf_model_type: str          # transformers' config class key
+    vocab: int = 64
+    hidden: int = 64
+    ffn: int = 96
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    context: int = 128
+    tied: bool = False
+    sliding_window: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+SPECS: dict[str, TinySpec] = {s.family: s for s in (
+    TinySpec("llama", "llama"),
+    TinySpec("qwen2", "qwen2", tied=True, rope_theta=1e6),
+    TinySpec("qwen3", "qwen3", head_dim=32, tied=True, rope_theta=1e6),      # head size != width / heads
+    TinySpec("gemma3", "gemma3_text", layers=6, kv_heads=1, head_dim=32, tied=True, rope_theta=1e6,
+             sliding_window=8),                                               # layers 0-4 sliding, 5 global
+)}
+SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
+SEED = 20261201
+
+
+def input_ids(family: str) -> list[int]:
+    rng = np.random.default_rng(SEED + 1)
+    return [int(i) for i in rng.integers(len(SPECIAL_TOKENS), SPECS[family].vocab, SEQUENCE_LENGTH)]
+
+
+def state_dict(family: str) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors, Hugging Face names and layout ([out, in] matrices), float32."""
+    s = SPECS[family]
+    rng = np.random.default_rng(SEED + sorted(SPECS).index(family))
+    gemma = family.startswith("gemma")
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(F32)
+
+    def norm(width: int) -> np.ndarray:   # Gemma's checkpoints store w for a scale of (1 + w)
+        return ((0.0 if gemma else 1.0) + 0.1 * rng.standard_normal(width)).astype(F32)
+
+    out: dict[str, np.ndarray] = {"model.embed_tokens.weight": rng.standard_normal((s.vocab, s.hidden)).astype(F32)}
+    if gemma:   # gemma scales embeddings by sqrt(width): keep the residual stream near unit size
+        out["model.embed_tokens.weight"] /= np.sqrt(s.hidden)
+    q_rows, kv_rows = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    for i in range(s.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = norm(s.hidden)
+        out[p + "self_attn.q_proj.weight"] = matrix(q_rows, s.hidden)
+        out[p + "self_attn.k_proj.weight"] = matrix(kv_rows, s.hidden)
+        out[p + "self_attn.v_proj.weight"] = matrix(kv_rows, s.hidden)
+        out[p + "self_attn.o_proj.weight"] = matrix(s.hidden, q_rows)
+        if family == "qwen2":
+            out[p + "self_attn.q_proj.bias"] = (0.1 * rng.standard_normal(q_rows)).astype(F32)
+            out[p + "self_attn.k_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
+            out[p + "self_attn.v_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
+        if family in ("qwen3", "gemma3"):
+            out[p + "self_attn.q_norm.weight"] = norm(s.head_dim)
+            out[p + "self_attn.k_norm.weight"] = norm(s.head_dim)
+        out[p + "post_attention_layernorm.weight"] = norm(s.hidden)
+        if gemma:
+            out[p + "pre_feedforward_layernorm.weight"] = norm(s.hidden)
+            out[p + "post_feedforward_layernorm.weight"] = norm(s.hidden)
+        out[p + "mlp.gate_proj.weight"] = matrix(s.ffn, s.hidden)
+        out[p + "mlp.up_proj.weight"] = matrix(s.ffn, s.hidden)
+        out[p + "mlp.down_proj.weight"] = matrix(s.hidden, s.ffn)
+    out["model.norm.weight"] = norm(s.hidden)
+    if not s.tied:
+        out["lm_head.weight"] = matrix(s.vocab, s.hidden)
+    return out
+
+
+def hf_config(family: str) -> dict[str, Any]:
+    """The keyword arguments of the family's transformers config."""
+    s = SPECS[family]
+    config: dict[str, Any] = dict(
+        vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
+        num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim, rms_norm_eps=s.rms_eps,
+        max_position_embeddings=s.context, tie_word_embeddings=s.tied, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        pad_token_id=0, hidden_act="silu", rope_theta=s.rope_theta, attention_bias=family == "qwen2",
+    )
+    if family == "qwen2":
+        del config["attention_bias"], config["head_dim"]
+    if family == "gemma3":
+        config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
+                      sliding_window=s.sliding_window, final_logit_softcapping=None, attn_logit_softcapping=None,
+                      layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                   for i in range(s.layers)],
+                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": s.rope_theta},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+        del config["hidden_act"], config["rope_theta"]
+    return config
+
+
+def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
+    """The family's tiny model as llama.cpp's converter would write it (all tensors float32)."""
+    s = SPECS[family]
+    sd = state_dict(family)
+    path = Path(path)
+    a = family
+    writer = gguf.GGUFWriter(path, a)
+    writer.add_name(f"tiny-{family}")
+    writer.add_uint32(f"{a}.block_count", s.layers)
+    writer.add_uint32(f"{a}.context_length", s.context)
+    writer.add_uint32(f"{a}.embedding_length", s.hidden)
+    writer.add_uint32(f"{a}.feed_forward_length", s.ffn)
+    writer.add_uint32(f"{a}.attention.head_count", s.heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", s.kv_heads)
+    writer.add_uint32(f"{a}.attention.key_length", s.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
+    writer.add_float32(f"{a}.rope.freq_base", s.rope_theta)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
+    if family == "llama":
+        writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
+    if s.sliding_window:
+        writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    tokens = _tokens(s.vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL] * len(SPECIAL_TOKENS)
+                           + [gguf.TokenType.NORMAL] * (s.vocab - len(SPECIAL_TOKENS)))
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+
+    gemma = family.startswith("gemma")
+
+    def put(name: str, w: np.ndarray, *, is_norm: bool = False) -> None:
+        if is_norm and gemma:
+            w = w + np.float32(1.0)        # the converter folds Gemma's (1 + w) into the file
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=F32))
+
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(s.layers):
+        h, p = f"model.layers.{i}.", f"blk.{i}."
+        q, k = sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"]
+        if family == "llama":             # llama files keep q/k rows in RoPE pair order
+            q, k = permute_rows(q, s.heads), permute_rows(k, s.kv_heads)
+        put(p + "attn_norm.weight", sd[h + "input_layernorm.weight"], is_norm=True)
+        put(p + "attn_q.weight", q)
+        put(p + "attn_k.weight", k)
+        put(p + "attn_v.weight", sd[h + "self_attn.v_proj.weight"])
+        put(p + "attn_output.weight", sd[h + "self_attn.o_proj.weight"])
+        for proj in ("q", "k", "v"):
+            if h + f"self_attn.{proj}_proj.bias" in sd:
+                put(p + f"attn_{proj}.bias", sd[h + f"self_attn.{proj}_proj.bias"])
+        if h + "self_attn.q_norm.weight" in sd:
+            put(p + "attn_q_norm.weight", sd[h + "self_attn.q_norm.weight"], is_norm=True)
+            put(p + "attn_k_norm.weight", sd[h + "self_attn.k_norm.weight"], is_norm=True)
+        if gemma:
+            put(p + "post_attention_norm.weight", sd[h + "post_attention_layernorm.weight"], is_norm=True)
+            put(p + "ffn_norm.weight", sd[h + "pre_feedforward_layernorm.weight"], is_norm=True)
+            put(p + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"], is_norm=True)
+        else:
+            put(p + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
+        put(p + "ffn_gate.weight", sd[h + "mlp.gate_proj.weight"])
+        put(p + "ffn_up.weight", sd[h + "mlp.up_proj.weight"])
+        put(p + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
+    put("output_norm.weight", sd["model.norm.weight"], is_norm=True)
+    if not s.tied:
+        put("output.weight", sd["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

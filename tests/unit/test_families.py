@@ -1,0 +1,104 @@
+"""Every model family forge runs, against Hugging Face transformers on the same weights.
+
+tests/data/tiny_families_reference.json (scripts/make_family_reference.py) holds, per family, the
+logits transformers computes for a tiny random checkpoint (tests/tiny_families.py) at every position
+of a 20-token input. Here the same weights are written to GGUF as llama.cpp's converter lays them out
+and run by forge: the whole input in one prefill, and as a short prefill followed by one-token decode
+steps over the paged cache (gemma3's sliding window of 8 is crossed both ways), under the numpy
+reference and the default kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forge.batch import ForwardBatch
+from forge.errors import ModelLoadError
+from forge.kernels import choose_kernels
+from forge.llama import LlamaModel
+from tests import tiny_families
+
+DATA = json.loads((Path(__file__).resolve().parent.parent / "data" / "tiny_families_reference.json").read_text())
+CASES = {case["family"]: case for case in DATA["cases"]}
+BLOCK_SIZE = 4
+ATOL = 2e-4       # float32 through a few layers: measured differences are ~1e-5
+
+
+def test_every_family_has_a_reference() -> None:
+    from forge.llama.arch import ARCHITECTURES
+
+    assert set(CASES) == set(ARCHITECTURES) == set(tiny_families.SPECS)
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    path = tiny_families.write_gguf(request.param, tmp_path_factory.mktemp(request.param) / "tiny.gguf")
+    return request.param, path
+
+
+def _reference(family: str) -> tuple[list[int], np.ndarray]:
+    case = CASES[family]
+    assert case["input_ids"] == tiny_families.input_ids(family)      # the data is of these weights
+    return case["input_ids"], np.array(case["logits"], dtype=np.float32)
+
+
+def _run(model: LlamaModel, ids: list[int], prefill: int) -> np.ndarray:
+    """Logits at every position: `prefill` tokens in one step, then one token per step."""
+    kv = model.new_kv_cache(num_blocks=-(-len(ids) // BLOCK_SIZE), block_size=BLOCK_SIZE)
+    table = np.arange(kv.num_blocks, dtype=np.int64)[None, :]
+    rows = []
+    start = 0
+    for stop in [prefill, *range(prefill + 1, len(ids) + 1)]:
+        n = stop - start
+        batch = ForwardBatch(
+            token_ids=np.array(ids[start:stop], dtype=np.int64), positions=np.arange(start, stop, dtype=np.int64),
+            slot_mapping=np.arange(start, stop, dtype=np.int64), query_start=np.array([0, n], dtype=np.int64),
+            context_lens=np.array([stop], dtype=np.int64), block_tables=table,
+            sample_indices=np.arange(n, dtype=np.int64))
+        rows.append(model.forward(batch, kv))
+        start = stop
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "auto"])
+@pytest.mark.parametrize("prefill", [20, 3])
+def test_logits_match_transformers(family: tuple[str, Path], kernels: str, prefill: int) -> None:
+    name, path = family
+    ids, expected = _reference(name)
+    model = LlamaModel.load(path, None if kernels == "numpy" else choose_kernels(kernels))
+    assert model.config.arch.name == name
+    got = _run(model, ids, prefill)
+    np.testing.assert_allclose(got, expected, atol=ATOL * max(1.0, float(np.abs(expected).max()) / 10), rtol=0)
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+def test_gemma3_without_window_differs(tmp_path: Path) -> None:
+    """The reference crosses the sliding window: forge ignoring it would not match past position 8."""
+    ids, expected = _reference("gemma3")
+    model = LlamaModel.load(tiny_families.write_gguf("gemma3", tmp_path / "g.gguf"))
+    object.__setattr__(model.config, "sliding_window", 10_000)   # as if every layer saw everything
+    got = _run(model, ids, len(ids))
+    window = tiny_families.SPECS["gemma3"].sliding_window
+    np.testing.assert_allclose(got[:window], expected[:window], atol=ATOL)
+    assert np.abs(got[window:] - expected[window:]).max() > 1e-2
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    from tests.tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "m.gguf", arch="mamba")
+    with pytest.raises(ModelLoadError, match=r"m.gguf: architecture 'mamba' is not supported \(only 'llama', "
+                                             r"'qwen2', 'qwen3', 'gemma3'\)"):
+        LlamaModel.load(path)
+
+
+def test_bias_on_a_family_without_biases_is_refused(tmp_path: Path) -> None:
+    path = tiny_families.write_gguf("qwen2", tmp_path / "q.gguf")
+    data = path.read_bytes().replace(b"qwen2", b"qwen3")                 # a qwen2 file claiming to be qwen3
+    (tmp_path / "q3.gguf").write_bytes(data)
+    with pytest.raises(ModelLoadError, match="attention biases are not supported for 'qwen3' files"):
+        LlamaModel.load(tmp_path / "q3.gguf")

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FORGE := $(VENV)/bin/forge
 
-.PHONY: install model serve test test-deps lint bench clean
+.PHONY: install model test-models serve test test-deps lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ install: $(VENV)/.installed
 model: install
 	$(FORGE) pull
 
+# The second real model the tests run (another family, tokenizer and quantization): 253 MB, once.
+test-models: model
+	$(FORGE) pull gemma-3-270m
+
 serve: model
 	$(FORGE) serve
 
@@ -28,7 +32,7 @@ lint: install
 	$(VENV)/bin/ruff check forge forge_bench actors tests scripts
 	$(VENV)/bin/mypy forge forge_bench actors
 
-test: test-deps model lint
+test: test-deps test-models lint
 	$(PY) -m pytest -q
 
 bench: model

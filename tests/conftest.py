@@ -1,8 +1,9 @@
-"""Fixtures shared by every test directory: where the real default model file is.
+"""Fixtures shared by every test directory: where the real model files are.
 
-The model is never downloaded from here: `make test` fetches it first (`make model`, i.e.
-`forge pull`), and a test that needs it fails, not skips, when it is absent, so that a CI run
-without the model cannot pass by silently skipping the tests that use it.
+The models are never downloaded from here: `make test` fetches them first (`make test-models`,
+i.e. `forge pull` and `forge pull gemma-3-270m`), and a test that needs one fails, not skips, when
+it is absent, so that a CI run without the models cannot pass by silently skipping the tests that
+use them.
 """
 
 from __future__ import annotations
@@ -32,4 +33,14 @@ def default_model_path() -> Path:
     if not path.is_file():
         pytest.fail(f"the default model is not at {path}: run `make model` (or `forge pull`), "
                     "or set FORGE_TEST_MODEL to a copy of it", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_model_path() -> Path:
+    """The real Gemma 3 270M GGUF file (gemma3, SentencePiece, K-quants); fails with how to fetch it."""
+    path = hub.model_path("gemma-3-270m")
+    if not path.is_file():
+        pytest.fail(f"Gemma 3 270M is not at {path}: run `make test-models` (or `forge pull gemma-3-270m`)",
+                    pytrace=False)
     return path

@@ -1,0 +1,103 @@
+"""The real Gemma 3 270M file (gemma3, SentencePiece with byte fallback, Q4_K/Q5_0/Q6_K/Q8_0 tensors)
+against Hugging Face transformers loading the same GGUF.
+
+tests/data/gemma3_270m_reference.json (scripts/make_family_reference.py) holds tokenizer cases,
+greedy continuations with the top-2 logit gap of every step (one prompt of 619 tokens, past the
+512-token sliding window) and top-5 logprobs. The greedy and logprob cases run as one engine batch
+on the default kernels (the file's blocks kept quantized).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forge.config import EngineConfig
+from forge.llm import LLMEngine, LoadedModel
+from forge.messages import SampledToken
+from forge.sampling_params import SamplingParams
+
+DATA: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent.parent / "data" / "gemma3_270m_reference.json").read_text(encoding="utf-8"))
+TIE_GAP = 1e-3
+LOGPROB_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_model_path: Path) -> LoadedModel:
+    return LoadedModel.load(gemma3_model_path, progress=lambda message: None)
+
+
+def test_what_the_file_is(gemma: LoadedModel) -> None:
+    c, tok = gemma.model.config, gemma.tokenizer
+    assert (c.arch.name, c.num_layers, c.hidden_size, c.head_dim, c.sliding_window) == ("gemma3", 18, 640, 256, 512)
+    assert [c.is_sliding(i) for i in range(12)] == [True] * 5 + [False] + [True] * 5 + [False]
+    assert (tok.kind, tok.vocab_size, tok.add_bos, tok.add_space_prefix) == ("spm", 262144, True, False)
+    assert (tok.bos_token_id, tok.eos_token_id) == (2, 1)
+    assert tok.missing_bytes == frozenset()                       # every byte has its <0xXX> piece
+    assert gemma.kernels.name != "numpy" and not gemma.model.weights.is_dense  # the blocks kept quantized
+
+
+@pytest.mark.parametrize("case", DATA["tokenizer"], ids=lambda c: repr(c["text"])[:40])
+def test_encode_matches_reference(gemma: LoadedModel, case: dict[str, Any]) -> None:
+    assert gemma.tokenizer.encode(case["text"]) == case["ids"]
+
+
+@pytest.mark.parametrize("case", DATA["tokenizer"], ids=lambda c: repr(c["text"])[:40])
+def test_decode_round_trips(gemma: LoadedModel, case: dict[str, Any]) -> None:
+    tok = gemma.tokenizer
+    text = tok.decode(case["ids"], skip_special_tokens=False).removeprefix("<bos>")
+    assert text == case["text"]
+    assert b"".join(tok.token_bytes(i) for i in case["ids"][1:]) == case["text"].encode()
+
+
+@pytest.fixture(scope="module")
+def engine_outputs(gemma: LoadedModel) -> dict[str, tuple[list[int], list[SampledToken]]]:
+    requests: dict[str, tuple[list[int], SamplingParams]] = {}
+    for i, case in enumerate(DATA["greedy"]):
+        requests[f"greedy-{i}"] = (case["prompt_ids"], SamplingParams(
+            max_tokens=DATA["num_greedy_tokens"], temperature=0.0, ignore_eos=True))
+    for i, case in enumerate(DATA["logprobs"]):
+        requests[f"logprobs-{i}"] = (case["prompt_ids"], SamplingParams(
+            max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=len(case["top5"])))
+    engine = LLMEngine(gemma, EngineConfig(kv_cache_memory=512 * 2**20, max_model_len=1024,
+                                           max_num_seqs=len(requests), max_num_batched_tokens=1024))
+    outputs: dict[str, tuple[list[int], list[SampledToken]]] = {rid: ([], []) for rid in requests}
+    for rid, (ids, params) in requests.items():
+        engine.add_request(rid, ids, params)
+    while engine.has_work():
+        for ev in engine.step():
+            outputs[ev.request_id][0].extend(ev.token_ids)
+            outputs[ev.request_id][1].extend(ev.logprobs)
+    assert engine.core.stats().num_preemptions == 0
+    return outputs
+
+
+@pytest.mark.parametrize("index", range(len(DATA["greedy"])), ids=[repr(c["prompt"])[-30:] for c in DATA["greedy"]])
+def test_greedy_matches_reference(engine_outputs: dict[str, tuple[list[int], list[SampledToken]]],
+                                  index: int) -> None:
+    case = DATA["greedy"][index]
+    expected, gaps = case["output_ids"], case["top2_gap"]
+    got = engine_outputs[f"greedy-{index}"][0]
+    assert len(got) == len(expected)
+    cut = next((i for i, gap in enumerate(gaps) if gap < TIE_GAP), len(expected))
+    assert got[:cut] == expected[:cut]
+
+
+@pytest.mark.parametrize("index", range(len(DATA["logprobs"])))
+def test_top5_logprobs_match_reference(engine_outputs: dict[str, tuple[list[int], list[SampledToken]]],
+                                       index: int) -> None:
+    expected = [(int(t), float(lp)) for t, lp in DATA["logprobs"][index]["top5"]]
+    token_ids, logprobs = engine_outputs[f"logprobs-{index}"]
+    assert len(token_ids) == len(logprobs) == 1
+    got = dict(logprobs[0].top_logprobs)
+    assert logprobs[0].logprob == pytest.approx(expected[0][1], abs=LOGPROB_TOL)
+    fifth = min(got.values())
+    for token_id, logprob in expected:
+        if token_id in got:
+            assert got[token_id] == pytest.approx(logprob, abs=LOGPROB_TOL)
+        else:                   # only a near-tie at the cut may swap which token is fifth
+            assert logprob == pytest.approx(fifth, abs=LOGPROB_TOL)

@@ -107,13 +107,14 @@ class Daemon:
         cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
-                          vocab_size=loaded.model.config.vocab_size)
+                          vocab_size=loaded.model.config.vocab_size, end_token_ids=loaded.tokenizer.end_token_ids)
         # Two grammar engines over one vocabulary: the gateway's checks constraints at the edge, the
         # worker's makes the matchers (no object is shared between actors).
         edge_grammars = await anyio.to_thread.run_sync(Grammars, loaded.tokenizer)
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
-            kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer)))
+            kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer),
+            end_token_ids=loaded.tokenizer.end_token_ids))
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.

@@ -9,6 +9,7 @@ same messages to the allocator and model worker actors.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from forge.errors import InvalidRequest, PromptTooLong
@@ -69,9 +70,11 @@ class SpecStats:
 
 class EngineCore:
     def __init__(self, config: SchedulerConfig, layout: CacheLayout, *, eos_token_id: int | None,
-                 max_model_len: int, vocab_size: int) -> None:
+                 max_model_len: int, vocab_size: int, end_token_ids: Iterable[int] = ()) -> None:
         self.scheduler = Scheduler(config, layout)
         self.eos_token_id = eos_token_id
+        # eos and the model's other end-of-turn tokens (Tokenizer.end_token_ids): each ends a request
+        self.end_token_ids = frozenset(end_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self._requests: dict[int, _Request] = {}
@@ -107,8 +110,8 @@ class EngineCore:
             seq.lookahead = Lookahead(self._spec_config.num_tokens)
         self.scheduler.submit(seq)
         stop_ids = frozenset(params.stop_token_ids)
-        if self.eos_token_id is not None and not params.ignore_eos:
-            stop_ids |= {self.eos_token_id}
+        if not params.ignore_eos:
+            stop_ids |= self.end_token_ids
         self._requests[seq.id] = _Request(request_id, seq, params, stop_ids)
         self._seq_of[request_id] = seq.id
         return seq.id

@@ -116,12 +116,14 @@ class LLMEngine:
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.core = EngineCore(
             SchedulerConfig.of(config), self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id,
+            end_token_ids=self.tokenizer.end_token_ids,
             max_model_len=self.max_model_len,
             vocab_size=loaded.model.config.vocab_size)
         self.grammars = Grammars(self.tokenizer)
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   kv_cache_dtype=config.kv_cache_dtype,
-                                  eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars)
+                                  eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars,
+                                  end_token_ids=self.tokenizer.end_token_ids)
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None
 

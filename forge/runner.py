@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -77,11 +78,11 @@ class ModelRunner:
 
     def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
                  eos_token_id: int | None, kv_cache_dtype: str = "float32",
-                 grammars: Grammars | None = None) -> None:
+                 grammars: Grammars | None = None, end_token_ids: Iterable[int] = ()) -> None:
         self.model = model
         self.block_size = block_size
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
-        self.sampler = Sampler(eos_token_id=eos_token_id)
+        self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
         self._masker: ThreadPoolExecutor | None = None

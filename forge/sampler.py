@@ -8,7 +8,7 @@ numpy; it never decides that a sequence stops.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -62,8 +62,10 @@ class SampleOutput:
 class Sampler:
     """Draws one token per logits row. Holds the eos id and a scratch buffer; one thread at a time."""
 
-    def __init__(self, *, eos_token_id: int | None = None) -> None:
+    def __init__(self, *, eos_token_id: int | None = None, end_token_ids: Iterable[int] = ()) -> None:
         self.eos_token_id = eos_token_id
+        # every token that ends a request (eos and the model's other end-of-turn tokens): banned under min_tokens
+        self._end_ids = sorted(set(end_token_ids) | ({eos_token_id} if eos_token_id is not None else set()))
         self._scratch: F32 = np.zeros(0, np.float32)
 
     def sample(self, logits: F32, batch: SamplingBatch) -> SampleOutput:
@@ -146,8 +148,7 @@ class Sampler:
         if p.has_penalties and counts is not None:
             apply_penalties(row, p, counts)
         if self._holds_end(p, batch.num_output_tokens[i]):
-            if self.eos_token_id is not None:
-                row[self.eos_token_id] = -np.inf
+            row[self._end_ids] = -np.inf
             row[list(p.stop_token_ids)] = -np.inf
 
     def _argmax(self, logits: F32, batch: SamplingBatch, i: int) -> int:

@@ -34,6 +34,10 @@ TOKEN_TYPE_USER_DEFINED = 4
 TOKEN_TYPE_BYTE = 6
 
 SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
+# Control tokens that end a turn in the chat formats of the families forge runs: generating one ends
+# a request, as eos does (files name eos once; a chat model may end its turn with another token).
+END_OF_TURN_PIECES = frozenset({"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                                "<|endoftext|>", "<|end_of_text|>"})
 
 # The split regex of Llama-3 style byte-level BPE ("llama-bpe" in GGUF files).
 _LLAMA3_SPLIT = (
@@ -87,6 +91,7 @@ class Tokenizer:
         *,
         kind: str = "gpt2",
         add_space_prefix: bool = False,
+        end_token_ids: Sequence[int] = (),
         unk_token_id: int | None = None,
         token_types: Sequence[int] | None = None,
         pre: str = "default",
@@ -115,6 +120,10 @@ class Tokenizer:
         self.warnings: list[str] = []      # what the loader should tell the operator (an unknown pre-tokenizer)
         self._types = types
         self.special_ids = frozenset(i for i, t in enumerate(types) if t == TOKEN_TYPE_CONTROL)
+        # eos, the file's end-of-turn ids, and the control tokens named in END_OF_TURN_PIECES
+        self.end_token_ids = frozenset(
+            {i for i in self.special_ids if self._tokens[i] in END_OF_TURN_PIECES}
+            | {i for i in (eos_token_id, *end_token_ids) if i is not None and 0 <= i < self.vocab_size})
         added_ids = [i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
         self._added_ids = frozenset(added_ids)
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
@@ -158,6 +167,8 @@ class Tokenizer:
             eos_token_id=meta.number("tokenizer.ggml.eos_token_id"),
             pad_token_id=meta.number("tokenizer.ggml.padding_token_id"),
             chat_template=meta.string("tokenizer.chat_template"),
+            end_token_ids=[i for key in ("eot_token_id", "eom_token_id")
+                           if (i := meta.number(f"tokenizer.ggml.{key}")) is not None],
         )
         if model == "gpt2":
             merges = meta.strings("tokenizer.ggml.merges")

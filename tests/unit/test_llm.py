@@ -401,3 +401,18 @@ def test_logprobs_match_log_softmax_of_a_full_forward(llm: LLM) -> None:
             if p.is_greedy:
                 assert token == int(np.argmax(ref))
             context.append(token)
+
+
+def test_every_end_token_ends_a_request(real: LoadedModel, mixed_ids: list[list[int]]) -> None:
+    """<|endoftext|> ends a request as eos (<|im_end|>) does; ignore_eos lets both through."""
+    engine = real_engine(real)
+    endoftext = real.tokenizer.token_to_id("<|endoftext|>")
+    assert endoftext is not None and endoftext != real.tokenizer.eos_token_id
+    forced = ((endoftext, 100.0),)
+    out = run(engine, {
+        "ends": (mixed_ids[0], greedy(8, logit_bias=forced)),
+        "ignores": (mixed_ids[0], greedy(3, logit_bias=forced, ignore_eos=True)),
+    })
+    assert (out["ends"].token_ids, out["ends"].finish_reason) == ([endoftext], "stop")
+    assert (out["ignores"].token_ids, out["ignores"].finish_reason) == ([endoftext] * 3, "length")
+    assert_idle_and_empty(engine)

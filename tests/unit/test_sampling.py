@@ -414,3 +414,15 @@ def test_mismatched_batch_is_an_engine_error() -> None:
     with pytest.raises(EngineError):
         Sampler().sample(np.zeros((2, 10), np.float32), batch)
 
+
+
+def test_min_tokens_bans_every_end_token() -> None:
+    """Under min_tokens neither eos nor the model's other end-of-turn tokens may be drawn."""
+    logits = random_logits(3, 1, 50)
+    logits[0, [EOS, 11, 12]] = [100.0, 99.0, 98.0]                     # eos, then two end-of-turn tokens
+    sampler = Sampler(eos_token_id=EOS, end_token_ids=[11, 12])
+    params = [SamplingParams(temperature=0.0, min_tokens=2)]
+    held = sampler.sample(logits, make_batch(params, num_output_tokens=[1]))
+    assert held.token_ids[0] not in (EOS, 11, 12)
+    free = sampler.sample(logits, make_batch(params, num_output_tokens=[2]))
+    assert free.token_ids[0] == EOS

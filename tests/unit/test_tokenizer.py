@@ -46,6 +46,7 @@ def test_metadata(tok: Tokenizer) -> None:
     assert tok.pre == "smollm"
     assert tok.special_ids == frozenset(range(17))
     assert tok.token_str(2) == "<|im_end|>"
+    assert tok.end_token_ids == frozenset({0, 2})                  # <|endoftext|> ends a request too
     assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template
 
 

@@ -151,7 +151,9 @@ class Daemon:
                     serving=self._serving(loaded, num_blocks=num_blocks, max_model_len=max_model_len,
                                           attention=attention))
                 tg.start_soon(self.gateway.stats.run_sampler)
-                log.info("ready", model=loaded.path, kernels=loaded.kernels.name, kernels_reason=loaded.kernels.reason,
+                log.info("ready", model=loaded.path, architecture=loaded.model.config.arch.name,
+                         tokenizer=loaded.tokenizer.kind, kernels=loaded.kernels.name,
+                         kernels_reason=loaded.kernels.reason,
                          attention=attention,
                          compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),

@@ -81,7 +81,8 @@ class Tokenizer:
       see `missing_bytes`) is dropped on its own, the other bytes of its character are kept, as
       the model was trained. Lone surrogates (not valid Unicode) are encoded as U+FFFD.
     - `decode(ids)` equals the UTF-8 decoding (invalid sequences -> U+FFFD) of the concatenated
-      `token_bytes` of the non-skipped ids; ids outside [0, vocab_size) raise IndexError.
+      `token_bytes` of the non-skipped ids (for a SentencePiece vocabulary with a prefix space, less
+      one leading space); ids outside [0, vocab_size) raise IndexError.
     """
 
     def __init__(

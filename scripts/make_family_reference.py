@@ -3,6 +3,10 @@
     tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
         checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
         logits at every position of a 20-token input
+    tests/data/spm_tokenizer_reference.json   a SentencePiece BPE vocabulary of ~600 pieces trained here
+        (tokenizers' trainer) and stored as Llama 2 / Mistral / TinyLlama GGUF files store theirs; the
+        ids and decodings transformers' GGUF loader gives for a corpus (with the prefix space: the
+        loader ignores a file's tokenizer.ggml.add_space_prefix = false, so that case is not here)
     tests/data/gemma3_270m_reference.json     the real Gemma 3 270M Q4_K_M file (`forge pull
         gemma-3-270m`) loaded by transformers from the GGUF: greedy continuations with the top-2 gap of
         every step, top-5 logprobs (one case past the 512-token sliding window) and the encodings of a
@@ -13,7 +17,7 @@ separate virtual environment outside the repository):
 
     python3 -m venv /work/refvenv
     /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate
-    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|gemma3]
+    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|gemma3]
 
 About 5 minutes on two cores. Every cached greedy run is cross-checked against one full forward.
 """
@@ -35,7 +39,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.make_reference import LONG_PARAGRAPH, dump  # noqa: E402
+from scripts.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump  # noqa: E402
+from scripts.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
 from tests import tiny_families  # noqa: E402
 
 GEMMA_FILE = Path("/root/.cache/forge/models/gemma-3-270m-q4_k_m.gguf")
@@ -132,6 +137,34 @@ def top_logprobs(model: Any, ids: list[int]) -> list[list[float]]:
     return [[int(i), round(float(v), 6)] for v, i in zip(top.values, top.indices, strict=True)]
 
 
+def spm_reference() -> dict[str, Any]:
+    """Train a small SentencePiece BPE vocabulary, store it as a GGUF 'llama' tokenizer, and record
+    what transformers' GGUF loader makes of a corpus with it."""
+    import tempfile
+
+    trainer_model = tokenizers.SentencePieceBPETokenizer(replacement="\u2581", add_prefix_space=True)
+    corpus = [LONG_PARAGRAPH, *COMPLETION_PROMPTS, *GEMMA_PROMPTS[:-1], *TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS]
+    trainer_model.train_from_iterator(corpus * 3, vocab_size=600, min_frequency=2, special_tokens=["<unk>"],
+                                      limit_alphabet=120, show_progress=False)
+    learned = sorted(trainer_model.get_vocab().items(), key=lambda item: item[1])
+    vocab = [{"piece": "<unk>", "score": 0.0, "type": 2}, {"piece": "<s>", "score": 0.0, "type": 3},
+             {"piece": "</s>", "score": 0.0, "type": 3}]
+    vocab += [{"piece": f"<0x{b:02X}>", "score": 0.0, "type": 6} for b in range(256)]
+    vocab += [{"piece": piece, "score": -float(rank), "type": 1}
+              for rank, (piece, _) in enumerate(p for p in learned if p[0] != "<unk>")]
+    texts = [*TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS[:12], "<s>hi</s>", " leading", "  two leading"]
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_families.write_spm_tokenizer_gguf(Path(tmp) / "spm.gguf", vocab)
+        tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
+        for text in texts:
+            ids = list(tok(text).input_ids)
+            cases.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=True)})
+    print(f"spm: {len(vocab)} pieces, {len(cases)} cases; {cases[0]['text']!r} -> {cases[0]['ids'][:12]}")
+    return {"versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+            "vocab": vocab, "cases": cases}
+
+
 def gemma3_reference() -> dict[str, Any]:
     if sha256_of(GEMMA_FILE) != GEMMA_SHA256:
         sys.exit(f"{GEMMA_FILE}: sha256 differs from {GEMMA_SHA256} (run `forge pull gemma-3-270m`)")
@@ -160,7 +193,7 @@ def gemma3_reference() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("tiny", "gemma3"))
+    parser.add_argument("--only", choices=("tiny", "spm", "gemma3"))
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -168,6 +201,10 @@ def main() -> None:
         out = ROOT / "tests" / "data" / "tiny_families_reference.json"
         dump({"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "cases": [tiny_case(family) for family in tiny_families.SPECS]}, out)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
+    if args.only in (None, "spm"):
+        out = ROOT / "tests" / "data" / "spm_tokenizer_reference.json"
+        dump(spm_reference(), out)
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
     if args.only in (None, "gemma3"):
         out = ROOT / "tests" / "data" / "gemma3_270m_reference.json"

@@ -196,3 +196,28 @@ def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_spm_tokenizer_gguf(path: str | os.PathLike[str], vocab: list[dict[str, Any]], *,
+                             add_space_prefix: bool | None = None) -> Path:
+    """A GGUF file holding only a SentencePiece ('llama') tokenizer, as Llama 2 / Mistral / TinyLlama
+    files carry it: `vocab` is [{"piece", "score", "type"}] in id order (<unk>, <s>, </s>, the 256
+    <0xXX> byte pieces, then the merged pieces, best first)."""
+    path = Path(path)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("tiny-spm")
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([v["piece"] for v in vocab])
+    writer.add_token_scores([float(v["score"]) for v in vocab])
+    writer.add_token_types([int(v["type"]) for v in vocab])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    if add_space_prefix is not None:
+        writer.add_add_space_prefix(add_space_prefix)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

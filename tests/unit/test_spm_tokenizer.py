@@ -1,0 +1,80 @@
+"""SentencePiece BPE vocabularies (tokenizer.ggml.model = 'llama': Llama 2, Mistral, TinyLlama), against
+transformers' GGUF tokenizer on the same file.
+
+tests/data/spm_tokenizer_reference.json (scripts/make_family_reference.py) holds a ~860-piece vocabulary
+trained by tokenizers' SentencePiece BPE trainer, stored as such files store theirs (<unk>, <s>, </s>, 256
+<0xXX> byte pieces, then the pieces with their scores; no merges), and transformers' ids and decodings
+for a corpus. Gemma's real vocabulary is checked the same way in test_gemma3.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forge.detokenizer import IncrementalDetokenizer
+from forge.tokenizer import Tokenizer, spm_merges
+from tests import tiny_families
+
+DATA: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent.parent / "data" / "spm_tokenizer_reference.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    path = tiny_families.write_spm_tokenizer_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", DATA["vocab"])
+    return Tokenizer.from_gguf(path)
+
+
+def test_what_the_file_is(tok: Tokenizer) -> None:
+    assert (tok.kind, tok.add_bos, tok.add_space_prefix) == ("spm", True, True)
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert tok.vocab_size == len(DATA["vocab"])
+    assert tok.missing_bytes == frozenset()
+    assert tok.end_token_ids == frozenset({2})
+
+
+@pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: repr(c["text"])[:40])
+def test_encode_and_decode_match_reference(tok: Tokenizer, case: dict[str, Any]) -> None:
+    assert tok.encode(case["text"]) == case["ids"]
+    assert tok.decode(case["ids"]) == case["decoded"]
+
+
+@pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: repr(c["text"])[:40])
+def test_streamed_text_is_the_token_bytes(tok: Tokenizer, case: dict[str, Any]) -> None:
+    """Streaming a sequence one id at a time gives its bytes exactly: byte-fallback pieces join into
+    whole characters, "▁" is a space (the prefix space included: a continuation's first space is real)."""
+    detok = IncrementalDetokenizer(tok)
+    text = "".join(detok.push([i]) for i in case["ids"]) + detok.flush()
+    shown = [i for i in case["ids"] if i not in tok.special_ids]
+    assert text == b"".join(tok.token_bytes(i) for i in shown).decode("utf-8", errors="replace")
+    assert text.removeprefix(" ") == case["decoded"]         # decode strips that one prefix space
+
+
+def test_bytes_outside_the_vocabulary_fall_back_to_byte_pieces(tok: Tokenizer) -> None:
+    ids = tok.encode("\U00050000", add_special_tokens=False)        # a character no piece spells
+    pieces = [DATA["vocab"][i]["piece"] for i in ids]
+    assert pieces[-4:] == ["<0xF1>", "<0x90>", "<0x80>", "<0x80>"]
+    assert b"".join(tok.token_bytes(i) for i in ids).strip() == "\U00050000".encode()
+
+
+def test_without_a_prefix_space(tmp_path: Path, tok: Tokenizer) -> None:
+    """tokenizer.ggml.add_space_prefix = false (as llama.cpp reads it: transformers' GGUF loader ignores
+    the flag, so this case has no reference data): no "▁" before the text, none stripped on decode."""
+    path = tiny_families.write_spm_tokenizer_gguf(tmp_path / "bare.gguf", DATA["vocab"], add_space_prefix=False)
+    bare = Tokenizer.from_gguf(path)
+    assert bare.add_space_prefix is False
+    ids = bare.encode("The end", add_special_tokens=False)
+    assert b"".join(bare.token_bytes(i) for i in ids) == b"The end"
+    assert ids != tok.encode("The end", add_special_tokens=False)
+    assert bare.decode(tok.encode(" x", add_special_tokens=False)) == " x"
+
+
+def test_merges_are_ranked_by_the_piece_they_make() -> None:
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    # "abc" scores highest: its splits come first, the longer left part before the shorter
+    merges = spm_merges(tokens, [0.0, 0.0, 0.0, -2.0, -1.0, 5.0])
+    assert merges == [("ab", "c"), ("a", "bc"), ("b", "c"), ("a", "b")]

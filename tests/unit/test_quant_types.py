@@ -1,0 +1,119 @@
+"""The tensor types of the GGUF files people download: each loads, and runs on exactly the values the
+gguf package dequantizes.
+
+- Real blocks: every quantized tensor of Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0), as the
+  kernels hold it (integer codes, scales, offsets), equals gguf's dequantization bit for bit.
+- Every type in a model: a tiny model whose matrices are all Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16 or
+  BF16 gives the logits of its twin stored as float32 (gguf's dequantization of the same data),
+  on the numpy reference and on the default kernels (which keep the types they support in blocks
+  and hold the others, Q5_K among them, as float32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize
+
+from forge.gguf_file import read_gguf
+from forge.kernels import choose_kernels
+from forge.kernels.blocks import SUPPORTED, affine_blocks
+from forge.llama import LlamaModel
+from forge.llama.dequant import dequantize
+
+Q = GGMLQuantizationType
+# Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.
+F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+MAX_ROWS = 1024     # of the 262,144-row embedding: enough blocks, without 700 MB of floats
+
+
+def test_every_quantized_tensor_of_gemma3_is_held_exactly(gemma3_model_path: Path) -> None:
+    seen = set()
+    for name, tensor in read_gguf(gemma3_model_path).tensors.items():
+        if tensor.tensor_type not in SUPPORTED:
+            assert tensor.tensor_type == Q.F32, name
+            continue
+        data = tensor.data[:MAX_ROWS]
+        want = gguf_dequantize(data, tensor.tensor_type)
+        rows, cols = want.shape
+        np.testing.assert_array_equal(affine_blocks(data, tensor.tensor_type, (rows, cols)).dequantize(), want,
+                                      err_msg=name)
+        np.testing.assert_array_equal(dequantize(data, tensor.tensor_type), want, err_msg=name)
+        seen.add(tensor.tensor_type)
+    assert seen == {Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0}
+
+
+def _matrix_data(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, cols: int) -> np.ndarray:
+    w = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+    if qtype == Q.F16:
+        return w.astype(np.float16)
+    if qtype not in F16_AT:
+        return quantize(w, qtype)
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, cols // elems * nbytes), dtype=np.uint8)
+    blocks = data.reshape(-1, nbytes)
+    for at in F16_AT[qtype]:
+        scale = (np.abs(rng.standard_normal(len(blocks))) * 0.002 + 1e-4).astype(np.float16)
+        blocks[:, at:at + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return data
+
+
+def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool) -> Path:
+    """A one-layer llama of width 256 (whole K-quant blocks), every matrix of type qtype (or its
+    float32 dequantization); norms and the embedding float32."""
+    rng = np.random.default_rng(int(qtype))
+    hidden, ffn, heads, vocab = 256, 512, 4, 64
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", hidden),
+                       ("feed_forward_length", ffn), ("attention.head_count", heads),
+                       ("attention.head_count_kv", heads)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_token_merges(["t 1"])
+    writer.add_eos_token_id(1)
+
+    def put(name: str, rows: int, cols: int) -> None:
+        data = _matrix_data(rng, qtype, rows, cols)
+        if as_float32:
+            writer.add_tensor(name, gguf_dequantize(data, qtype).astype(np.float32))
+        elif qtype == Q.F16:
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=qtype)
+
+    writer.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, np.float32))
+    for proj in ("q", "k", "v", "output"):
+        put(f"blk.0.attn_{proj}.weight", hidden, hidden)
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(hidden, np.float32))
+    put("blk.0.ffn_gate.weight", ffn, hidden)
+    put("blk.0.ffn_up.weight", ffn, hidden)
+    put("blk.0.ffn_down.weight", hidden, ffn)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    put("output.weight", vocab, hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.F16, Q.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("kernels", ["numpy", "auto"])
+def test_a_model_of_each_type_runs_on_the_files_values(tmp_path: Path, qtype: GGMLQuantizationType,
+                                                       kernels: str) -> None:
+    model = LlamaModel.load(_write(tmp_path / "q.gguf", qtype, as_float32=False),
+                            None if kernels == "numpy" else choose_kernels(kernels))
+    twin = LlamaModel.load(_write(tmp_path / "f32.gguf", qtype, as_float32=True))
+    assert model.weights.is_dense == (kernels == "numpy" or qtype not in SUPPORTED)
+    context = [5, 9, 3, 17, 40, 2, 11]
+    want = twin.forward_context(context)
+    got = model.forward_context(context)
+    np.testing.assert_allclose(got, want, atol=2e-4 * float(np.abs(want).max()), rtol=0)

@@ -103,6 +103,9 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
     name = os.path.basename(os.fspath(path))
     arch = architecture_of(reader, name)
     a = arch.name
+    experts = field_value(reader, f"{a}.expert_count")
+    if isinstance(experts, int) and experts > 0:
+        raise ModelLoadError(f"{name}: a mixture of experts ({experts} experts) is not supported")
     hidden = _required_int(reader, f"{a}.embedding_length", name)
     num_heads, num_kv_heads, head_dim, rope_dim = _head_shape(reader, a, name, hidden)
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")

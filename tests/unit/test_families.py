@@ -102,3 +102,17 @@ def test_bias_on_a_family_without_biases_is_refused(tmp_path: Path) -> None:
     (tmp_path / "q3.gguf").write_bytes(data)
     with pytest.raises(ModelLoadError, match="attention biases are not supported for 'qwen3' files"):
         LlamaModel.load(tmp_path / "q3.gguf")
+
+
+def test_a_mixture_of_experts_is_refused_by_name(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "moe.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_uint32("llama.expert_count", 8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"moe.gguf: a mixture of experts \(8 experts\) is not supported"):
+        LlamaModel.load(path)

@@ -87,7 +87,7 @@ def _load() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     for name in _DECODE_BY_STORAGE.values():
         fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, p, p]
+        fn.argtypes = [p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, p, p]
         fn.restype = ctypes.c_int
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
     lib.q8_0_matmul.restype = ctypes.c_int
@@ -116,8 +116,9 @@ def _ptr(a: npt.NDArray[np.generic]) -> int:
 
 def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                            rows: I64, block_tables: I64,
-                           context_lens: I64, scratch: F32, out: F32) -> None:
-    """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c.
+                           context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None) -> None:
+    """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c. With
+    first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window).
 
     q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16
     or bfloat16 (uint16 bits); rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
@@ -130,7 +131,8 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if kernel is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_decode_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
     for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (rows, np.int64),
-                     (block_tables, np.int64), (context_lens, np.int64), (scratch, np.float32), (out, np.float32)):
+                     (block_tables, np.int64), (context_lens, np.int64), (scratch, np.float32), (out, np.float32),
+                     *(((first_keys, np.int64),) if first_keys is not None else ())):
         if a.dtype != dtype or not a.flags.c_contiguous:
             raise ValueError(f"paged_decode_attention needs C-contiguous {np.dtype(dtype).name} arrays")
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -138,9 +140,13 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     group = num_heads // num_kv_heads
     if len(rows) and scratch.size < group * int(context_lens.max()):
         raise ValueError("scratch too small for the longest context")
+    if first_keys is not None and (first_keys.shape != rows.shape or np.any(first_keys < 0)
+                                   or np.any(first_keys >= context_lens)):
+        raise ValueError("first_keys must give each row a first key in [0, its context length)")
     rc = getattr(lib, kernel)(
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
-        _ptr(context_lens), len(rows), num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
+        _ptr(context_lens), None if first_keys is None else _ptr(first_keys), len(rows),
+        num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")

@@ -84,12 +84,14 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
  * rows:         [S]  the row of T of each decode sequence
  * block_tables: [S, table_width]  block ids, the first ceil(len / block_size) valid
  * context_lens: [S]  keys each sequence sees (its position + 1)
+ * first_keys:   [S]  the first key each sequence sees (its sliding window's start), or NULL: 0
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
 int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                            const int64_t *restrict rows, const int64_t *restrict block_tables,
-                           int64_t table_width, const int64_t *restrict context_lens, int64_t num_seqs,
+                           int64_t table_width, const int64_t *restrict context_lens,
+                           const int64_t *restrict first_keys, int64_t num_seqs,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
                            float *restrict scores, float *restrict out) {
     const int64_t group = nh / nkv;
@@ -99,14 +101,14 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
     (void)buf;                                       /* unused by the float32 kernel */
     const int64_t kv_stride = nkv * hd;              /* floats between two positions of a block */
     for (int64_t s = 0; s < num_seqs; s++) {
-        const int64_t row = rows[s], len = context_lens[s];
+        const int64_t row = rows[s], len = context_lens[s], first = first_keys ? first_keys[s] : 0;
         const int64_t *table = block_tables + s * table_width;
         for (int64_t g = 0; g < nkv; g++) {
             const float *qg = q + (row * nh + g * group) * hd;      /* [group, hd] */
             float maxes[MAX_GROUP], sums[MAX_GROUP];
             for (int64_t j = 0; j < group; j++)
                 maxes[j] = -INFINITY;
-            for (int64_t p = 0; p < len; p++) {
+            for (int64_t p = first; p < len; p++) {
                 const float *kp = KV_ROW(k + (table[p / block_size] * block_size + p % block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
@@ -118,7 +120,7 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             }
             for (int64_t j = 0; j < group; j++) {
                 float *sj = scores + j * len, total = 0.0f;
-                for (int64_t p = 0; p < len; p++) {
+                for (int64_t p = first; p < len; p++) {
                     sj[p] = expf(sj[p] - maxes[j]);
                     total += sj[p];
                 }
@@ -126,7 +128,7 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             }
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
-            for (int64_t p = 0; p < len; p++) {
+            for (int64_t p = first; p < len; p++) {
                 const float *vp = KV_ROW(v + (table[p / block_size] * block_size + p % block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {

@@ -59,6 +59,7 @@ class FusedDecode:
     rows: I64          # [S]     token rows of T
     block_tables: I64  # [S, W]  C-contiguous
     context_lens: I64  # [S]
+    first_keys: I64 | None = None  # [S] each row's first visible key (a sliding window); None: 0
 
 
 @dataclass(slots=True)
@@ -152,12 +153,10 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
     the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
-    last `window` positions (the compiled kernel reads whole contexts: a step with a position
-    past the window runs on the numpy reference instead)."""
+    last `window` positions."""
     starts = batch.query_start
     if window and batch.num_tokens and int(batch.positions.max()) < window:
         window = 0                                          # no query reaches past the window
-    fused = fused and not window
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 
@@ -174,8 +173,10 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         row_seq = np.repeat(short, lengths[short])                                         # [R]
         row_ctx = batch.positions[rows] + 1                                                # [R]
         num_decode_parts = num_parts if len(rows) >= MIN_PARALLEL_DECODE_SEQS else 1
+        row_first = np.maximum(row_ctx - window, 0) if window else None                   # [R]
         fused_parts = [FusedDecode(rows[p], np.ascontiguousarray(batch.block_tables[row_seq[p]]),
-                                   np.ascontiguousarray(row_ctx[p]))
+                                   np.ascontiguousarray(row_ctx[p]),
+                                   None if row_first is None else np.ascontiguousarray(row_first[p]))
                        for p in _split_decodes(np.arange(len(rows)), -(-row_ctx // block_size), num_decode_parts)]
         long_seqs = np.flatnonzero(lengths > MAX_FUSED_CHUNK_ROWS)
     else:
@@ -265,7 +266,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
         if fused is not None:
             scores = part_scratch.get(3, (group * int(fused.context_lens.max()),))
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
-                                            fused.context_lens, scores, out)
+                                            fused.context_lens, scores, out, fused.first_keys)
         for p in prefills:
             _prefill(p, q, k_cache, v_cache, part_scratch, out)
 

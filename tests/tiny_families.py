@@ -11,6 +11,7 @@ the GGUF and checks forge's logits against them. Both sides build the weights fr
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
     TinySpec("qwen3", "qwen3", head_dim=32, tied=True, rope_theta=1e6),      # head size != width / heads
     TinySpec("gemma3", "gemma3_text", layers=6, kv_heads=1, head_dim=32, tied=True, rope_theta=1e6,
              sliding_window=8),                                               # layers 0-4 sliding, 5 global
+    TinySpec("phi3", "phi3", sliding_window=8),                              # q/k/v and gate/up fused
 )}
 SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
 SEED = 20261201
@@ -61,7 +63,7 @@ def input_ids(family: str) -> list[int]:
 def state_dict(family: str) -> dict[str, np.ndarray]:
     """The checkpoint's tensors, Hugging Face names and layout ([out, in] matrices), float32."""
     s = SPECS[family]
-    rng = np.random.default_rng(SEED + sorted(SPECS).index(family))
+    rng = np.random.default_rng([SEED, zlib.crc32(family.encode())])   # a new family reseeds no other
     gemma = family.startswith("gemma")
 
     def matrix(rows: int, cols: int) -> np.ndarray:
@@ -95,6 +97,11 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
         out[p + "mlp.gate_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.up_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.down_proj.weight"] = matrix(s.hidden, s.ffn)
+        if family == "phi3":    # the checkpoint keeps q/k/v, and gate/up, each in one tensor
+            out[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [out.pop(p + f"self_attn.{x}_proj.weight") for x in ("q", "k", "v")])
+            out[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [out.pop(p + "mlp.gate_proj.weight"), out.pop(p + "mlp.up_proj.weight")])
     out["model.norm.weight"] = norm(s.hidden)
     if not s.tied:
         out["lm_head.weight"] = matrix(s.vocab, s.hidden)
@@ -112,6 +119,9 @@ def hf_config(family: str) -> dict[str, Any]:
     )
     if family == "qwen2":
         del config["attention_bias"], config["head_dim"]
+    if family == "phi3":
+        del config["attention_bias"], config["head_dim"]
+        config.update(sliding_window=s.sliding_window, original_max_position_embeddings=s.context)
     if family == "gemma3":
         config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
                       sliding_window=s.sliding_window, final_logit_softcapping=None, attn_logit_softcapping=None,
@@ -123,8 +133,9 @@ def hf_config(family: str) -> dict[str, Any]:
     return config
 
 
-def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
-    """The family's tiny model as llama.cpp's converter would write it (all tensors float32)."""
+def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32") -> Path:
+    """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
+    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0)."""
     s = SPECS[family]
     sd = state_dict(family)
     path = Path(path)
@@ -141,7 +152,7 @@ def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
     writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
     writer.add_float32(f"{a}.rope.freq_base", s.rope_theta)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
-    if family == "llama":
+    if family in ("llama", "phi3"):
         writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     if s.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
@@ -157,21 +168,30 @@ def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
 
     gemma = family.startswith("gemma")
 
+    qtype = gguf.GGMLQuantizationType[quant]
+
     def put(name: str, w: np.ndarray, *, is_norm: bool = False) -> None:
         if is_norm and gemma:
             w = w + np.float32(1.0)        # the converter folds Gemma's (1 + w) into the file
-        writer.add_tensor(name, np.ascontiguousarray(w, dtype=F32))
+        w = np.ascontiguousarray(w, dtype=F32)
+        if qtype != gguf.GGMLQuantizationType.F32 and name.startswith("blk.") and w.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, w)
 
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(s.layers):
         h, p = f"model.layers.{i}.", f"blk.{i}."
-        q, k = sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"]
-        if family == "llama":             # llama files keep q/k rows in RoPE pair order
-            q, k = permute_rows(q, s.heads), permute_rows(k, s.kv_heads)
         put(p + "attn_norm.weight", sd[h + "input_layernorm.weight"], is_norm=True)
-        put(p + "attn_q.weight", q)
-        put(p + "attn_k.weight", k)
-        put(p + "attn_v.weight", sd[h + "self_attn.v_proj.weight"])
+        if family == "phi3":              # written as the checkpoint holds them
+            put(p + "attn_qkv.weight", sd[h + "self_attn.qkv_proj.weight"])
+        else:
+            q, k = sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"]
+            if family == "llama":         # llama files keep q/k rows in RoPE pair order
+                q, k = permute_rows(q, s.heads), permute_rows(k, s.kv_heads)
+            put(p + "attn_q.weight", q)
+            put(p + "attn_k.weight", k)
+            put(p + "attn_v.weight", sd[h + "self_attn.v_proj.weight"])
         put(p + "attn_output.weight", sd[h + "self_attn.o_proj.weight"])
         for proj in ("q", "k", "v"):
             if h + f"self_attn.{proj}_proj.bias" in sd:
@@ -185,8 +205,11 @@ def write_gguf(family: str, path: str | os.PathLike[str]) -> Path:
             put(p + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"], is_norm=True)
         else:
             put(p + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
-        put(p + "ffn_gate.weight", sd[h + "mlp.gate_proj.weight"])
-        put(p + "ffn_up.weight", sd[h + "mlp.up_proj.weight"])
+        if family == "phi3":
+            put(p + "ffn_up.weight", sd[h + "mlp.gate_up_proj.weight"])
+        else:
+            put(p + "ffn_gate.weight", sd[h + "mlp.gate_proj.weight"])
+            put(p + "ffn_up.weight", sd[h + "mlp.up_proj.weight"])
         put(p + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
     put("output_norm.weight", sd["model.norm.weight"], is_norm=True)
     if not s.tied:

@@ -10,6 +10,8 @@ entry in ARCHITECTURES (and a reference test: docs/models.md), not a new model c
     gemma3   embeddings scaled by sqrt(width); QK-norm; a norm after attention and after the MLP
              too ("sandwich"); GELU (tanh) instead of SiLU in the gated MLP; RoPE over halves; five
              of every six layers attend to a sliding window only, with their own RoPE base
+    phi3     q/k/v in one tensor and gate/up in another; RoPE over halves; every layer on a sliding
+             window when the file names one
 
 RoPE over halves (llama.cpp's "NEOX" style: dims i and i + d/2 rotate together) is turned into
 Llama's adjacent pairs when the weights are loaded, by reordering the q/k rows of each head (and
@@ -35,8 +37,10 @@ class Architecture:
     sandwich_norms: bool = False       # blk.N.post_attention_norm.weight, blk.N.post_ffw_norm.weight
     activation: Activation = "silu"    # of the gate, in act(gate) * up
     scale_embeddings: bool = False     # token embeddings times sqrt(hidden_size)
-    sliding_window_period: int = 0     # layer i attends to a window unless (i + 1) % period == 0
+    sliding_window_period: int = 0     # layer i attends to a window unless (i + 1) % period == 0; 1: all do
     sliding_rope_base: float = 0.0     # the RoPE base of sliding-window layers (0: the model's)
+    fused_qkv: bool = False            # blk.N.attn_qkv.weight: the q, k and v rows in one tensor
+    fused_gate_up: bool = False        # blk.N.ffn_up.weight: the gate rows, then the up rows
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -47,5 +51,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen3", rope_style="halves", qk_norm=True),
         Architecture("gemma3", rope_style="halves", qk_norm=True, sandwich_norms=True, activation="gelu_tanh",
                      scale_embeddings=True, sliding_window_period=6, sliding_rope_base=10000.0),
+        Architecture("phi3", rope_style="halves", fused_qkv=True, fused_gate_up=True, sliding_window_period=1),
     )
 }

@@ -45,7 +45,7 @@ class LlamaConfig:
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends to the last sliding_window positions only."""
         period = self.arch.sliding_window_period
-        return bool(self.sliding_window and period and (layer + 1) % period)
+        return bool(self.sliding_window and period and (period == 1 or (layer + 1) % period))
 
     @property
     def attention_scale(self) -> float:
@@ -148,7 +148,11 @@ def architecture_of(reader: GGUFFile, name: str) -> Architecture:
 
 
 def _sliding_window(reader: GGUFFile, arch: Architecture, name: str) -> int:
+    """The window of the family's sliding layers: required where some layers always slide (gemma3),
+    optional where every layer slides only if the file says so (phi3)."""
     if not arch.sliding_window_period:
+        return 0
+    if arch.sliding_window_period == 1 and field_value(reader, f"{arch.name}.attention.sliding_window") is None:
         return 0
     return _required_int(reader, f"{arch.name}.attention.sliding_window", name)
 

@@ -123,8 +123,9 @@ class _TensorSource:
                row_orders: list[I64 | None] | None = None) -> Weight:
         """The [out_i, in] matrices side by side as one [in, sum(out_i)] weight: a kernel over the
         file's blocks when the backend and their types allow, else dense float32 (fused; with
-        f_ordered and one matrix, the F-ordered view of the file's [out, in]). row_orders[i], when
-        given, reorders the rows of matrix i (the file's row row_orders[i][r] becomes row r)."""
+        f_ordered and one matrix, the F-ordered view of the file's [out, in]). shapes are the file's
+        tensors'; row_orders[i], when given, picks and orders the rows taken from tensor i (the
+        file's row row_orders[i][r] becomes row r: a reordering, or a part of a fused tensor)."""
         orders = row_orders or [None] * len(names)
         if self._kernels is not None and all(self._tensor(n).tensor_type in SUPPORTED for n in names):
             from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
@@ -134,7 +135,9 @@ class _TensorSource:
                 tensor = self._tensor(name)
                 data = tensor.data if order is None else tensor.data[order]    # whole rows of blocks
                 try:
-                    parts.append(affine_blocks(data, tensor.tensor_type, shape))
+                    if order is not None and tensor.data.shape[0] != shape[0]:
+                        raise ValueError(f"has {tensor.data.shape[0]} rows, expected {shape[0]}")
+                    parts.append(affine_blocks(data, tensor.tensor_type, (len(data), shape[1])))
                 except ValueError as exc:
                     raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
             level = ACCURACY_INT8 if self._kernels.int8_activations else ACCURACY_FP32
@@ -190,12 +193,14 @@ class _TensorSource:
         """Stack [out_i, in] matrices side by side, transposed: [in, sum(out_i)], C-contiguous; rows
         reordered as in matrix()."""
         width = shapes[0][1]
-        out = np.empty((width, sum(rows for rows, _ in shapes)), dtype=np.float32)  # [in, out]
+        orders = orders or [None] * len(names)
+        num_rows = [shape[0] if order is None else len(order) for shape, order in zip(shapes, orders, strict=True)]
+        out = np.empty((width, sum(num_rows)), dtype=np.float32)                     # [in, out]
         col = 0
-        for name, shape, order in zip(names, shapes, orders or [None] * len(names), strict=True):
+        for name, shape, order, n in zip(names, shapes, orders, num_rows, strict=True):
             w = self.load(name, shape)                             # one dequantized temporary at a time
-            out[:, col:col + shape[0]] = (w if order is None else w[order]).T
-            col += shape[0]
+            out[:, col:col + n] = (w if order is None else w[order]).T
+            col += n
         return out
 
 
@@ -221,24 +226,37 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
                 raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
     if src.has("blk.0.attn_output.bias"):
         raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
+    if src.has("rope_factors_long.weight") or src.has("rope_factors_short.weight"):
+        raise ModelLoadError(f"{c.name}: LongRoPE (rope_factors_long/short) is not supported")
     q_order = k_order = head_order = None
     if arch.rope_style == "halves":
         q_order = halves_to_pairs(c.num_heads, hd, c.rope_dim)
         k_order = halves_to_pairs(c.num_kv_heads, hd, c.rope_dim)
         head_order = halves_to_pairs(1, hd, c.rope_dim)
+    q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
     layers: list[LayerWeights] = []
     for i in range(c.num_layers):
         p = f"blk.{i}."
+        if arch.fused_qkv:   # one [q + k + v rows, H] tensor: its three parts picked by row
+            full = (q_rows + 2 * kv_rows, hidden)
+            q_sel = np.arange(q_rows) if q_order is None else q_order
+            k_sel = q_rows + (np.arange(kv_rows) if k_order is None else k_order)
+            wqkv = src.matrix([p + "attn_qkv.weight"] * 3, [full] * 3,
+                              row_orders=[q_sel, k_sel, q_rows + kv_rows + np.arange(kv_rows)])
+        else:
+            wqkv = src.matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                              [(q_rows, hidden), (kv_rows, hidden), (kv_rows, hidden)],
+                              row_orders=[q_order, k_order, None])
+        if arch.fused_gate_up:   # one [gate + up rows, H] tensor: forge's own [gate | up] order
+            w_gate_up = src.matrix([p + "ffn_up.weight"], [(2 * ffn, hidden)])
+        else:
+            w_gate_up = src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)])
         layer = LayerWeights(
             attn_norm=src.owned(p + "attn_norm.weight", (hidden,)),
-            wqkv=src.matrix(
-                [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                [(c.num_heads * hd, hidden), (c.num_kv_heads * hd, hidden), (c.num_kv_heads * hd, hidden)],
-                row_orders=[q_order, k_order, None],
-            ),
-            wo=src.matrix([p + "attn_output.weight"], [(hidden, c.num_heads * hd)]),
+            wqkv=wqkv,
+            wo=src.matrix([p + "attn_output.weight"], [(hidden, q_rows)]),
             ffn_norm=src.owned(p + "ffn_norm.weight", (hidden,)),
-            w_gate_up=src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)]),
+            w_gate_up=w_gate_up,
             w_down=src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True),
         )
         if arch.attention_bias:

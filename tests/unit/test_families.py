@@ -76,13 +76,15 @@ def test_logits_match_transformers(family: tuple[str, Path], kernels: str, prefi
     assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 
-def test_gemma3_without_window_differs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_without_the_window_logits_differ(tmp_path: Path, name: str) -> None:
     """The reference crosses the sliding window: forge ignoring it would not match past position 8."""
-    ids, expected = _reference("gemma3")
-    model = LlamaModel.load(tiny_families.write_gguf("gemma3", tmp_path / "g.gguf"))
+    ids, expected = _reference(name)
+    model = LlamaModel.load(tiny_families.write_gguf(name, tmp_path / "g.gguf"))
+    assert any(model.config.is_sliding(i) for i in range(model.config.num_layers))
     object.__setattr__(model.config, "sliding_window", 10_000)   # as if every layer saw everything
     got = _run(model, ids, len(ids))
-    window = tiny_families.SPECS["gemma3"].sliding_window
+    window = tiny_families.SPECS[name].sliding_window
     np.testing.assert_allclose(got[:window], expected[:window], atol=ATOL)
     assert np.abs(got[window:] - expected[window:]).max() > 1e-2
 
@@ -92,7 +94,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
 
     path = write_tiny_llama(tmp_path / "m.gguf", arch="mamba")
     with pytest.raises(ModelLoadError, match=r"m.gguf: architecture 'mamba' is not supported \(only 'llama', "
-                                             r"'qwen2', 'qwen3', 'gemma3'\)"):
+                                             r"'qwen2', 'qwen3', 'gemma3', 'phi3'\)"):
         LlamaModel.load(path)
 
 
@@ -116,3 +118,37 @@ def test_a_mixture_of_experts_is_refused_by_name(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ModelLoadError, match=r"moe.gguf: a mixture of experts \(8 experts\) is not supported"):
         LlamaModel.load(path)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_quantized_blocks_run_on_the_kernels_as_on_numpy(tmp_path: Path, name: str) -> None:
+    """The kernels take each family's matrices from the file's blocks (phi3's q, k and v as row
+    ranges of one tensor, halves-rotating families' rows reordered): the numpy reference's logits."""
+    path = tiny_families.write_gguf(name, tmp_path / "q8.gguf", quant="Q8_0")
+    ids, _ = _reference(name)
+    kernel = LlamaModel.load(path, choose_kernels("onnxruntime"))
+    assert not kernel.weights.is_dense
+    want = _run(LlamaModel.load(path), ids, 5)
+    got = _run(kernel, ids, 5)
+    np.testing.assert_allclose(got, want, atol=ATOL * max(1.0, float(np.abs(want).max()) / 10), rtol=0)
+
+
+def test_longrope_is_refused_by_name(tmp_path: Path) -> None:
+    import gguf
+
+    path = tiny_families.write_gguf("phi3", tmp_path / "p.gguf")
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(tmp_path / "longrope.gguf", "phi3")
+    for field in reader.fields.values():
+        if field.name.startswith("phi3.") or field.name.startswith("tokenizer."):
+            writer.add_key_value(field.name, field.contents(), field.types[0],
+                                 field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data))
+    writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="LongRoPE .* is not supported"):
+        LlamaModel.load(tmp_path / "longrope.gguf")

@@ -7,7 +7,8 @@ Two kinds of vocabulary, by `tokenizer.ggml.model`:
             spells as <0xXX> tokens (byte fallback); the file has no merges, so they are derived
             from the vocabulary, best first: by score, or for Gemma by the pieces' order in the
             file (its scores do not follow its merge order); a "▁" before the text unless the file
-            says tokenizer.ggml.add_space_prefix = false
+            says tokenizer.ggml.add_space_prefix = false (always, as SentencePiece adds it, even
+            before a text that starts with a space)
 
 Owns vocabulary, merges, pre-tokenizer choice, special tokens and each token's bytes
 (`token_bytes`). Reads metadata only; it never touches tensors and never does network I/O.
@@ -290,7 +291,9 @@ def _build_spm(tokens: Sequence[str], merges: Sequence[str] | Sequence[tuple[str
         raise ModelLoadError(f"invalid tokenizer vocabulary or merges: {exc}") from exc
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
-        spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)
+        # SentencePiece's dummy prefix: "▁" before the text whatever it starts with (and, as in
+        # llama.cpp, after each special token: every stretch of plain text is normalized alone)
+        spm.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
         steps.append(decoders.Strip(" ", 1, 0))
     else:
         spm.normalizer = normalizers.Replace(" ", SPACE)

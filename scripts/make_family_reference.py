@@ -3,10 +3,11 @@
     tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
         checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
         logits at every position of a 20-token input
-    tests/data/spm_tokenizer_reference.json   a SentencePiece BPE vocabulary of ~600 pieces trained here
-        (tokenizers' trainer) and stored as Llama 2 / Mistral / TinyLlama GGUF files store theirs; the
-        ids and decodings transformers' GGUF loader gives for a corpus (with the prefix space: the
-        loader ignores a file's tokenizer.ggml.add_space_prefix = false, so that case is not here)
+    tests/data/spm_tokenizer_reference.json   a SentencePiece BPE model of 700 pieces trained here by
+        the sentencepiece library (as Llama 2's was: byte fallback, dummy prefix, split digits), its
+        pieces stored as Llama 2 / Mistral / TinyLlama GGUF files store theirs, and the ids and
+        decodings sentencepiece gives a corpus (plus the texts where transformers' GGUF loader,
+        whose Metaspace pre-tokenizer adds no prefix to a text that starts with a space, differs)
     tests/data/gemma3_270m_reference.json     the real Gemma 3 270M Q4_K_M file (`forge pull
         gemma-3-270m`) loaded by transformers from the GGUF: greedy continuations with the top-2 gap of
         every step, top-5 logprobs (one case past the 512-token sliding window) and the encodings of a
@@ -16,7 +17,7 @@ How to run it (NOT run by CI, and not a forge dependency: it needs torch and tra
 separate virtual environment outside the repository):
 
     python3 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate
+    /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece
     /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|gemma3]
 
 About 5 minutes on two cores. Every cached greedy run is cross-checked against one full forward.
@@ -138,31 +139,35 @@ def top_logprobs(model: Any, ids: list[int]) -> list[list[float]]:
 
 
 def spm_reference() -> dict[str, Any]:
-    """Train a small SentencePiece BPE vocabulary, store it as a GGUF 'llama' tokenizer, and record
-    what transformers' GGUF loader makes of a corpus with it."""
+    """Train a small SentencePiece BPE model with the sentencepiece library (as Llama 2's was made:
+    byte fallback, a dummy prefix, digits split, whitespace kept), store its pieces as
+    convert_hf_to_gguf.py stores Llama 2's, and record the ids sentencepiece itself gives a corpus."""
+    import io
     import tempfile
 
-    trainer_model = tokenizers.SentencePieceBPETokenizer(replacement="\u2581", add_prefix_space=True)
+    import sentencepiece as spm
+
     corpus = [LONG_PARAGRAPH, *COMPLETION_PROMPTS, *GEMMA_PROMPTS[:-1], *TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS]
-    trainer_model.train_from_iterator(corpus * 3, vocab_size=600, min_frequency=2, special_tokens=["<unk>"],
-                                      limit_alphabet=120, show_progress=False)
-    learned = sorted(trainer_model.get_vocab().items(), key=lambda item: item[1])
-    vocab = [{"piece": "<unk>", "score": 0.0, "type": 2}, {"piece": "<s>", "score": 0.0, "type": 3},
-             {"piece": "</s>", "score": 0.0, "type": 3}]
-    vocab += [{"piece": f"<0x{b:02X}>", "score": 0.0, "type": 6} for b in range(256)]
-    vocab += [{"piece": piece, "score": -float(rank), "type": 1}
-              for rank, (piece, _) in enumerate(p for p in learned if p[0] != "<unk>")]
-    texts = [*TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS[:12], "<s>hi</s>", " leading", "  two leading"]
-    cases = []
-    with tempfile.TemporaryDirectory() as tmp:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for text in corpus * 3 for line in text.splitlines() if line.strip()]),
+        model_writer=model, model_type="bpe", vocab_size=700, byte_fallback=True, split_digits=True,
+        add_dummy_prefix=True, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        character_coverage=0.9995, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = []
+    for i in range(sp.get_piece_size()):
+        kind = 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
+        vocab.append({"piece": sp.id_to_piece(i), "score": float(sp.get_score(i)), "type": kind})
+    texts = [*TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS[:12], " leading", "  two leading", "line\n next"]
+    cases = [{"text": text, "ids": [1, *sp.encode(text)], "decoded": sp.decode(sp.encode(text))} for text in texts]
+    with tempfile.TemporaryDirectory() as tmp:           # what transformers' GGUF loader makes of it, for the record
         path = tiny_families.write_spm_tokenizer_gguf(Path(tmp) / "spm.gguf", vocab)
         tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
-        for text in texts:
-            ids = list(tok(text).input_ids)
-            cases.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=True)})
-    print(f"spm: {len(vocab)} pieces, {len(cases)} cases; {cases[0]['text']!r} -> {cases[0]['ids'][:12]}")
-    return {"versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-            "vocab": vocab, "cases": cases}
+        differ = [c["text"] for c in cases if list(tok(c["text"]).input_ids) != c["ids"]]
+    print(f"spm: {len(vocab)} pieces, {len(cases)} cases; transformers' GGUF tokenizer differs on {differ!r}")
+    return {"versions": {"sentencepiece": spm.__version__}, "vocab": vocab, "cases": cases,
+            "transformers_differs_on": differ}
 
 
 def gemma3_reference() -> dict[str, Any]:

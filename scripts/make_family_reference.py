@@ -8,6 +8,8 @@
         pieces stored as Llama 2 / Mistral / TinyLlama GGUF files store theirs, and the ids and
         decodings sentencepiece gives a corpus (plus the texts where transformers' GGUF loader,
         whose Metaspace pre-tokenizer adds no prefix to a text that starts with a space, differs)
+    tests/data/bpe_pretokenizer_reference.json  a byte-level BPE vocabulary trained here, stored as a
+        GGUF 'gpt2' tokenizer under the pre-tokenizer names `qwen2` and `llama-bpe`; transformers' ids
     tests/data/gemma3_270m_reference.json     the real Gemma 3 270M Q4_K_M file (`forge pull
         gemma-3-270m`) loaded by transformers from the GGUF: greedy continuations with the top-2 gap of
         every step, top-5 logprobs (one case past the 512-token sliding window) and the encodings of a
@@ -18,7 +20,7 @@ separate virtual environment outside the repository):
 
     python3 -m venv /work/refvenv
     /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece
-    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|gemma3]
+    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|bpe|gemma3]
 
 About 5 minutes on two cores. Every cached greedy run is cross-checked against one full forward.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -170,6 +173,43 @@ def spm_reference() -> dict[str, Any]:
             "transformers_differs_on": differ}
 
 
+def bpe_reference() -> dict[str, Any]:
+    """A byte-level BPE vocabulary trained here (tokenizers' trainer), stored as GGUF 'gpt2' files
+    store theirs, under each pre-tokenizer name forge knows (`qwen2`, `llama-bpe`); the ids
+    transformers' GGUF loader gives a corpus with each."""
+    import tempfile
+
+    import gguf
+
+    trainer_model = tokenizers.ByteLevelBPETokenizer()
+    corpus = [LONG_PARAGRAPH, *COMPLETION_PROMPTS, *GEMMA_PROMPTS[:-1], *TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS]
+    trainer_model.train_from_iterator(corpus * 3, vocab_size=900, min_frequency=2, show_progress=False,
+                                      special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    state = json.loads(trainer_model._tokenizer.to_str())["model"]
+    tokens = [piece for piece, _ in sorted(state["vocab"].items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+    texts = [*TOKENIZER_TEXTS, *SMOLLM_TOKENIZER_TEXTS[:14], "12345678 and 2024-12-01"]
+    out: dict[str, Any] = {"tokens": tokens, "merges": merges, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in ("qwen2", "llama-bpe"):
+            path = Path(tmp) / f"{pre}.gguf"
+            writer = gguf.GGUFWriter(path, "qwen2")
+            writer.add_tokenizer_model("gpt2")
+            writer.add_tokenizer_pre(pre)
+            writer.add_token_list(tokens)
+            writer.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+            writer.add_token_merges(merges)
+            writer.add_eos_token_id(0)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
+            out["cases"][pre] = [{"text": t, "ids": list(tok(t, add_special_tokens=False).input_ids)} for t in texts]
+    print(f"bpe: {len(tokens)} tokens, {len(merges)} merges")
+    return out
+
+
 def gemma3_reference() -> dict[str, Any]:
     if sha256_of(GEMMA_FILE) != GEMMA_SHA256:
         sys.exit(f"{GEMMA_FILE}: sha256 differs from {GEMMA_SHA256} (run `forge pull gemma-3-270m`)")
@@ -198,7 +238,7 @@ def gemma3_reference() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("tiny", "spm", "gemma3"))
+    parser.add_argument("--only", choices=("tiny", "spm", "bpe", "gemma3"))
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -210,6 +250,10 @@ def main() -> None:
     if args.only in (None, "spm"):
         out = ROOT / "tests" / "data" / "spm_tokenizer_reference.json"
         dump(spm_reference(), out)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
+    if args.only in (None, "bpe"):
+        out = ROOT / "tests" / "data" / "bpe_pretokenizer_reference.json"
+        dump(bpe_reference(), out)
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
     if args.only in (None, "gemma3"):
         out = ROOT / "tests" / "data" / "gemma3_270m_reference.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,28 @@ def test_unsupported_model_is_rejected(tmp_path: Path) -> None:
 def test_missing_file() -> None:
     with pytest.raises(ModelLoadError, match="not found"):
         Tokenizer.from_gguf("/nonexistent/model.gguf")
+
+
+# ---- pre-tokenizers of other byte-level families, against transformers --------------------------
+
+BPE_DATA: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent.parent / "data" / "bpe_pretokenizer_reference.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_pre_tokenizers_match_transformers(pre: str) -> None:
+    """A byte-level vocabulary trained by tokenizers (scripts/make_family_reference.py) under Qwen2's
+    and Llama 3's split rules: forge's ids are transformers' for every text of the corpus."""
+    tokens = BPE_DATA["tokens"]
+    tok = Tokenizer(tokens, BPE_DATA["merges"], pre=pre,
+                    token_types=[3 if t.startswith("<|") else 1 for t in tokens])
+    assert tok.warnings == []
+    for case in BPE_DATA["cases"][pre]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
+    other = "llama-bpe" if pre == "qwen2" else "qwen2"           # the two rules differ on digits
+    assert any(a["ids"] != b["ids"] for a, b in zip(BPE_DATA["cases"][pre], BPE_DATA["cases"][other], strict=True))
+
+
+def test_an_unknown_pre_tokenizer_is_named_in_a_warning() -> None:
+    tok = Tokenizer(["a", "b", "ab"], ["a b"], pre="falcon")
+    assert tok.warnings and "'falcon'" in tok.warnings[0] and "GPT-2" in tok.warnings[0]

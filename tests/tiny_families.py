@@ -50,6 +50,8 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
     TinySpec("gemma3", "gemma3_text", layers=6, kv_heads=1, head_dim=32, tied=True, rope_theta=1e6,
              sliding_window=8),                                               # layers 0-4 sliding, 5 global
     TinySpec("phi3", "phi3", sliding_window=8),                              # q/k/v and gate/up fused
+    TinySpec("gemma2", "gemma2", layers=4, head_dim=16, tied=True, sliding_window=8,  # layers 0, 2 sliding
+             extra={"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),  # caps that bite
 )}
 SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
 SEED = 20261201
@@ -87,7 +89,7 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
             out[p + "self_attn.q_proj.bias"] = (0.1 * rng.standard_normal(q_rows)).astype(F32)
             out[p + "self_attn.k_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
             out[p + "self_attn.v_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
-        if family in ("qwen3", "gemma3"):
+        if family in ("qwen3", "gemma3"):   # QK-norm
             out[p + "self_attn.q_norm.weight"] = norm(s.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(s.head_dim)
         out[p + "post_attention_layernorm.weight"] = norm(s.hidden)
@@ -122,6 +124,11 @@ def hf_config(family: str) -> dict[str, Any]:
     if family == "phi3":
         del config["attention_bias"], config["head_dim"]
         config.update(sliding_window=s.sliding_window, original_max_position_embeddings=s.context)
+    if family == "gemma2":
+        config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
+                      sliding_window=s.sliding_window, **s.extra,
+                      layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(s.layers)])
+        del config["hidden_act"]
     if family == "gemma3":
         config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
                       sliding_window=s.sliding_window, final_logit_softcapping=None, attn_logit_softcapping=None,
@@ -156,6 +163,8 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
         writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     if s.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    for key, value in s.extra.items():                     # gemma2's soft-capping
+        writer.add_float32(f"{a}.{key}", value)
     tokens = _tokens(s.vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")

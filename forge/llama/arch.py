@@ -10,6 +10,8 @@ entry in ARCHITECTURES (and a reference test: docs/models.md), not a new model c
     gemma3   embeddings scaled by sqrt(width); QK-norm; a norm after attention and after the MLP
              too ("sandwich"); GELU (tanh) instead of SiLU in the gated MLP; RoPE over halves; five
              of every six layers attend to a sliding window only, with their own RoPE base
+    gemma2   as gemma3 without QK-norm, every other layer on the window (one RoPE base), and attention
+             scores and final logits soft-capped: cap * tanh(x / cap)
     phi3     q/k/v in one tensor and gate/up in another; RoPE over halves; every layer on a sliding
              window when the file names one
 
@@ -41,6 +43,7 @@ class Architecture:
     sliding_rope_base: float = 0.0     # the RoPE base of sliding-window layers (0: the model's)
     fused_qkv: bool = False            # blk.N.attn_qkv.weight: the q, k and v rows in one tensor
     fused_gate_up: bool = False        # blk.N.ffn_up.weight: the gate rows, then the up rows
+    softcapping: bool = False          # {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -49,6 +52,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("llama"),
         Architecture("qwen2", rope_style="halves", attention_bias=True),
         Architecture("qwen3", rope_style="halves", qk_norm=True),
+        Architecture("gemma2", rope_style="halves", sandwich_norms=True, activation="gelu_tanh",
+                     scale_embeddings=True, sliding_window_period=2, softcapping=True),
         Architecture("gemma3", rope_style="halves", qk_norm=True, sandwich_norms=True, activation="gelu_tanh",
                      scale_embeddings=True, sliding_window_period=6, sliding_rope_base=10000.0),
         Architecture("phi3", rope_style="halves", fused_qkv=True, fused_gate_up=True, sliding_window_period=1),

@@ -86,6 +86,7 @@ class AttentionPlan:
     prefill_parts: list[list[PrefillSeq]]  # one list per thread, each sequence once with some of its
                                            # tiles; parts own disjoint rows
     fused_parts: list[FusedDecode] = field(default_factory=list)  # instead of decode_parts, when fused
+    softcap: float = 0.0           # scores become softcap * tanh(scores / softcap) before the mask; 0: none
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -149,12 +150,14 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
 
 
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
-                   num_parts: int | None = None, *, fused: bool = False, window: int = 0) -> AttentionPlan:
+                   num_parts: int | None = None, *, fused: bool = False, window: int = 0,
+                   softcap: float = 0.0) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
     the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
-    last `window` positions."""
+    last `window` positions. A `softcap` (Gemma 2's logit soft-capping) runs on the numpy path."""
     starts = batch.query_start
+    fused = fused and not softcap
     if window and batch.num_tokens and int(batch.positions.max()) < window:
         window = 0                                          # no query reaches past the window
     lengths = np.diff(starts)                                                            # [S]
@@ -207,7 +210,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     prefill_parts = _split_prefills(prefills, num_parts, loads)
     while prefill_parts and not prefill_parts[-1]:
         prefill_parts.pop()
-    return AttentionPlan(decode_parts, prefill_parts, fused_parts)
+    return AttentionPlan(decode_parts, prefill_parts, fused_parts, softcap)
 
 
 def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,
@@ -262,19 +265,27 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
 
     def run(job: tuple[list[DecodeGroup], FusedDecode | None, list[PrefillSeq], Scratch]) -> None:
         groups, fused, prefills, part_scratch = job
-        _decode(groups, q, k_cache, v_cache, part_scratch, out)
+        _decode(groups, q, k_cache, v_cache, part_scratch, out, plan.softcap)
         if fused is not None:
             scores = part_scratch.get(3, (group * int(fused.context_lens.max()),))
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
                                             fused.context_lens, scores, out, fused.first_keys)
         for p in prefills:
-            _prefill(p, q, k_cache, v_cache, part_scratch, out)
+            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
 
     active_pool().run_parts(run, jobs)
     return out
 
 
-def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32) -> None:
+def _softcap_(scores: F32, cap: float) -> None:
+    """scores <- cap * tanh(scores / cap), in place."""
+    scores *= np.float32(1.0 / cap)
+    np.tanh(scores, out=scores)
+    scores *= np.float32(cap)
+
+
+def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
+            softcap: float = 0.0) -> None:
     """Attention of one part's decode groups; writes their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
@@ -288,6 +299,8 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
         # transposed views, not copies: numpy hands each [g, hd] x [hd, L] product to BLAS
         scores = scratch.get(2, (num_seqs, num_kv_heads, group, keys.shape[1]))          # [S, nkv, g, L]
         np.matmul(qg, keys.transpose(0, 2, 3, 1), out=scores)
+        if softcap:
+            _softcap_(scores, softcap)
         scores += g.bias
         sums = _exp_shifted_(scores)                                                     # [S, nkv, g, 1]
         o = np.matmul(scores, values.transpose(0, 2, 1, 3))                              # [S, nkv, g, hd]
@@ -295,7 +308,8 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32) -> None:
+def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
+             softcap: float = 0.0) -> None:
     """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
     their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
@@ -314,6 +328,8 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, 
         qt = q4.reshape(num_kv_heads, n * group, head_dim)                               # [nkv, n*g, hd]
         scores = scratch.get(2, (num_kv_heads, n * group, t.num_keys))                  # [nkv, n*g, K]
         np.matmul(qt, keys_t[..., : t.num_keys], out=scores)
+        if softcap:
+            _softcap_(scores, softcap)
         scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]
         scores4[..., t.mask_from:] += t.bias[None, :, None, :]
         sums = _exp_shifted_(scores)                                                     # [nkv, n*g, 1]

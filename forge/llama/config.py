@@ -41,6 +41,8 @@ class LlamaConfig:
     rope_scale: float = 1.0   # linear position scaling; 1.0 means none
     arch: Architecture = ARCHITECTURES[ARCHITECTURE]
     sliding_window: int = 0   # keys a sliding-window layer's query sees (its own included); 0: none
+    attn_softcap: float = 0.0   # attention scores soft-capped at this (cap * tanh(x / cap)); 0: none
+    final_softcap: float = 0.0  # the same for the output logits
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends to the last sliding_window positions only."""
@@ -135,6 +137,8 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         rope_scale=_rope_scale(reader, a, name),
         arch=arch,
         sliding_window=_sliding_window(reader, arch, name),
+        attn_softcap=_optional_number(reader, f"{a}.attn_logit_softcapping", 0.0) if arch.softcapping else 0.0,
+        final_softcap=_optional_number(reader, f"{a}.final_logit_softcapping", 0.0) if arch.softcapping else 0.0,
     )
 
 

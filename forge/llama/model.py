@@ -176,8 +176,9 @@ class LlamaModel:
         num_tokens, hd = batch.num_tokens, c.head_dim
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
-        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention)
-        plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window)
+        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention, softcap=c.attn_softcap)
+        plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window,
+                                       softcap=c.attn_softcap)
                         if any(self.sliding) else plan)
         scale = np.float32(c.attention_scale)
         last = c.num_layers - 1
@@ -208,7 +209,12 @@ class LlamaModel:
             else:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
-        return matmul(x, w.head)                                                # [N, V]
+        logits = matmul(x, w.head)                                              # [N, V]
+        if c.final_softcap:                                                     # gemma2
+            logits *= np.float32(1.0 / c.final_softcap)
+            np.tanh(logits, out=logits)
+            logits *= np.float32(c.final_softcap)
+        return logits
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
                           scale: np.float32, q: F32, mm: MatmulFn, rows: list[tuple[int, int]]) -> None:

@@ -76,7 +76,7 @@ def test_logits_match_transformers(family: tuple[str, Path], kernels: str, prefi
     assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "phi3"])
 def test_without_the_window_logits_differ(tmp_path: Path, name: str) -> None:
     """The reference crosses the sliding window: forge ignoring it would not match past position 8."""
     ids, expected = _reference(name)
@@ -94,7 +94,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
 
     path = write_tiny_llama(tmp_path / "m.gguf", arch="mamba")
     with pytest.raises(ModelLoadError, match=r"m.gguf: architecture 'mamba' is not supported \(only 'llama', "
-                                             r"'qwen2', 'qwen3', 'gemma3', 'phi3'\)"):
+                                             r"'qwen2', 'qwen3', 'gemma2', 'gemma3', 'phi3'\)"):
         LlamaModel.load(path)
 
 
@@ -152,3 +152,13 @@ def test_longrope_is_refused_by_name(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ModelLoadError, match="LongRoPE .* is not supported"):
         LlamaModel.load(tmp_path / "longrope.gguf")
+
+
+def test_gemma2_without_soft_capping_differs(tmp_path: Path) -> None:
+    """The reference's caps bite: forge ignoring either one would not match."""
+    ids, expected = _reference("gemma2")
+    for cap in ("attn_softcap", "final_softcap"):
+        model = LlamaModel.load(tiny_families.write_gguf("gemma2", tmp_path / f"{cap}.gguf"))
+        assert getattr(model.config, cap) > 0
+        object.__setattr__(model.config, cap, 0.0)
+        assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2, cap

@@ -87,7 +87,7 @@ def _load() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     for name in _DECODE_BY_STORAGE.values():
         fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, p, p]
+        fn.argtypes = [p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
         fn.restype = ctypes.c_int
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
     lib.q8_0_matmul.restype = ctypes.c_int
@@ -116,9 +116,11 @@ def _ptr(a: npt.NDArray[np.generic]) -> int:
 
 def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                            rows: I64, block_tables: I64,
-                           context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None) -> None:
+                           context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None,
+                           softcap: float = 0.0) -> None:
     """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c. With
-    first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window).
+    first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window);
+    with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first.
 
     q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16
     or bfloat16 (uint16 bits); rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
@@ -146,7 +148,7 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     rc = getattr(lib, kernel)(
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
         _ptr(context_lens), None if first_keys is None else _ptr(first_keys), len(rows),
-        num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), _ptr(out))
+        num_heads, num_kv_heads, head_dim, block_size, softcap, _ptr(scratch), _ptr(out))
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")

@@ -85,6 +85,7 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
  * block_tables: [S, table_width]  block ids, the first ceil(len / block_size) valid
  * context_lens: [S]  keys each sequence sees (its position + 1)
  * first_keys:   [S]  the first key each sequence sees (its sliding window's start), or NULL: 0
+ * softcap:      scores become softcap * tanh(score / softcap) before the softmax (Gemma 2); 0: none
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
@@ -92,7 +93,7 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
                            const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t num_seqs,
-                           int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
+                           int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
                            float *restrict scores, float *restrict out) {
     const int64_t group = nh / nkv;
     if (group > MAX_GROUP || hd > MAX_HEAD_DIM)
@@ -113,6 +114,8 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     float x = dot(qg + j * hd, kp, hd);
+                    if (softcap > 0.0f)
+                        x = softcap * tanhf(x / softcap);
                     scores[j * len + p] = x;
                     if (x > maxes[j])
                         maxes[j] = x;

@@ -155,9 +155,8 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
     the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
-    last `window` positions. A `softcap` (Gemma 2's logit soft-capping) runs on the numpy path."""
+    last `window` positions; with a `softcap` (Gemma 2's), scores are soft-capped before the mask."""
     starts = batch.query_start
-    fused = fused and not softcap
     if window and batch.num_tokens and int(batch.positions.max()) < window:
         window = 0                                          # no query reaches past the window
     lengths = np.diff(starts)                                                            # [S]
@@ -269,7 +268,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
         if fused is not None:
             scores = part_scratch.get(3, (group * int(fused.context_lens.max()),))
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
-                                            fused.context_lens, scores, out, fused.first_keys)
+                                            fused.context_lens, scores, out, fused.first_keys, plan.softcap)
         for p in prefills:
             _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
 

@@ -207,12 +207,13 @@ def paged_batch(rng: np.random.Generator, lens: list[int], query_lens: list[int]
 @settings(max_examples=25, deadline=None)
 @given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=9), kv_heads=st.sampled_from([1, 2, 3]),
        group=st.sampled_from([1, 3, 4]), block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3),
-       prefill_every=st.integers(0, 3), window=st.sampled_from([0, 1, 5, 40]), seed=st.integers(0, 2**32 - 1))
+       prefill_every=st.integers(0, 3), window=st.sampled_from([0, 1, 5, 40]),
+       softcap=st.sampled_from([0.0, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1))
 def test_fused_decode_attention_equals_the_numpy_reference(
         lens: list[int], kv_heads: int, group: int, block_size: int, num_parts: int, prefill_every: int,
-        window: int, seed: int) -> None:
+        window: int, softcap: float, seed: int) -> None:
     """Decode rows through the compiled kernel (mixed with prefill chunks, split over parts, with or
-    without a sliding window) give the numpy path's output."""
+    without a sliding window, with or without soft-capped scores) give the numpy path's output."""
     rng = np.random.default_rng(seed)
     head_dim = 16 * int(rng.integers(1, 5))
     # Chunks up to 12 rows: up to MAX_FUSED_CHUNK_ROWS (8) they run on the kernel row by row.
@@ -223,8 +224,8 @@ def test_fused_decode_attention_equals_the_numpy_reference(
     k = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
     v = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
     q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 4).astype(np.float32)
-    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v)
-    fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window, softcap=softcap), q, k, v)
+    fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window, softcap=softcap)
     assert fused_plan.fused_parts or not any(n == 1 for n in query_lens)
     got = attend(fused_plan, q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))

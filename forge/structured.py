@@ -111,7 +111,7 @@ class _Vocabulary:
     def __call__(self, text: bytes | str) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tok.encode(text, add_special_tokens=False)
+        return self._tok.encode_exact(text)
 
 
 class Grammars:

@@ -147,6 +147,7 @@ class Tokenizer:
         self._bpe.add_tokens([AddedToken(self._tokens[i], special=False, normalized=False) for i in user_defined])
         # Bytes no token spells are dropped by BPE, each alone (the rest of the text, even the
         # other bytes of the same character, is kept): exactly what the model's own tokenizer does.
+        self._bare: _BpeTokenizer | None = None
         self.missing_bytes = (_missing_bytes(self._tokens, self._added_ids) if kind == "gpt2"
                               else _missing_byte_pieces(self._tokens, types))
 
@@ -205,6 +206,20 @@ class Tokenizer:
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def encode_exact(self, text: str) -> list[int]:
+        """Ids whose token_bytes join to exactly text's UTF-8: encode without special tokens and,
+        for a SentencePiece vocabulary, without the prefix space (a grammar engine tokenizing a
+        fragment of output, not a whole prompt)."""
+        if not (self.kind == "spm" and self.add_space_prefix):
+            return self.encode(text, add_special_tokens=False)
+        if self._bare is None:                    # a copy without the prefix, made once, when first needed
+            bare = _BpeTokenizer.from_str(self._bpe.to_str())
+            bare.normalizer = normalizers.Replace(" ", SPACE)
+            self._bare = bare
+        if _SURROGATES.search(text):
+            text = _SURROGATES.sub("\ufffd", text)
+        return list(self._bare.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Ids to text; bytes that do not form valid UTF-8 become U+FFFD."""

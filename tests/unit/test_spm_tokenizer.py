@@ -83,3 +83,21 @@ def test_merges_are_ranked_by_the_piece_they_make() -> None:
     # "abc" scores highest: its splits come first, the longer left part before the shorter
     merges = spm_merges(tokens, [0.0, 0.0, 0.0, -2.0, -1.0, 5.0])
     assert merges == [("ab", "c"), ("a", "bc"), ("b", "c"), ("a", "b")]
+
+
+@pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: repr(c["text"])[:40])
+def test_exact_encoding_spells_the_text_without_the_prefix(tok: Tokenizer, case: dict[str, Any]) -> None:
+    """What the grammar engine tokenizes output fragments with: the text's bytes, nothing added."""
+    ids = tok.encode_exact(case["text"])
+    assert b"".join(tok.token_bytes(i) for i in ids) == case["text"].encode()
+
+
+def test_a_grammar_over_a_prefix_space_vocabulary_forces_the_exact_text(tok: Tokenizer) -> None:
+    from forge.structured import Grammars, choice_grammar
+
+    grammars = Grammars(tok)
+    matcher = grammars.matcher(choice_grammar(["quick brown"], param="x"))
+    ids = tok.encode_exact("quick brown")
+    for i in ids:
+        assert matcher.consume_token(i), tok.token_str(i)
+    assert matcher.is_accepting()

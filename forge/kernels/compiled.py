@@ -171,5 +171,8 @@ def q8_0_matmul(x: F32, blocks: npt.NDArray[np.uint8], out: F32, v_lo: int, v_hi
             or not 0 <= v_lo <= v_hi <= v_total):
         raise ValueError(f"q8_0_matmul: shapes {x.shape}, {blocks.shape}, {out.shape} "
                          f"or range [{v_lo}, {v_hi}) disagree")
-    if lib.q8_0_matmul(_ptr(x), num_rows, k, _ptr(blocks), v_lo, v_hi, v_total, _ptr(out)) != 0:
+    rc = lib.q8_0_matmul(_ptr(x), num_rows, k, _ptr(blocks), v_lo, v_hi, v_total, _ptr(out))
+    if rc == -2:
+        raise MemoryError(f"q8_0_matmul: no memory for its buffers of K={k}")
+    if rc != 0:
         raise ValueError(f"q8_0_matmul: K={k} is not whole blocks of 32 or over 8192")

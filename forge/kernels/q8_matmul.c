@@ -9,6 +9,7 @@
  * against.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dot.h"
@@ -62,15 +63,79 @@ static inline void tile4x4(const float *restrict x, const float *restrict rows, 
         }
 }
 
+/* From COLUMN_MIN_ROWS rows of x on, the product runs the other way round: x is transposed once
+ * per call (xt[k][t], its rows padded with zeros to a multiple of 32), and each step of k loads
+ * two vectors of xt (32 rows of x) and broadcasts one widened value of each of 6 rows of W; 12
+ * accumulators hold out[t..t+31][v..v+5], with no horizontal sums (the 4x4 tiles above end
+ * each tile in 16 of them). W's rows are widened as above, contiguously. */
+#define W_ROWS 6
+#define X_COLS 32
+#define COLUMN_MIN_ROWS 16
+
+static inline void column_tile(const float *restrict xt, int64_t t_pad, const float *restrict rows, int64_t k,
+                               int64_t num_w, float *restrict out, int64_t v_total, int64_t num_x) {
+    v16 acc[W_ROWS][2];
+    for (int c = 0; c < W_ROWS; c++)
+        acc[c][0] = acc[c][1] = (v16){0};
+    for (int64_t i = 0; i < k; i++) {
+        const v16 x0 = load16(xt + i * t_pad), x1 = load16(xt + i * t_pad + 16);
+        for (int c = 0; c < W_ROWS; c++) {
+            const float w = rows[c * k + i];
+            acc[c][0] += w * x0;
+            acc[c][1] += w * x1;
+        }
+    }
+    for (int64_t c = 0; c < num_w; c++)
+        for (int64_t t = 0; t < num_x; t++)
+            out[t * v_total + c] = t < 16 ? acc[c][0][t] : acc[c][1][t - 16];
+}
+
+static int q8_0_matmul_columns(const float *restrict x, int64_t num_rows, int64_t k, const uint8_t *restrict blocks,
+                               int64_t v_lo, int64_t v_hi, int64_t v_total, float *restrict out) {
+    const int64_t num_blocks = k / Q8_BLOCK;
+    const int64_t t_pad = (num_rows + X_COLS - 1) / X_COLS * X_COLS;
+    float *xt = aligned_alloc(64, (size_t)(k * t_pad) * sizeof(float));
+    float *rows = aligned_alloc(64, (size_t)(W_ROWS * k) * sizeof(float));
+    if (xt == NULL || rows == NULL) {
+        free(xt);
+        free(rows);
+        return -2;
+    }
+    for (int64_t i = 0; i < k; i++) {                   /* x transposed, zero-padded */
+        for (int64_t t = 0; t < num_rows; t++)
+            xt[i * t_pad + t] = x[t * k + i];
+        for (int64_t t = num_rows; t < t_pad; t++)
+            xt[i * t_pad + t] = 0.0f;
+    }
+    for (int64_t v = v_lo; v < v_hi; v += W_ROWS) {
+        const int64_t num_w = v_hi - v < W_ROWS ? v_hi - v : W_ROWS;
+        for (int64_t c = 0; c < W_ROWS; c++) {
+            if (c < num_w)
+                widen_row(blocks + (v + c) * num_blocks * Q8_BYTES, num_blocks, rows + c * k);
+            else
+                memset(rows + c * k, 0, (size_t)k * sizeof(float));
+        }
+        for (int64_t t = 0; t < num_rows; t += X_COLS) {
+            const int64_t num_x = num_rows - t < X_COLS ? num_rows - t : X_COLS;
+            column_tile(xt + t, t_pad, rows, k, num_w, out + t * v_total + v, v_total, num_x);
+        }
+    }
+    free(xt);
+    free(rows);
+    return 0;
+}
+
 /* x:      [T, K] float32
  * blocks: [V, K / 32, 34] the Q8_0 rows of W
  * out:    [T, V] float32, columns [v_lo, v_hi) written
- * Returns 0, or -1 when K is not whole blocks of 32 or exceeds MAX_K (a multiple of 16, as the
- * tiles read 16 lanes at a time). */
+ * Returns 0, -1 when K is not whole blocks of 32 or exceeds MAX_K (a multiple of 16, as the
+ * tiles read 16 lanes at a time), or -2 when the buffers of the column path cannot be allocated. */
 int q8_0_matmul(const float *restrict x, int64_t num_rows, int64_t k, const uint8_t *restrict blocks,
                 int64_t v_lo, int64_t v_hi, int64_t v_total, float *restrict out) {
     if (k % Q8_BLOCK || k > MAX_K)
         return -1;
+    if (num_rows >= COLUMN_MIN_ROWS)
+        return q8_0_matmul_columns(x, num_rows, k, blocks, v_lo, v_hi, v_total, out);
     const int64_t num_blocks = k / Q8_BLOCK;
     static _Thread_local float rows[4 * MAX_K];
     int64_t v = v_lo;

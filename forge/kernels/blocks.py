@@ -12,6 +12,7 @@ dequantize() is the numpy reference every kernel is tested against.
     Q5_1     5    32     d * q + m                   d          m
     Q8_0     8    32     d * (q - 128)               d       -128 d     (q = the int8 + 128)
     Q4_K     4    32     d sc q - dmin mn            d sc     -dmin mn  (6-bit sc, mn per 32)
+    Q5_K     5    32     d sc q - dmin mn            d sc     -dmin mn  (as Q4_K, a fifth bit in qh)
     Q6_K     6    16     d sc (q - 32)               d sc     -32 d sc  (int8 sc per 16)
 """
 
@@ -60,7 +61,7 @@ class AffineBlocks:
                             self.bits, block_size)
 
 
-SUPPORTED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K)
+SUPPORTED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def affine_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> AffineBlocks:
@@ -123,18 +124,33 @@ def _q8_0(b: U8) -> tuple[U8, F32, F32]:
     return q, d[:, None], (-128 * d)[:, None]
 
 
-def _q4_k(b: U8) -> tuple[U8, F32, F32]:
-    """144-byte super-blocks of 256: d, dmin (f16), 12 bytes of 6-bit scales/mins for 8 sub-blocks
-    of 32, 128 bytes of 4-bit q (each 32 bytes: one sub-block in low nibbles, the next in high)."""
+def _k_scales(b: U8) -> tuple[F32, F32]:
+    """Q4_K's and Q5_K's scale and offset per sub-block of 32 ([n, 8] each): d, dmin (f16), then
+    12 bytes packing 8 six-bit scales and 8 six-bit mins."""
     d, dmin, s = _f16(b[:, :2]), _f16(b[:, 2:4]), b[:, 4:16].astype(np.uint8)
     sc = np.empty((len(b), 8), dtype=np.uint8)
     mn = np.empty((len(b), 8), dtype=np.uint8)
     sc[:, :4], mn[:, :4] = s[:, 0:4] & 63, s[:, 4:8] & 63
     sc[:, 4:] = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
     mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return d[:, None] * sc, -(dmin[:, None] * mn)
+
+
+def _q4_k(b: U8) -> tuple[U8, F32, F32]:
+    """144-byte super-blocks of 256: d, dmin, the scales (_k_scales), 128 bytes of 4-bit q (each
+    32 bytes: one sub-block in low nibbles, the next in high)."""
     qs = b[:, 16:].reshape(-1, 4, 32)                                                  # [n, 4, 32]
     q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 256)                        # sub-blocks in order
-    return q.astype(np.uint8), d[:, None] * sc, -(dmin[:, None] * mn)
+    return (q.astype(np.uint8), *_k_scales(b))
+
+
+def _q5_k(b: U8) -> tuple[U8, F32, F32]:
+    """176-byte super-blocks of 256: d, dmin, the scales (_k_scales), 32 bytes qh, 128 bytes of low
+    4 bits laid out as Q4_K's; value l of sub-block k takes bit k of qh[l] as its fifth bit."""
+    qh, qs = b[:, 16:48], b[:, 48:].reshape(-1, 4, 32)
+    low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)                   # [n, 8, 32]
+    high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1        # [n, 8, 32]
+    return ((low | (high << 4)).astype(np.uint8).reshape(-1, 256), *_k_scales(b))
 
 
 def _q6_k(b: U8) -> tuple[U8, F32, F32]:
@@ -153,5 +169,5 @@ def _q6_k(b: U8) -> tuple[U8, F32, F32]:
 
 _DECODERS = {
     Q.Q4_0: (4, 32, _q4_0), Q.Q4_1: (4, 32, _q4_1), Q.Q5_0: (5, 32, _q5_0), Q.Q5_1: (5, 32, _q5_1),
-    Q.Q8_0: (8, 32, _q8_0), Q.Q4_K: (4, 32, _q4_k), Q.Q6_K: (6, 16, _q6_k),
+    Q.Q8_0: (8, 32, _q8_0), Q.Q4_K: (4, 32, _q4_k), Q.Q5_K: (5, 32, _q5_k), Q.Q6_K: (6, 16, _q6_k),
 }

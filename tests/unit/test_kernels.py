@@ -40,7 +40,7 @@ from tests.tiny_gguf import write_tiny_llama
 Q = GGMLQuantizationType
 # Where each type keeps its float16 scales (byte offsets in a block); the rest of a block is any bytes.
 F16_AT = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-          Q.Q6_K: (208,)}
+          Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, cols: int,

@@ -5,8 +5,8 @@ gguf package dequantizes.
   kernels hold it (integer codes, scales, offsets), equals gguf's dequantization bit for bit.
 - Every type in a model: a tiny model whose matrices are all Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16 or
   BF16 gives the logits of its twin stored as float32 (gguf's dequantization of the same data),
-  on the numpy reference and on the default kernels (which keep the types they support in blocks
-  and hold the others, Q5_K among them, as float32).
+  on the numpy reference and on the default kernels (which keep the types they support in blocks,
+  K-quants included, and hold the others, F16 and BF16, as float32).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ F32 = np.float32
 
 @dataclass(frozen=True)
 class TinySpec:
-    family: str                 # general.architecture
+    family: str                 # the case's name: the architecture, or a variant of one
     hf_model_type: str          # transformers' config class key
     vocab: int = 64
     hidden: int = 64
@@ -40,7 +40,13 @@ class TinySpec:
     context: int = 128
     tied: bool = False
     sliding_window: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    hf_extra: dict[str, Any] = field(default_factory=dict)     # more keyword arguments of the config
+    gguf_extra: dict[str, Any] = field(default_factory=dict)   # more metadata: {arch}.KEY = value
+    arch: str = ""              # general.architecture, when the name is a variant's
+
+    @property
+    def architecture(self) -> str:
+        return self.arch or self.family
 
 
 SPECS: dict[str, TinySpec] = {s.family: s for s in (
@@ -51,7 +57,11 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
              sliding_window=8),                                               # layers 0-4 sliding, 5 global
     TinySpec("phi3", "phi3", sliding_window=8),                              # q/k/v and gate/up fused
     TinySpec("gemma2", "gemma2", layers=4, head_dim=16, tied=True, sliding_window=8,  # layers 0, 2 sliding
-             extra={"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),  # caps that bite
+             hf_extra={"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},  # caps that bite
+             gguf_extra={"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),
+    TinySpec("llama-linear-rope", "llama", arch="llama",                     # positions divided by 4
+             hf_extra={"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+             gguf_extra={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
 )}
 SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
 SEED = 20261201
@@ -66,7 +76,8 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
     """The checkpoint's tensors, Hugging Face names and layout ([out, in] matrices), float32."""
     s = SPECS[family]
     rng = np.random.default_rng([SEED, zlib.crc32(family.encode())])   # a new family reseeds no other
-    gemma = family.startswith("gemma")
+    arch = s.architecture
+    gemma = arch.startswith("gemma")
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(F32)
@@ -85,11 +96,11 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
         out[p + "self_attn.k_proj.weight"] = matrix(kv_rows, s.hidden)
         out[p + "self_attn.v_proj.weight"] = matrix(kv_rows, s.hidden)
         out[p + "self_attn.o_proj.weight"] = matrix(s.hidden, q_rows)
-        if family == "qwen2":
+        if arch == "qwen2":
             out[p + "self_attn.q_proj.bias"] = (0.1 * rng.standard_normal(q_rows)).astype(F32)
             out[p + "self_attn.k_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
             out[p + "self_attn.v_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
-        if family in ("qwen3", "gemma3"):   # QK-norm
+        if arch in ("qwen3", "gemma3"):     # QK-norm
             out[p + "self_attn.q_norm.weight"] = norm(s.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(s.head_dim)
         out[p + "post_attention_layernorm.weight"] = norm(s.hidden)
@@ -99,7 +110,7 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
         out[p + "mlp.gate_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.up_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.down_proj.weight"] = matrix(s.hidden, s.ffn)
-        if family == "phi3":    # the checkpoint keeps q/k/v, and gate/up, each in one tensor
+        if arch == "phi3":      # the checkpoint keeps q/k/v, and gate/up, each in one tensor
             out[p + "self_attn.qkv_proj.weight"] = np.concatenate(
                 [out.pop(p + f"self_attn.{x}_proj.weight") for x in ("q", "k", "v")])
             out[p + "mlp.gate_up_proj.weight"] = np.concatenate(
@@ -113,23 +124,27 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
 def hf_config(family: str) -> dict[str, Any]:
     """The keyword arguments of the family's transformers config."""
     s = SPECS[family]
+    arch = s.architecture
     config: dict[str, Any] = dict(
         vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
         num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim, rms_norm_eps=s.rms_eps,
         max_position_embeddings=s.context, tie_word_embeddings=s.tied, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-        pad_token_id=0, hidden_act="silu", rope_theta=s.rope_theta, attention_bias=family == "qwen2",
+        pad_token_id=0, hidden_act="silu", rope_theta=s.rope_theta, attention_bias=arch == "qwen2",
     )
-    if family == "qwen2":
+    if "rope_parameters" in s.hf_extra:
+        del config["rope_theta"]
+    config.update(s.hf_extra)
+    if arch == "qwen2":
         del config["attention_bias"], config["head_dim"]
-    if family == "phi3":
+    if arch == "phi3":
         del config["attention_bias"], config["head_dim"]
         config.update(sliding_window=s.sliding_window, original_max_position_embeddings=s.context)
-    if family == "gemma2":
+    if arch == "gemma2":
         config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
-                      sliding_window=s.sliding_window, **s.extra,
+                      sliding_window=s.sliding_window,
                       layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(s.layers)])
         del config["hidden_act"]
-    if family == "gemma3":
+    if arch == "gemma3":
         config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
                       sliding_window=s.sliding_window, final_logit_softcapping=None, attn_logit_softcapping=None,
                       layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
@@ -146,7 +161,7 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     s = SPECS[family]
     sd = state_dict(family)
     path = Path(path)
-    a = family
+    a = s.architecture
     writer = gguf.GGUFWriter(path, a)
     writer.add_name(f"tiny-{family}")
     writer.add_uint32(f"{a}.block_count", s.layers)
@@ -159,12 +174,15 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
     writer.add_float32(f"{a}.rope.freq_base", s.rope_theta)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
-    if family in ("llama", "phi3"):
+    if a in ("llama", "phi3"):
         writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     if s.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
-    for key, value in s.extra.items():                     # gemma2's soft-capping
-        writer.add_float32(f"{a}.{key}", value)
+    for key, value in s.gguf_extra.items():                # gemma2's soft-capping, RoPE scaling
+        if isinstance(value, str):
+            writer.add_string(f"{a}.{key}", value)
+        else:
+            writer.add_float32(f"{a}.{key}", value)
     tokens = _tokens(s.vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -175,7 +193,7 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     writer.add_bos_token_id(BOS_ID)
     writer.add_eos_token_id(EOS_ID)
 
-    gemma = family.startswith("gemma")
+    gemma = a.startswith("gemma")
 
     qtype = gguf.GGMLQuantizationType[quant]
 
@@ -192,11 +210,11 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     for i in range(s.layers):
         h, p = f"model.layers.{i}.", f"blk.{i}."
         put(p + "attn_norm.weight", sd[h + "input_layernorm.weight"], is_norm=True)
-        if family == "phi3":              # written as the checkpoint holds them
+        if a == "phi3":                   # written as the checkpoint holds them
             put(p + "attn_qkv.weight", sd[h + "self_attn.qkv_proj.weight"])
         else:
             q, k = sd[h + "self_attn.q_proj.weight"], sd[h + "self_attn.k_proj.weight"]
-            if family == "llama":         # llama files keep q/k rows in RoPE pair order
+            if a == "llama":              # llama files keep q/k rows in RoPE pair order
                 q, k = permute_rows(q, s.heads), permute_rows(k, s.kv_heads)
             put(p + "attn_q.weight", q)
             put(p + "attn_k.weight", k)
@@ -214,7 +232,7 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
             put(p + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"], is_norm=True)
         else:
             put(p + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
-        if family == "phi3":
+        if a == "phi3":
             put(p + "ffn_up.weight", sd[h + "mlp.gate_up_proj.weight"])
         else:
             put(p + "ffn_gate.weight", sd[h + "mlp.gate_proj.weight"])

@@ -31,7 +31,8 @@ ATOL = 2e-4       # float32 through a few layers: measured differences are ~1e-5
 def test_every_family_has_a_reference() -> None:
     from forge.llama.arch import ARCHITECTURES
 
-    assert set(CASES) == set(ARCHITECTURES) == set(tiny_families.SPECS)
+    assert set(CASES) == set(tiny_families.SPECS)
+    assert {spec.architecture for spec in tiny_families.SPECS.values()} == set(ARCHITECTURES)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -70,7 +71,7 @@ def test_logits_match_transformers(family: tuple[str, Path], kernels: str, prefi
     name, path = family
     ids, expected = _reference(name)
     model = LlamaModel.load(path, None if kernels == "numpy" else choose_kernels(kernels))
-    assert model.config.arch.name == name
+    assert model.config.arch.name == tiny_families.SPECS[name].architecture
     got = _run(model, ids, prefill)
     np.testing.assert_allclose(got, expected, atol=ATOL * max(1.0, float(np.abs(expected).max()) / 10), rtol=0)
     assert (got.argmax(-1) == expected.argmax(-1)).all()
@@ -162,3 +163,24 @@ def test_gemma2_without_soft_capping_differs(tmp_path: Path) -> None:
         assert getattr(model.config, cap) > 0
         object.__setattr__(model.config, cap, 0.0)
         assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2, cap
+
+
+def test_linear_rope_scaling_matters(tmp_path: Path) -> None:
+    """The scaled variant's reference differs from what forge computes with the scaling ignored."""
+    ids, expected = _reference("llama-linear-rope")
+    model = LlamaModel.load(tiny_families.write_gguf("llama-linear-rope", tmp_path / "r.gguf"))
+    assert model.config.rope_scale == 4.0
+    object.__setattr__(model.config, "rope_scale", 1.0)
+    unscaled = LlamaModel(model.config, model.weights)
+    assert np.abs(_run(unscaled, ids, len(ids)) - expected).max() > 1e-2
+
+
+def test_yarn_is_refused_by_name(tmp_path: Path) -> None:
+    from forge.gguf_file import read_gguf
+    from forge.llama.config import config_from_reader
+
+    path = tiny_families.write_gguf("llama", tmp_path / "y.gguf")
+    reader = read_gguf(path)
+    reader.metadata["llama.rope.scaling.type"] = "yarn"
+    with pytest.raises(ModelLoadError, match="RoPE scaling 'yarn' is not supported"):
+        config_from_reader(reader, path)

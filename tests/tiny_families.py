@@ -62,6 +62,10 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
     TinySpec("llama-linear-rope", "llama", arch="llama",                     # positions divided by 4
              hf_extra={"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
              gguf_extra={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
+    TinySpec("llama-llama3-rope", "llama", arch="llama",                     # Llama 3.1's: rope_freqs.weight
+             hf_extra={"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                           "rope_theta": 10000.0}}),
 )}
 SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
 SEED = 20261201
@@ -155,6 +159,25 @@ def hf_config(family: str) -> dict[str, Any]:
     return config
 
 
+def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's converter writes as rope_freqs.weight for Llama 3.1's
+    RoPE scaling: 1 for short wavelengths, `factor` for long ones, a smooth blend between."""
+    freqs = rope["rope_theta"] ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    old, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=F32)
+
+
 def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32") -> Path:
     """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
     the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0)."""
@@ -241,6 +264,9 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     put("output_norm.weight", sd["model.norm.weight"], is_norm=True)
     if not s.tied:
         put("output.weight", sd["lm_head.weight"])
+    rope = s.hf_extra.get("rope_parameters", {})
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, s.head_dim))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -165,12 +165,19 @@ def test_gemma2_without_soft_capping_differs(tmp_path: Path) -> None:
         assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2, cap
 
 
-def test_linear_rope_scaling_matters(tmp_path: Path) -> None:
-    """The scaled variant's reference differs from what forge computes with the scaling ignored."""
+def test_rope_scaling_matters(tmp_path: Path) -> None:
+    """The scaled variants' references differ from what forge computes with the scaling ignored."""
     ids, expected = _reference("llama-linear-rope")
     model = LlamaModel.load(tiny_families.write_gguf("llama-linear-rope", tmp_path / "r.gguf"))
     assert model.config.rope_scale == 4.0
     object.__setattr__(model.config, "rope_scale", 1.0)
+    unscaled = LlamaModel(model.config, model.weights)
+    assert np.abs(_run(unscaled, ids, len(ids)) - expected).max() > 1e-2
+    ids, expected = _reference("llama-llama3-rope")
+    model = LlamaModel.load(tiny_families.write_gguf("llama-llama3-rope", tmp_path / "l3.gguf"))
+    factors = model.weights.rope_freqs
+    assert factors is not None and factors.min() == 1.0 and factors.max() == 8.0   # all three regimes
+    model.weights.rope_freqs = None
     unscaled = LlamaModel(model.config, model.weights)
     assert np.abs(_run(unscaled, ids, len(ids)) - expected).max() > 1e-2
 

@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "dot.h"
 
@@ -63,6 +66,82 @@ static inline void tile4x4(const float *restrict x, const float *restrict rows, 
         }
 }
 
+/* Up to DIRECT_MAX_ROWS rows of x (one decoding sequence, or a few with its drafts), each row of x
+ * meets 8 rows of W at a time straight from their blocks: 32 int8 values widened in two vectors,
+ * dotted with x, scaled by the block's d, into 8 independent accumulators (one per row of W).
+ * Nothing is stored and read back, and no accumulator waits on another's chain. Only where the CPU
+ * has AVX-512 (measured there: docs/benchmarks.md); elsewhere those rows take the 4x4 tiles. */
+#if defined(__AVX512F__)
+#define DIRECT_MAX_ROWS 8
+#else
+#define DIRECT_MAX_ROWS 0
+#endif
+#define DIRECT_W 8
+
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+
+/* 16 int8 as 16 floats: two AVX-512 instructions (gcc 12 turns the vector extensions' own
+ * conversion into value-by-value code, 5x slower). */
+static inline v16 widen16(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#else
+    v16i8 q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16);
+#endif
+}
+
+static inline float hsum(v16 a) {
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++)
+        s += a[l];
+    return s;
+}
+
+static void q8_0_matmul_direct(const float *restrict x, int64_t num_rows, int64_t k,
+                               const uint8_t *restrict blocks, int64_t v_lo, int64_t v_hi, int64_t v_total,
+                               float *restrict out) {
+    const int64_t num_blocks = k / Q8_BLOCK, row_bytes = num_blocks * Q8_BYTES;
+    int64_t v = v_lo;
+    for (; v + DIRECT_W <= v_hi; v += DIRECT_W) {
+        const uint8_t *w = blocks + v * row_bytes;
+        for (int64_t t = 0; t < num_rows; t++) {
+            const float *xt = x + t * k;
+            v16 acc[DIRECT_W];
+            for (int c = 0; c < DIRECT_W; c++)
+                acc[c] = (v16){0};
+            for (int64_t j = 0; j < num_blocks; j++) {
+                const v16 x0 = load16(xt + j * Q8_BLOCK), x1 = load16(xt + j * Q8_BLOCK + 16);
+                for (int c = 0; c < DIRECT_W; c++) {
+                    const uint8_t *b = w + c * row_bytes + j * Q8_BYTES;
+                    _Float16 h;
+                    memcpy(&h, b, sizeof h);
+                    const v16 p = widen16(b + 2) * x0 + widen16(b + 18) * x1;
+                    acc[c] += p * (float)h;
+                }
+            }
+            for (int c = 0; c < DIRECT_W; c++)
+                out[t * v_total + v + c] = hsum(acc[c]);
+        }
+    }
+    for (; v < v_hi; v++) {                             /* the last few rows of W one by one */
+        const uint8_t *w = blocks + v * row_bytes;
+        for (int64_t t = 0; t < num_rows; t++) {
+            v16 acc = {0};
+            for (int64_t j = 0; j < num_blocks; j++) {
+                const uint8_t *b = w + j * Q8_BYTES;
+                _Float16 h;
+                memcpy(&h, b, sizeof h);
+                acc += (widen16(b + 2) * load16(x + t * k + j * Q8_BLOCK)
+                        + widen16(b + 18) * load16(x + t * k + j * Q8_BLOCK + 16)) * (float)h;
+            }
+            out[t * v_total + v] = hsum(acc);
+        }
+    }
+}
+
 /* From COLUMN_MIN_ROWS rows of x on, the product runs the other way round: x is transposed once
  * per call (xt[k][t], its rows padded with zeros to a multiple of 32), and each step of k loads
  * two vectors of xt (32 rows of x) and broadcasts one widened value of each of 6 rows of W; 12
@@ -70,7 +149,7 @@ static inline void tile4x4(const float *restrict x, const float *restrict rows, 
  * each tile in 16 of them). W's rows are widened as above, contiguously. */
 #define W_ROWS 6
 #define X_COLS 32
-#define COLUMN_MIN_ROWS 16
+#define COLUMN_MIN_ROWS 12
 
 static inline void column_tile(const float *restrict xt, int64_t t_pad, const float *restrict rows, int64_t k,
                                int64_t num_w, float *restrict out, int64_t v_total, int64_t num_x) {
@@ -136,6 +215,10 @@ int q8_0_matmul(const float *restrict x, int64_t num_rows, int64_t k, const uint
         return -1;
     if (num_rows >= COLUMN_MIN_ROWS)
         return q8_0_matmul_columns(x, num_rows, k, blocks, v_lo, v_hi, v_total, out);
+    if (num_rows <= DIRECT_MAX_ROWS) {                 /* never without AVX-512 (0) */
+        q8_0_matmul_direct(x, num_rows, k, blocks, v_lo, v_hi, v_total, out);
+        return 0;
+    }
     const int64_t num_blocks = k / Q8_BLOCK;
     static _Thread_local float rows[4 * MAX_K];
     int64_t v = v_lo;

@@ -246,9 +246,8 @@ def configure_matmul(strategy: str, num_threads: int | None) -> MatmulPool:
 class Q8Matrix:
     """A matrix W [V, K] kept in GGUF Q8_0 blocks (the tied head: the embedding's own bytes, not a
     copy), multiplied as x @ W.T by the compiled kernel (forge/kernels/q8_matmul.c) with W's rows
-    split over the pool. Measured against onnxruntime's two 4-bit planes of the same head: 1.4-2x
-    faster at 3-8 rows, equal at 1 (SmolLM2; slower for Gemma 3's 262k rows), 2x faster at 32-64
-    (docs/benchmarks.md)."""
+    split over the pool. Measured against onnxruntime's two 4-bit planes of the same head: 1.5-3x
+    faster at 1-8 rows, 2x at 32-64 (docs/benchmarks.md)."""
 
     nbytes = 0          # the bytes belong to the embedding
 

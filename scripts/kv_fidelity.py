@@ -12,43 +12,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from forge.config import EngineConfig
-from forge.llm import LLMEngine, LoadedModel
-from forge.sampling_params import SamplingParams
+from forge.llm import LoadedModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.reference_cases import greedy_agrees, run_reference  # noqa: E402
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "tests/data/smollm2_reference.json").read_text())
-TIE_GAP = 1e-3
 
 
 def run(loaded: LoadedModel, kv_dtype: str) -> dict[str, Any]:
-    requests: dict[str, tuple[list[int], SamplingParams]] = {}
-    for i, case in enumerate(DATA["greedy"]):
-        requests[f"greedy-{i}"] = (case["prompt_ids"], SamplingParams(
-            max_tokens=DATA["num_greedy_tokens"], temperature=0.0, ignore_eos=True))
-    for i, case in enumerate(DATA["logprobs"]):
-        requests[f"logprobs-{i}"] = (case["prompt_ids"], SamplingParams(
-            max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=len(case["top5"])))
-    engine = LLMEngine(loaded, EngineConfig(kv_cache_memory=512 * 2**20, max_model_len=512, kernels=loaded.kernels.name,
-                                            max_num_seqs=len(requests), max_num_batched_tokens=2048,
-                                            kv_cache_dtype=kv_dtype))
-    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
-    logprobs: dict[str, list[Any]] = {rid: [] for rid in requests}
-    for rid, (ids, params) in requests.items():
-        engine.add_request(rid, ids, params)
-    while engine.has_work():
-        for ev in engine.step():
-            tokens[ev.request_id].extend(ev.token_ids)
-            logprobs[ev.request_id].extend(ev.logprobs)
-    matched = 0
-    for i, case in enumerate(DATA["greedy"]):
-        cut = next((j for j, gap in enumerate(case["top2_gap"]) if gap < TIE_GAP), len(case["output_ids"]))
-        matched += tokens[f"greedy-{i}"][:cut] == case["output_ids"][:cut]
+    outputs, _ = run_reference(loaded, DATA, EngineConfig(
+        kv_cache_memory=512 * 2**20, max_model_len=512, kernels=loaded.kernels.name,
+        max_num_seqs=len(DATA["greedy"]) + len(DATA["logprobs"]), max_num_batched_tokens=2048,
+        kv_cache_dtype=kv_dtype))
+    matched = sum(greedy_agrees(case, outputs[f"greedy-{i}"][0]) for i, case in enumerate(DATA["greedy"]))
     worst = 0.0
     for i, case in enumerate(DATA["logprobs"]):
-        got = dict(logprobs[f"logprobs-{i}"][0].top_logprobs)
+        got = dict(outputs[f"logprobs-{i}"][1][0].top_logprobs)
         for token_id, lp in case["top5"]:
             if int(token_id) in got:
                 worst = max(worst, abs(got[int(token_id)] - float(lp)))

@@ -28,7 +28,6 @@ About 5 minutes on two cores. Every cached greedy run is cross-checked against o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -43,7 +42,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump  # noqa: E402
+from scripts.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
 from scripts.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
 from tests import tiny_families  # noqa: E402
 
@@ -86,14 +85,6 @@ TOKENIZER_TEXTS = [
     "",
     "\r\nWindows line\r\n",
 ]
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @torch.no_grad()

@@ -15,13 +15,10 @@ from typing import Any
 import pytest
 
 from forge.config import EngineConfig
-from forge.llm import LLMEngine, LoadedModel
-from forge.messages import SampledToken
-from forge.sampling_params import SamplingParams
+from forge.llm import LoadedModel
+from tests.reference_cases import Outputs, assert_top5_agree, greedy_agrees, run_reference
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "smollm2_reference.json"
-TIE_GAP = 1e-3             # below this top-2 gap, float noise may pick either token: stop comparing there
-LOGPROB_TOL = 1e-3
 
 DATA: dict[str, Any] = json.loads(DATA_FILE.read_text(encoding="utf-8"))
 NUM_GREEDY = len(DATA["greedy"])
@@ -73,54 +70,20 @@ def test_chat_rendering_matches_reference(real: LoadedModel, case: dict[str, Any
 # ---- the forward: greedy continuations and logprobs, in one batch ----------------------------
 
 @pytest.fixture(scope="module")
-def engine_outputs(real: LoadedModel) -> dict[str, tuple[list[int], list[SampledToken]]]:
+def engine_outputs(real: LoadedModel) -> Outputs:
     """Every greedy prompt (48 tokens, past eos) and every logprob case (1 token, top 5) together."""
-    requests: dict[str, tuple[list[int], SamplingParams]] = {}
-    for i, case in enumerate(DATA["greedy"]):
-        requests[f"greedy-{i}"] = (case["prompt_ids"], SamplingParams(
-            max_tokens=DATA["num_greedy_tokens"], temperature=0.0, ignore_eos=True))
-    for i, case in enumerate(DATA["logprobs"]):
-        requests[f"logprobs-{i}"] = (case["prompt_ids"], SamplingParams(
-            max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=len(case["top5"])))
-    engine = LLMEngine(real, EngineConfig(kv_cache_memory=512 * 2**20, max_model_len=512,
-                                          max_num_seqs=len(requests), max_num_batched_tokens=2048))
-    outputs: dict[str, tuple[list[int], list[SampledToken]]] = {rid: ([], []) for rid in requests}
-    for rid, (ids, params) in requests.items():
-        engine.add_request(rid, ids, params)
-    while engine.has_work():
-        for ev in engine.step():
-            outputs[ev.request_id][0].extend(ev.token_ids)
-            outputs[ev.request_id][1].extend(ev.logprobs)
+    outputs, engine = run_reference(real, DATA, EngineConfig(
+        kv_cache_memory=512 * 2**20, max_model_len=512, max_num_seqs=len(DATA["greedy"]) + len(DATA["logprobs"]),
+        max_num_batched_tokens=2048))
     assert engine.core.stats().num_preemptions == 0
     return outputs
 
 
 @pytest.mark.parametrize("index", range(NUM_GREEDY), ids=[repr(c["prompt"])[:40] for c in DATA["greedy"]])
-def test_greedy_matches_reference(engine_outputs: dict[str, tuple[list[int], list[SampledToken]]],
-                                  index: int) -> None:
-    case = DATA["greedy"][index]
-    expected, gaps = case["output_ids"], case["top2_gap"]
-    got = engine_outputs[f"greedy-{index}"][0]
-    assert len(got) == len(expected)
-    cut = next((i for i, gap in enumerate(gaps) if gap < TIE_GAP), len(expected))
-    assert got[:cut] == expected[:cut]
+def test_greedy_matches_reference(engine_outputs: Outputs, index: int) -> None:
+    assert greedy_agrees(DATA["greedy"][index], engine_outputs[f"greedy-{index}"][0])
 
 
 @pytest.mark.parametrize("index", range(len(DATA["logprobs"])))
-def test_top5_logprobs_match_reference(engine_outputs: dict[str, tuple[list[int], list[SampledToken]]],
-                                       index: int) -> None:
-    expected = [(int(t), float(lp)) for t, lp in DATA["logprobs"][index]["top5"]]
-    token_ids, logprobs = engine_outputs[f"logprobs-{index}"]
-    assert len(token_ids) == len(logprobs) == 1
-    sampled = logprobs[0]
-    got = dict(sampled.top_logprobs)
-    assert len(got) == len(expected)
-    assert sampled.logprob == pytest.approx(expected[0][1], abs=LOGPROB_TOL)   # greedy: the top token
-    if expected[0][1] - expected[1][1] >= TIE_GAP:
-        assert sampled.token_id == expected[0][0]
-    fifth = min(got.values())
-    for token_id, logprob in expected:
-        if token_id in got:
-            assert got[token_id] == pytest.approx(logprob, abs=LOGPROB_TOL)
-        else:                   # only a near-tie at the cut may swap which token is fifth
-            assert logprob == pytest.approx(fifth, abs=LOGPROB_TOL)
+def test_top5_logprobs_match_reference(engine_outputs: Outputs, index: int) -> None:
+    assert_top5_agree(DATA["logprobs"][index]["top5"], *engine_outputs[f"logprobs-{index}"])

@@ -142,14 +142,18 @@ static void q8_0_matmul_direct(const float *restrict x, int64_t num_rows, int64_
     }
 }
 
-/* From COLUMN_MIN_ROWS rows of x on, the product runs the other way round: x is transposed once
- * per call (xt[k][t], its rows padded with zeros to a multiple of 32), and each step of k loads
- * two vectors of xt (32 rows of x) and broadcasts one widened value of each of 6 rows of W; 12
- * accumulators hold out[t..t+31][v..v+5], with no horizontal sums (the 4x4 tiles above end
- * each tile in 16 of them). W's rows are widened as above, contiguously. */
+/* From COLUMN_MIN_ROWS rows of x on (with AVX-512), the product runs the other way round: x is
+ * transposed once per call (xt[k][t], its rows padded with zeros to a multiple of 32), and each
+ * step of k loads two vectors of xt (32 rows of x) and broadcasts one widened value of each of 6
+ * rows of W; 12 accumulators hold out[t..t+31][v..v+5], with no horizontal sums (the 4x4 tiles
+ * above end each tile in 16 of them). W's rows are widened as above, contiguously. */
 #define W_ROWS 6
 #define X_COLS 32
+#if defined(__AVX512F__)
 #define COLUMN_MIN_ROWS 12
+#else
+#define COLUMN_MIN_ROWS INT64_MAX   /* 12 accumulators of 16 floats spill on 16 ymm registers: 5x slower */
+#endif
 
 static inline void column_tile(const float *restrict xt, int64_t t_pad, const float *restrict rows, int64_t k,
                                int64_t num_w, float *restrict out, int64_t v_total, int64_t num_x) {

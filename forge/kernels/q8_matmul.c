@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -66,38 +66,60 @@ static inline void tile4x4(const float *restrict x, const float *restrict rows, 
         }
 }
 
-/* Up to DIRECT_MAX_ROWS rows of x (one decoding sequence, or a few with its drafts), each row of x
- * meets 8 rows of W at a time straight from their blocks: 32 int8 values widened in two vectors,
- * dotted with x, scaled by the block's d, into 8 independent accumulators (one per row of W).
- * Nothing is stored and read back, and no accumulator waits on another's chain. Only where the CPU
- * has AVX-512 (measured there: docs/benchmarks.md); elsewhere those rows take the 4x4 tiles. */
+/* The direct and column paths below compute in vectors of VN floats: 16 with AVX-512, 8 with AVX2
+ * (16-float vectors would spill AVX2's 16 registers: measured on an x86-64-v3 build, the column
+ * path at 32 rows took 762 ms with them, 20 ms with 8-float ones; docs/benchmarks.md). Without
+ * either they are off and the tiles above serve every row count. */
 #if defined(__AVX512F__)
-#define DIRECT_MAX_ROWS 8
+#define VN 16
+#elif defined(__AVX2__)
+#define VN 8
 #else
-#define DIRECT_MAX_ROWS 0
+#define VN 0
 #endif
-#define DIRECT_W 8
 
-typedef int8_t v16i8 __attribute__((vector_size(16)));
-typedef int32_t v16i32 __attribute__((vector_size(64)));
+#if VN
+typedef float vn __attribute__((vector_size(VN * sizeof(float))));
 
-/* 16 int8 as 16 floats: two AVX-512 instructions (gcc 12 turns the vector extensions' own
- * conversion into value-by-value code, 5x slower). */
-static inline v16 widen16(const uint8_t *p) {
-#if defined(__AVX512F__)
-    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+static inline vn loadn(const float *p) {
+    vn r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+
+/* VN int8 as VN floats in two instructions (gcc 12 turns the vector extensions' own conversion
+ * into value-by-value code, 5x slower). */
+static inline vn widenn(const uint8_t *p) {
+#if VN == 16
+    return (vn)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 #else
-    v16i8 q;
-    memcpy(&q, p, sizeof q);
-    return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16);
+    return (vn)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #endif
 }
 
-static inline float hsum(v16 a) {
+static inline float hsumn(vn a) {
     float s = 0.0f;
-    for (int l = 0; l < LANES; l++)
+    for (int l = 0; l < VN; l++)
         s += a[l];
     return s;
+}
+
+/* Up to DIRECT_MAX_ROWS rows of x (one decoding sequence, or a few with its drafts), each row of x
+ * meets 8 rows of W at a time straight from their blocks: 32 int8 values widened in 32 / VN
+ * vectors, dotted with x, scaled by the block's d, into 8 independent accumulators (one per row
+ * of W). Nothing is stored and read back, and no accumulator waits on another's chain. */
+#define DIRECT_MAX_ROWS 8
+#define DIRECT_W 8
+#define PARTS (Q8_BLOCK / VN)
+
+/* One block of one row of W (at b) dotted with the block's PARTS vectors of x, scaled by its d. */
+static inline vn block_dot(const uint8_t *restrict b, const vn *restrict xs) {
+    _Float16 h;
+    memcpy(&h, b, sizeof h);
+    vn p = widenn(b + 2) * xs[0];
+    for (int part = 1; part < PARTS; part++)
+        p += widenn(b + 2 + part * VN) * xs[part];
+    return p * (float)h;
 }
 
 static void q8_0_matmul_direct(const float *restrict x, int64_t num_rows, int64_t k,
@@ -109,59 +131,51 @@ static void q8_0_matmul_direct(const float *restrict x, int64_t num_rows, int64_
         const uint8_t *w = blocks + v * row_bytes;
         for (int64_t t = 0; t < num_rows; t++) {
             const float *xt = x + t * k;
-            v16 acc[DIRECT_W];
+            vn acc[DIRECT_W];
             for (int c = 0; c < DIRECT_W; c++)
-                acc[c] = (v16){0};
+                acc[c] = (vn){0};
             for (int64_t j = 0; j < num_blocks; j++) {
-                const v16 x0 = load16(xt + j * Q8_BLOCK), x1 = load16(xt + j * Q8_BLOCK + 16);
-                for (int c = 0; c < DIRECT_W; c++) {
-                    const uint8_t *b = w + c * row_bytes + j * Q8_BYTES;
-                    _Float16 h;
-                    memcpy(&h, b, sizeof h);
-                    const v16 p = widen16(b + 2) * x0 + widen16(b + 18) * x1;
-                    acc[c] += p * (float)h;
-                }
+                vn xs[PARTS];
+                for (int part = 0; part < PARTS; part++)
+                    xs[part] = loadn(xt + j * Q8_BLOCK + part * VN);
+                for (int c = 0; c < DIRECT_W; c++)
+                    acc[c] += block_dot(w + c * row_bytes + j * Q8_BYTES, xs);
             }
             for (int c = 0; c < DIRECT_W; c++)
-                out[t * v_total + v + c] = hsum(acc[c]);
+                out[t * v_total + v + c] = hsumn(acc[c]);
         }
     }
     for (; v < v_hi; v++) {                             /* the last few rows of W one by one */
         const uint8_t *w = blocks + v * row_bytes;
         for (int64_t t = 0; t < num_rows; t++) {
-            v16 acc = {0};
+            vn acc = {0};
             for (int64_t j = 0; j < num_blocks; j++) {
-                const uint8_t *b = w + j * Q8_BYTES;
-                _Float16 h;
-                memcpy(&h, b, sizeof h);
-                acc += (widen16(b + 2) * load16(x + t * k + j * Q8_BLOCK)
-                        + widen16(b + 18) * load16(x + t * k + j * Q8_BLOCK + 16)) * (float)h;
+                vn xs[PARTS];
+                for (int part = 0; part < PARTS; part++)
+                    xs[part] = loadn(x + t * k + j * Q8_BLOCK + part * VN);
+                acc += block_dot(w + j * Q8_BYTES, xs);
             }
-            out[t * v_total + v] = hsum(acc);
+            out[t * v_total + v] = hsumn(acc);
         }
     }
 }
 
-/* From COLUMN_MIN_ROWS rows of x on (with AVX-512), the product runs the other way round: x is
- * transposed once per call (xt[k][t], its rows padded with zeros to a multiple of 32), and each
- * step of k loads two vectors of xt (32 rows of x) and broadcasts one widened value of each of 6
- * rows of W; 12 accumulators hold out[t..t+31][v..v+5], with no horizontal sums (the 4x4 tiles
+/* From COLUMN_MIN_ROWS rows of x on, the product runs the other way round: x is transposed once
+ * per call (xt[k][t], its rows padded with zeros to a multiple of X_COLS = 2 VN), and each step of
+ * k loads two vectors of xt (X_COLS rows of x) and broadcasts one widened value of each of 6 rows
+ * of W; 12 accumulators hold out[t..t+X_COLS-1][v..v+5], with no horizontal sums (the 4x4 tiles
  * above end each tile in 16 of them). W's rows are widened as above, contiguously. */
 #define W_ROWS 6
-#define X_COLS 32
-#if defined(__AVX512F__)
+#define X_COLS (2 * VN)
 #define COLUMN_MIN_ROWS 12
-#else
-#define COLUMN_MIN_ROWS INT64_MAX   /* 12 accumulators of 16 floats spill on 16 ymm registers: 5x slower */
-#endif
 
 static inline void column_tile(const float *restrict xt, int64_t t_pad, const float *restrict rows, int64_t k,
                                int64_t num_w, float *restrict out, int64_t v_total, int64_t num_x) {
-    v16 acc[W_ROWS][2];
+    vn acc[W_ROWS][2];
     for (int c = 0; c < W_ROWS; c++)
-        acc[c][0] = acc[c][1] = (v16){0};
+        acc[c][0] = acc[c][1] = (vn){0};
     for (int64_t i = 0; i < k; i++) {
-        const v16 x0 = load16(xt + i * t_pad), x1 = load16(xt + i * t_pad + 16);
+        const vn x0 = loadn(xt + i * t_pad), x1 = loadn(xt + i * t_pad + VN);
         for (int c = 0; c < W_ROWS; c++) {
             const float w = rows[c * k + i];
             acc[c][0] += w * x0;
@@ -170,7 +184,7 @@ static inline void column_tile(const float *restrict xt, int64_t t_pad, const fl
     }
     for (int64_t c = 0; c < num_w; c++)
         for (int64_t t = 0; t < num_x; t++)
-            out[t * v_total + c] = t < 16 ? acc[c][0][t] : acc[c][1][t - 16];
+            out[t * v_total + c] = t < VN ? acc[c][0][t] : acc[c][1][t - VN];
 }
 
 static int q8_0_matmul_columns(const float *restrict x, int64_t num_rows, int64_t k, const uint8_t *restrict blocks,
@@ -207,6 +221,7 @@ static int q8_0_matmul_columns(const float *restrict x, int64_t num_rows, int64_
     free(rows);
     return 0;
 }
+#endif  /* VN */
 
 /* x:      [T, K] float32
  * blocks: [V, K / 32, 34] the Q8_0 rows of W
@@ -217,12 +232,14 @@ int q8_0_matmul(const float *restrict x, int64_t num_rows, int64_t k, const uint
                 int64_t v_lo, int64_t v_hi, int64_t v_total, float *restrict out) {
     if (k % Q8_BLOCK || k > MAX_K)
         return -1;
+#if VN
     if (num_rows >= COLUMN_MIN_ROWS)
         return q8_0_matmul_columns(x, num_rows, k, blocks, v_lo, v_hi, v_total, out);
-    if (num_rows <= DIRECT_MAX_ROWS) {                 /* never without AVX-512 (0) */
+    if (num_rows <= DIRECT_MAX_ROWS) {
         q8_0_matmul_direct(x, num_rows, k, blocks, v_lo, v_hi, v_total, out);
         return 0;
     }
+#endif
     const int64_t num_blocks = k / Q8_BLOCK;
     static _Thread_local float rows[4 * MAX_K];
     int64_t v = v_lo;

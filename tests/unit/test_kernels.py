@@ -354,9 +354,9 @@ def test_the_q8_kernel_multiplies_by_exactly_the_files_values(rows: int, num_blo
 
 
 def test_the_q8_kernel_built_without_avx512_gives_the_same_products(tmp_path: Path) -> None:
-    """The head kernel as a CPU without AVX-512 gets it (x86-64-v3: AVX2, FMA, F16C; every row
-    count then takes the 4x4 tiles): the exact product within float32 rounding, as the native build
-    gives it, at every path's row counts."""
+    """The head kernel as a CPU without AVX-512 gets it (x86-64-v3: AVX2, FMA, F16C; its direct and
+    column paths then compute in 8-float vectors): the exact product within float32 rounding, as
+    the native build gives it, at every path's row counts."""
     import ctypes
     import platform
     import shutil

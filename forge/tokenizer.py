@@ -200,9 +200,7 @@ class Tokenizer:
 
         With add_special_tokens, a bos id is prepended only if the model file asks for it.
         """
-        if _SURROGATES.search(text):
-            text = _SURROGATES.sub("\ufffd", text)
-        ids: list[int] = self._bpe.encode(text, add_special_tokens=False).ids
+        ids: list[int] = self._bpe.encode(_valid_unicode(text), add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         return ids
@@ -217,9 +215,7 @@ class Tokenizer:
             bare = _BpeTokenizer.from_str(self._bpe.to_str())
             bare.normalizer = normalizers.Replace(" ", SPACE)
             self._bare = bare
-        if _SURROGATES.search(text):
-            text = _SURROGATES.sub("\ufffd", text)
-        return list(self._bare.encode(text, add_special_tokens=False).ids)
+        return list(self._bare.encode(_valid_unicode(text), add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Ids to text; bytes that do not form valid UTF-8 become U+FFFD."""
@@ -274,6 +270,11 @@ def _build_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str) -> _BpeTo
     bpe.pre_tokenizer = _pre_tokenizer(pre)
     bpe.decoder = decoders.ByteLevel()
     return bpe
+
+
+def _valid_unicode(text: str) -> str:
+    """Lone surrogates (not valid Unicode) as U+FFFD, as every encode takes them."""
+    return _SURROGATES.sub("\ufffd", text) if _SURROGATES.search(text) else text
 
 
 def spm_merges(tokens: Sequence[str], priority: Sequence[float]) -> list[tuple[str, str]]:

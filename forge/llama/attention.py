@@ -276,8 +276,8 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     return out
 
 
-def _softcap_(scores: F32, cap: float) -> None:
-    """scores <- cap * tanh(scores / cap), in place."""
+def softcap_(scores: F32, cap: float) -> None:
+    """scores <- cap * tanh(scores / cap), in place (Gemma 2's soft-capping of scores and logits)."""
     scores *= np.float32(1.0 / cap)
     np.tanh(scores, out=scores)
     scores *= np.float32(cap)
@@ -299,7 +299,7 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
         scores = scratch.get(2, (num_seqs, num_kv_heads, group, keys.shape[1]))          # [S, nkv, g, L]
         np.matmul(qg, keys.transpose(0, 2, 3, 1), out=scores)
         if softcap:
-            _softcap_(scores, softcap)
+            softcap_(scores, softcap)
         scores += g.bias
         sums = _exp_shifted_(scores)                                                     # [S, nkv, g, 1]
         o = np.matmul(scores, values.transpose(0, 2, 1, 3))                              # [S, nkv, g, hd]
@@ -328,7 +328,7 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, 
         scores = scratch.get(2, (num_kv_heads, n * group, t.num_keys))                  # [nkv, n*g, K]
         np.matmul(qt, keys_t[..., : t.num_keys], out=scores)
         if softcap:
-            _softcap_(scores, softcap)
+            softcap_(scores, softcap)
         scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]
         scores4[..., t.mask_from:] += t.bias[None, :, None, :]
         sums = _exp_shifted_(scores)                                                     # [nkv, n*g, 1]

@@ -21,7 +21,7 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
 from forge.kernels import KernelChoice, compiled
-from forge.llama.attention import attend, plan_attention
+from forge.llama.attention import attend, plan_attention, softcap_
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
@@ -98,8 +98,9 @@ class LlamaModel:
         self.weights = weights
         self.rope = RopeTables.build(config, weights.rope_freqs)
         self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
+        self.has_sliding = any(self.sliding)
         self.rope_sliding = (RopeTables.build(config, weights.rope_freqs, sliding=True)
-                             if any(self.sliding) else self.rope)
+                             if self.has_sliding else self.rope)
         self.activation = gelu_tanh_gated if config.arch.activation == "gelu_tanh" else swiglu
         # The compiled decode attention goes with the compiled kernels; --kernels numpy keeps the
         # whole forward on the numpy reference.
@@ -177,13 +178,15 @@ class LlamaModel:
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
         plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention, softcap=c.attn_softcap)
+        # The window's own plan only once some query reaches past it: before that it is `plan`.
+        reaches_past = self.has_sliding and int(batch.positions.max()) >= c.sliding_window
         plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window,
                                        softcap=c.attn_softcap)
-                        if any(self.sliding) else plan)
+                        if reaches_past else plan)
         scale = np.float32(c.attention_scale)
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
-        rotation_sliding = self.rope_sliding.at(batch.positions) if any(self.sliding) else rotation
+        rotation_sliding = self.rope_sliding.at(batch.positions) if self.has_sliding else rotation
         x = w.embed(batch.token_ids)                                            # [T, H]
         if c.arch.scale_embeddings:
             x *= np.float32(math.sqrt(c.hidden_size))
@@ -211,9 +214,7 @@ class LlamaModel:
         x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
         logits = matmul(x, w.head)                                              # [N, V]
         if c.final_softcap:                                                     # gemma2
-            logits *= np.float32(1.0 / c.final_softcap)
-            np.tanh(logits, out=logits)
-            logits *= np.float32(c.final_softcap)
+            softcap_(logits, c.final_softcap)
         return logits
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,

@@ -6,22 +6,30 @@
                the compiled kernel on 1 and 2 threads, and their error against float64
     head       the tied head (49,152 x 576): the compiled Q8_0 kernel against onnxruntime's two
                4-bit planes of the same blocks, per number of rows
+    head-march the Q8_0 head kernel built for other CPUs (--march, e.g. x86-64-v3: AVX2 without
+               AVX-512) and run here on one thread, the current source against --baseline REV's
 
 Figures only.
 
     .venv/bin/python scripts/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
     .venv/bin/python scripts/ab_kernels.py attention
     .venv/bin/python scripts/ab_kernels.py head
+    .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import resource
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +38,7 @@ from forge.batch import ForwardBatch
 from forge.bench import matmul_seconds
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
+from forge.kernels import compiled
 from forge.kernels.blocks import affine_blocks
 from forge.kernels.onnx_linear import OnnxLinear
 from forge.llama.attention import attend, plan_attention
@@ -99,9 +108,44 @@ def cmd_head(model: str | None, reps: int) -> None:
               f"{timed(lambda x=x: planes.matmul(x), reps) * 1e3:12.2f} ms")
 
 
+def cmd_head_march(model: str | None, reps: int, marches: list[str], baseline: str) -> None:
+    """Build q8_matmul.c (this checkout's, and `baseline`'s from git) for each -march and time the
+    head through ctypes, one thread, per number of rows of x."""
+    tensor = read_gguf(resolve_model(model, lambda _m: None)).tensors["token_embd.weight"]
+    blocks = np.array(tensor.data, dtype=np.uint8)
+    rows, cols = tensor.shape
+    source = Path(compiled.__file__).with_name("q8_matmul.c")
+    flags = [f for f in compiled.CFLAGS if not f.startswith("-march=")]
+    rng = np.random.default_rng(0)
+    print("build                      " + "".join(f"{n:>9d}" for n in (1, 8, 32, 64)) + "   rows: ms, one thread")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(source.with_name("dot.h"), tmp)
+        old = Path(tmp) / "q8_old.c"
+        old.write_bytes(subprocess.run(["git", "show", f"{baseline}:forge/kernels/q8_matmul.c"],
+                                       capture_output=True, check=True).stdout)
+        for march in marches:
+            for label, src in ((baseline, old), ("now", source)):
+                built = Path(tmp) / f"{label}-{march}.so"
+                subprocess.run([shutil.which("cc") or "gcc", *flags, f"-march={march}", "-shared", "-I", tmp,
+                                "-o", str(built), str(src), "-lm"], check=True, capture_output=True)
+                lib = ctypes.CDLL(str(built))
+                figures = []
+                for n in (1, 8, 32, 64):
+                    x = rng.standard_normal((n, cols)).astype(np.float32)
+                    out = np.empty((n, rows), np.float32)
+                    args = [ctypes.c_void_p(x.ctypes.data), ctypes.c_int64(n), ctypes.c_int64(cols),
+                            ctypes.c_void_p(blocks.ctypes.data), ctypes.c_int64(0), ctypes.c_int64(rows),
+                            ctypes.c_int64(rows), ctypes.c_void_p(out.ctypes.data)]
+                    figures.append(timed(lambda fn=lib.q8_0_matmul, args=args: fn(*args), reps) * 1e3)
+                print(f"{march:>12s} {label:>12s}  " + "".join(f"{f:9.1f}" for f in figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("case", nargs="?", default="products", choices=["products", "attention", "head"])
+    parser.add_argument("case", nargs="?", default="products",
+                        choices=["products", "attention", "head", "head-march"])
+    parser.add_argument("--march", default="x86-64-v3,native", help="head-march: -march values, comma-separated")
+    parser.add_argument("--baseline", default="257b046", help="head-march: the revision to compare with")
     parser.add_argument("--reps", type=int, default=20, help="attention, head: timed calls per figure")
     parser.add_argument("--model", default=None)
     parser.add_argument("--kernels", default="numpy,onnxruntime,fast")
@@ -114,6 +158,9 @@ def main() -> None:
         return
     if args.case == "head":
         cmd_head(args.model, args.reps)
+        return
+    if args.case == "head-march":
+        cmd_head_march(args.model, args.reps, args.march.split(","), args.baseline)
         return
     configure_matmul("split", args.threads)
     tokens = [int(t) for t in args.tokens.split(",")]

@@ -37,7 +37,7 @@ from forge.engine_core import EngineCore
 from forge.kernels import compiled
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
-from forge.llm import LoadedModel, plan_cache
+from forge.llm import LoadedModel, load_draft, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
@@ -102,8 +102,10 @@ class Daemon:
             self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(
                 self.config.model, kernels=self.config.engine.kernels, progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
+        draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
+        draft_model = draft.model if draft is not None else None
         configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
-        num_blocks, max_model_len = plan_cache(loaded.model, cfg)
+        num_blocks, max_model_len = plan_cache(loaded.model, cfg, draft_model)
         cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
@@ -114,7 +116,8 @@ class Daemon:
         runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
             kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer),
-            end_token_ids=loaded.tokenizer.end_token_ids))
+            end_token_ids=loaded.tokenizer.end_token_ids, draft_model=draft_model,
+            draft_layers=cfg.draft_layers if cfg.speculative == "draft" else None))
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.
@@ -174,6 +177,10 @@ class Daemon:
         """What the dashboard shows as "serving": the model and the settings that shape its figures."""
         cfg = self.config.engine
         spec = "off" if cfg.speculative == "off" else f"{cfg.speculative}, {cfg.num_speculative_tokens} tokens"
+        if cfg.draft_model is not None:
+            spec += f", draft {Path(cfg.draft_model).name}"
+        elif cfg.draft_layers is not None:
+            spec += f", draft: the first {cfg.draft_layers} layers"
         return {
             "served_model_name": self.config.gateway.served_model_name, "model_file": Path(loaded.path).name,
             "layers": loaded.model.config.num_layers,

@@ -2,15 +2,19 @@
 
 A step runs every scheduled sequence at once. Sequence s contributes the query tokens
 token_ids[query_start[s]:query_start[s+1]], at the positions just before context_lens[s]
-(context_lens counts the tokens in the KV cache *after* this step). Nothing here does work.
+(context_lens counts the tokens in the KV cache *after* this step), built from the step's
+chunks by build_forward_batch.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from forge.messages import SeqChunk
 
 I64 = npt.NDArray[np.int64]
 
@@ -32,3 +36,31 @@ class ForwardBatch:
     @property
     def num_seqs(self) -> int:
         return int(self.context_lens.shape[0])
+
+
+def build_forward_batch(chunks: tuple[SeqChunk, ...], block_size: int) -> ForwardBatch:
+    """Flatten the chunks of one step; positions and slots come from starts and block tables."""
+    num_seqs = len(chunks)
+    lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, num_seqs)     # [S]
+    starts = np.fromiter((c.start for c in chunks), np.int64, num_seqs)            # [S]
+    query_start = np.zeros(num_seqs + 1, np.int64)                                 # [S + 1]
+    np.cumsum(lens, out=query_start[1:])
+    num_tokens = int(query_start[-1])
+    token_ids = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks),
+                            np.int64, num_tokens)                                  # [T]
+    seq_of_token = np.repeat(np.arange(num_seqs), lens)                            # [T]
+    positions = np.arange(num_tokens) + np.repeat(starts - query_start[:-1], lens)  # [T]
+    max_blocks = max(len(c.block_ids) for c in chunks)
+    block_tables = np.zeros((num_seqs, max_blocks), np.int64)                      # [S, B]
+    for i, c in enumerate(chunks):
+        block_tables[i, : len(c.block_ids)] = c.block_ids
+    slot_mapping = (block_tables[seq_of_token, positions // block_size] * block_size
+                    + positions % block_size)                                      # [T]
+    # The rows that sample: a chunk's last, and before it one per draft token (each verifies the next).
+    num_rows = np.fromiter(((c.num_draft + 1) if c.samples else 0 for c in chunks), np.int64, num_seqs)  # [S]
+    ends = np.repeat(query_start[1:], num_rows)                                    # [R]
+    back = np.arange(int(num_rows.sum())) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+    sample_indices = ends - np.repeat(num_rows, num_rows) + back                   # [R]
+    return ForwardBatch(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
+                        query_start=query_start, context_lens=starts + lens,
+                        block_tables=block_tables, sample_indices=sample_indices)

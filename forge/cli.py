@@ -34,6 +34,9 @@ def _progress(message: str) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    speculative = args.speculative          # unset: a named draft means "draft", else "ngram"
+    if speculative is None:
+        speculative = "draft" if args.draft_model is not None or args.draft_layers is not None else "ngram"
     try:
         return EngineConfig(block_size=args.block_size, kv_cache_memory=parse_size(args.kv_cache_memory),
                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -41,9 +44,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
                             kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype, max_step_ms=args.max_step_ms,
-                            scheduling_policy=args.scheduling_policy, speculative=args.speculative,
+                            scheduling_policy=args.scheduling_policy, speculative=speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
-                            speculative_max_batch=args.speculative_max_batch)
+                            speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
+                            draft_layers=args.draft_layers)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -66,10 +70,17 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-step-ms", type=float, default=_float_or_none(env("FORGE_MAX_STEP_MS", None)),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams) [FORGE_MAX_STEP_MS; off]")
-    g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", "ngram"),
+    g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", None),
                    help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
-                        "its own prompt and output, verified in the same step (output unchanged); off: one "
-                        "token per sequence per step [FORGE_SPECULATIVE; ngram]")
+                        "its own prompt and output, verified in the same step (output unchanged); draft: a "
+                        "draft model guesses (--draft-model or --draft-layers); off: one token per sequence "
+                        "per step [FORGE_SPECULATIVE; draft when a draft is named, else ngram]")
+    g.add_argument("--draft-model", default=env("FORGE_DRAFT_MODEL", None),
+                   help="the draft model of --speculative draft: a GGUF file or a name from `forge pull "
+                        "--list`, with the model's vocabulary and ideally ~10x fewer weights [FORGE_DRAFT_MODEL]")
+    g.add_argument("--draft-layers", type=int, default=_int_or_none(env("FORGE_DRAFT_LAYERS", None)),
+                   help="draft with the model's own first N layers instead of a second model (pays only for "
+                        "models trained to exit early) [FORGE_DRAFT_LAYERS]")
     g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "4")),
                    help="most guesses a sequence carries into a step [FORGE_NUM_SPECULATIVE_TOKENS; 4]")
     g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "32")),

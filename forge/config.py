@@ -66,6 +66,10 @@ class EngineConfig:
     speculative: str = "ngram"
     num_speculative_tokens: int = 4
     speculative_max_batch: int = 32
+    # The guesser of speculative="draft" (forge.draft): a GGUF file (or a catalog name) with the
+    # target's vocabulary, or the target's own first draft_layers layers. Exactly one of the two.
+    draft_model: str | None = None
+    draft_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -84,5 +88,12 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         SpeculativeConfig(self.speculative, self.num_speculative_tokens, max_batch=self.speculative_max_batch)
+        drafts = (self.draft_model is not None) + (self.draft_layers is not None)
+        if self.speculative == "draft" and drafts != 1:
+            raise ValueError("speculative 'draft' needs a draft: --draft-model PATH or --draft-layers N (one of them)")
+        if self.speculative != "draft" and drafts:
+            raise ValueError("--draft-model and --draft-layers go with --speculative draft")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ValueError("draft_layers must be positive")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

@@ -87,14 +87,35 @@ def _release_free_memory() -> None:
         pass
 
 
-def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
+def load_draft(target: LoadedModel, config: EngineConfig, progress: Progress = _stderr) -> LoadedModel | None:
+    """The separate draft model of config.draft_model (None when there is none), checked to speak
+    the target's vocabulary (ConfigError otherwise)."""
+    if config.speculative != "draft" or config.draft_model is None:
+        return None
+    draft = LoadedModel.load(config.draft_model, kernels=config.kernels, progress=progress)
+    check_draft(target, draft)
+    return draft
+
+
+def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
+    reason = target.tokenizer.mismatch(draft.tokenizer)
+    if reason is not None:
+        raise ConfigError(f"the draft model {draft.name} does not share {target.name}'s vocabulary: {reason}")
+
+
+def plan_cache(model: LlamaModel, config: EngineConfig, draft: LlamaModel | None = None) -> tuple[int, int]:
     """(num_blocks, max_model_len) from the memory budget; one sequence of max length must fit.
     Unset, max_model_len is the model's context, or what the budget holds if that is less (a 32k
     context of a model with wide K/V, like Gemma 3's, takes more than the default budget); set, it
-    must fit."""
+    must fit. A separate draft model keeps its K/V in the same blocks, from the same budget, and its
+    context bounds the sequences too."""
     per_block = KVCache.bytes_per_block(model.config, config.block_size, config.kv_cache_dtype)
+    context = model.config.max_position
+    if draft is not None:
+        per_block += KVCache.bytes_per_block(draft.config, config.block_size, config.kv_cache_dtype)
+        context = min(context, draft.config.max_position)
     num_blocks = config.kv_cache_memory // per_block
-    max_len = min(config.max_model_len or model.config.max_position, model.config.max_position)
+    max_len = min(config.max_model_len or context, context)
     if config.max_model_len is None and num_blocks * config.block_size >= 2:
         max_len = min(max_len, num_blocks * config.block_size)
     if num_blocks * config.block_size < max_len:
@@ -106,12 +127,19 @@ def plan_cache(model: LlamaModel, config: EngineConfig) -> tuple[int, int]:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
+                 draft: LoadedModel | None = None) -> None:
+        """`draft`: the draft model of config.draft_model, if already loaded (else loaded here)."""
         configure_matmul(config.matmul_strategy, config.blas_threads)
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        num_blocks, self.max_model_len = plan_cache(loaded.model, config)
+        if draft is None:
+            draft = load_draft(loaded, config)
+        else:
+            check_draft(loaded, draft)
+        draft_model = draft.model if draft is not None else None
+        num_blocks, self.max_model_len = plan_cache(loaded.model, config, draft_model)
         self.cache = PagedKVCache(num_blocks, config.block_size,
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.core = EngineCore(
@@ -123,7 +151,8 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=config.block_size,
                                   kv_cache_dtype=config.kv_cache_dtype,
                                   eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars,
-                                  end_token_ids=self.tokenizer.end_token_ids)
+                                  end_token_ids=self.tokenizer.end_token_ids, draft_model=draft_model,
+                                  draft_layers=config.draft_layers if config.speculative == "draft" else None)
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None
 

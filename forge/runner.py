@@ -7,7 +7,6 @@ scheduling. The grammar masks of a step are computed on a helper thread while th
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,8 +16,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from forge.batch import ForwardBatch
-from forge.errors import EngineError
+from forge.batch import ForwardBatch, build_forward_batch
+from forge.draft import DraftModel
+from forge.errors import ConfigError, EngineError
+from forge.llama.model import LlamaModel
 from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.penalties import TokenCounts
 from forge.sampler import Sampler, SamplingBatch
@@ -45,43 +46,25 @@ class _SeqSampling:
     matcher: Any = None                  # an llguidance matcher for a constrained sequence
 
 
-def build_forward_batch(chunks: tuple[SeqChunk, ...], block_size: int) -> ForwardBatch:
-    """Flatten the chunks of one step; positions and slots come from starts and block tables."""
-    num_seqs = len(chunks)
-    lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, num_seqs)     # [S]
-    starts = np.fromiter((c.start for c in chunks), np.int64, num_seqs)            # [S]
-    query_start = np.zeros(num_seqs + 1, np.int64)                                 # [S + 1]
-    np.cumsum(lens, out=query_start[1:])
-    num_tokens = int(query_start[-1])
-    token_ids = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks),
-                            np.int64, num_tokens)                                  # [T]
-    seq_of_token = np.repeat(np.arange(num_seqs), lens)                            # [T]
-    positions = np.arange(num_tokens) + np.repeat(starts - query_start[:-1], lens)  # [T]
-    max_blocks = max(len(c.block_ids) for c in chunks)
-    block_tables = np.zeros((num_seqs, max_blocks), np.int64)                      # [S, B]
-    for i, c in enumerate(chunks):
-        block_tables[i, : len(c.block_ids)] = c.block_ids
-    slot_mapping = (block_tables[seq_of_token, positions // block_size] * block_size
-                    + positions % block_size)                                      # [T]
-    # The rows that sample: a chunk's last, and before it one per draft token (each verifies the next).
-    num_rows = np.fromiter(((c.num_draft + 1) if c.samples else 0 for c in chunks), np.int64, num_seqs)  # [S]
-    ends = np.repeat(query_start[1:], num_rows)                                    # [R]
-    back = np.arange(int(num_rows.sum())) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
-    sample_indices = ends - np.repeat(num_rows, num_rows) + back                   # [R]
-    return ForwardBatch(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
-                        query_start=query_start, context_lens=starts + lens,
-                        block_tables=block_tables, sample_indices=sample_indices)
-
-
 class ModelRunner:
     """Executes steps. One thread at a time; every call is synchronous and may take a while."""
 
     def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
                  eos_token_id: int | None, kv_cache_dtype: str = "float32",
-                 grammars: Grammars | None = None, end_token_ids: Iterable[int] = ()) -> None:
+                 grammars: Grammars | None = None, end_token_ids: Iterable[int] = (),
+                 draft_model: LlamaModel | None = None, draft_layers: int | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
+        # Who fills in the guesses of --speculative draft (forge.draft): a second model, or the
+        # target's first layers; None: no step carries placeholder guesses.
+        self.drafter: DraftModel | None = None
+        if draft_model is not None or draft_layers is not None:
+            if not isinstance(model, LlamaModel):
+                raise ConfigError("speculative decoding with a draft model needs a LlamaModel target")
+            self.drafter = (DraftModel.separate(draft_model, model, num_blocks=num_blocks, block_size=block_size,
+                                                dtype=kv_cache_dtype)
+                            if draft_model is not None else DraftModel.first_layers(model, self.kv, draft_layers or 0))
         self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
@@ -100,21 +83,22 @@ class ModelRunner:
         except Exception as exc:      # noqa: BLE001 - one bad step must not take the engine down
             failed = tuple(c.seq_id for c in step.chunks)
             for seq_id in failed:
-                self._seqs.pop(seq_id, None)
+                self._forget(seq_id)
             return StepOutput(step_id=step.step_id, sampled=(), failed=failed, error=f"{type(exc).__name__}: {exc}",
                               elapsed_s=time.perf_counter() - t0)
 
     def _execute(self, step: StepBatch, t0: float) -> StepOutput:
         for seq_id in step.dropped:
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         for new in step.new_seqs:
             p = new.params
             counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
             self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
-        batch = build_forward_batch(step.chunks, self.block_size)
-        chunks = [c for c in step.chunks if c.samples]
+        step_chunks = self.drafter.propose(step.chunks) if self.drafter is not None else step.chunks
+        batch = build_forward_batch(step_chunks, self.block_size)
+        chunks = [c for c in step_chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]
         masks = self._start_masks(chunks, states)
         logits = self.model.forward(batch, self.kv)                                # [R, V]
@@ -139,6 +123,8 @@ class ModelRunner:
             kept = 0          # verification: a draft is kept while it is the token its row drew
             while kept < c.num_draft and tokens[row + kept] == drafts[kept]:
                 kept += 1
+            if self.drafter is not None:
+                self.drafter.kept(c, kept)
             if saved is not None:       # the rows past the first mismatch drew for nothing: undo them
                 state.generator.bit_generator.state = saved
                 state.generator.random(kept + 1)
@@ -156,6 +142,11 @@ class ModelRunner:
             row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
                           elapsed_s=time.perf_counter() - t0)
+
+    def _forget(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+        if self.drafter is not None:
+            self.drafter.forget(seq_id)
 
     # ---- grammar masks ----------------------------------------------------------------------
 

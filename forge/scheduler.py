@@ -19,7 +19,7 @@ from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash, salt_root
 from forge.sequence import SeqState, Sequence, TokenId
-from forge.speculative import NGRAM_WINDOW, SpeculativeConfig, ngram_proposal
+from forge.speculative import DRAFT_PLACEHOLDER, NGRAM_WINDOW, SpeculativeConfig, ngram_proposal
 from forge.step_cost import StepCostModel
 
 # Scheduling policies (SCHEDULING_POLICIES): the order in which the step's token budget is handed out.
@@ -247,6 +247,8 @@ class Scheduler:
         if k <= 0:
             return []
         spec = self.config.speculative
+        if spec.method == "draft":                 # the model runner's draft model fills them in
+            return [DRAFT_PLACEHOLDER] * k
         end = seq.total_len()                      # the window only: no copy of a long sequence per step
         return ngram_proposal(seq.tokens(max(0, end - NGRAM_WINDOW), end), k, max_ngram=spec.max_ngram,
                               min_ngram=spec.min_ngram)

@@ -7,9 +7,11 @@ deterministic proposer that rule is exactly the rejection rule of Leviathan et a
 (a draft is kept with probability p(draft); a rejected position's token is drawn from p without the
 draft, renormalised), and with each row's own uniform it gives the very tokens plain decoding gives.
 
-The proposer here needs no model: the tokens after the latest earlier occurrence of the sequence's
+The n-gram proposer here needs no model: the tokens after the latest earlier occurrence of the sequence's
 last n tokens (n from `max_ngram` down to `min_ngram`), in its prompt or output, are its guess.
 Input-grounded work (rewriting, quoting, extracting) repeats its input, and the guesses land.
+The other proposer, a draft model (method "draft"), runs in the model worker (forge.draft): the
+scheduler budgets its guesses as placeholders that the worker fills in before the step's forward.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "draft")
 NGRAM_WINDOW = 4096                     # a proposal looks this many tokens back at most
+DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.draft); a forward refuses it
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,6 +247,20 @@ class Tokenizer:
         """The text of one token; lossy: part of a multi-byte character shows as U+FFFD."""
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
+    def mismatch(self, other: Tokenizer, *, max_size_difference: int = 128) -> str | None:
+        """Why `other` does not speak this vocabulary (a draft model's tokenizer against its
+        target's), or None when it does: the same kind, the same piece at every id both have, and
+        sizes that differ only by a few added tokens at the end."""
+        if other.kind != self.kind:
+            return f"its tokenizer is {other.kind!r}, this one {self.kind!r}"
+        if abs(other.vocab_size - self.vocab_size) > max_size_difference:
+            return f"it has {other.vocab_size} tokens, this one {self.vocab_size}"
+        shared = min(self.vocab_size, other.vocab_size)
+        for i in range(shared):
+            if self._tokens[i] != other._tokens[i]:
+                return f"token {i} is {other._tokens[i]!r} there, {self._tokens[i]!r} here"
+        return None
+
     def token_to_id(self, piece: str) -> int | None:
         """The id of a vocabulary entry given in its stored spelling (byte-level, or with "▁")."""
         token_id = self._bpe.token_to_id(piece)

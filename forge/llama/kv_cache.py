@@ -90,6 +90,16 @@ class KVCache:
         self._k_slots[layer, slot_mapping] = to_storage(k, storage)
         self._v_slots[layer, slot_mapping] = to_storage(v, storage)
 
+    def first_layers(self, num_layers: int) -> KVCache:
+        """The K/V of layers [0, num_layers) as a cache of its own: views of these arrays, so writes
+        through either land in both (a draft made of the model's first layers shares its cache)."""
+        view = object.__new__(KVCache)
+        view.dtype, view.num_blocks, view.block_size = self.dtype, self.num_blocks, self.block_size
+        view.k, view.v = self.k[:num_layers], self.v[:num_layers]
+        view.scratch = Scratch()
+        view._k_slots, view._v_slots = self._k_slots[:num_layers], self._v_slots[:num_layers]
+        return view
+
     @staticmethod
     def bytes_per_block(config: LlamaConfig, block_size: int, dtype: str = "float32") -> int:
         """Bytes one block costs across all layers, K and V together, stored in `dtype`."""

@@ -5,6 +5,7 @@ answers exactly as a plain one."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -72,13 +73,16 @@ async def test_cached_tokens_in_every_usage_and_salts_keep_tenants_apart(make_da
     assert queries == hits + sum(misses.values())
 
 
-async def test_a_speculating_daemon_answers_as_a_plain_one(make_daemon: MakeDaemon) -> None:
+async def test_a_speculating_daemon_answers_as_a_plain_one(make_daemon: MakeDaemon, default_model_path: Path) -> None:
+    """Plain, n-gram guesses, and a draft model's (the model itself: `--draft-model` loads a second
+    copy, with K/V of its own in the same blocks)."""
     body = {"model": SERVED_MODEL, "max_tokens": 48, "temperature": 0,
             "messages": [{"role": "user", "content": f"{TEXT}\n\nQuote, word for word, the sentence about Mary."}]}
     answers: dict[str, dict[str, Any]] = {}
-    with anyio.fail_after(2 * HANG_GUARD_S):
-        for spec in ("off", "ngram"):
-            async with running_daemon(make_daemon(speculative=spec)) as url, \
+    drafts: dict[str, dict[str, Any]] = {"off": {}, "ngram": {}, "draft": {"draft_model": str(default_model_path)}}
+    with anyio.fail_after(3 * HANG_GUARD_S):
+        for spec, draft in drafts.items():
+            async with running_daemon(make_daemon(speculative=spec, **draft)) as url, \
                     httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
                 answers[spec] = (await http.post("/v1/chat/completions", json=body)).json()
                 async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
@@ -100,3 +104,8 @@ async def test_a_speculating_daemon_answers_as_a_plain_one(make_daemon: MakeDaem
     assert 0 < accepted <= proposed and drafts > 0
     assert metric(text, "forge:spec_decode_num_accepted_tokens_per_pos_total", '{position="0"}') > 0
     assert metric(answers["off-metrics"]["text"], "forge:spec_decode_num_drafts_total") == 0
+    drafted = answers["draft"]
+    assert drafted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    assert answers["draft-stream"]["text"] == plain["choices"][0]["message"]["content"]
+    details = drafted["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 2 * details["rejected_prediction_tokens"]

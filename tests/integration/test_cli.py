@@ -32,3 +32,19 @@ def test_generate_streams_only_the_completion_to_stdout() -> None:
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "forge:" not in result.stdout
+
+
+def test_a_draft_model_that_speaks_another_vocabulary_is_refused(gemma3_model_path: Path) -> None:
+    result = forge("generate", "hello", "--draft-model", str(gemma3_model_path), "--max-tokens", "2")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert "does not share" in result.stderr and "vocabulary" in result.stderr
+
+
+def test_naming_a_draft_turns_draft_speculation_on() -> None:
+    result = forge("generate", "The capital of France is", "--max-tokens", "4", "--blas-threads", "1",
+                   "--draft-layers", "4", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    bad = forge("generate", "hello", "--speculative", "ngram", "--draft-layers", "4")
+    assert bad.returncode != 0 and "go with --speculative draft" in bad.stderr

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.config import EngineConfig
+from forge.errors import ConfigError
 from forge.llama import KVCache
 from forge.llm import LLMEngine, LoadedModel
+from forge.messages import StepBatch, StepOutput
 from forge.sampling_params import SamplingParams
 from forge.speculative import Lookahead, SpeculativeConfig, ngram_proposal
 from tests.tiny_gguf import load_tiny
@@ -87,12 +89,13 @@ def engine(loaded: LoadedModel, spec: str, *, num_blocks: int = 1024, block_size
     return LLMEngine(loaded, config)
 
 
-def run(eng: LLMEngine, requests: list[tuple[str, SamplingParams]], *, late: int = 0,
+def run(eng: LLMEngine, requests: list[tuple[str | list[int], SamplingParams]], *, late: int = 0,
         abort_after: dict[str, int] | None = None) -> dict[str, tuple[list[int], str | None, list[float]]]:
     """request id -> (tokens, finish reason, logprobs); the last `late` requests arrive after 3 steps, so
     their prompts are computed beside decode rows that carry drafts."""
     out: dict[str, tuple[list[int], str | None, list[float]]] = {}
-    pending = [(f"r{i}", eng.tokenizer.encode(p), sp) for i, (p, sp) in enumerate(requests)]
+    pending = [(f"r{i}", eng.tokenizer.encode(p) if isinstance(p, str) else p, sp)
+               for i, (p, sp) in enumerate(requests)]
     for rid, ids, sp in pending[: len(pending) - late]:
         eng.add_request(rid, ids, sp)
         out[rid] = ([], None, [])
@@ -182,10 +185,13 @@ def chi_square_critical(df: int, z: float = 3.29) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel) -> None:
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel, proposer: str) -> None:
     """The third token's marginal under speculation against the model's exact one: the third token is
     where drafts are verified (the first comes from the prompt's step, the second from the first
-    decode row), with a prompt in which every token recurs, so every decode step carries drafts."""
+    decode row), with a prompt in which every token recurs, so every decode step carries n-gram
+    drafts; the draft proposer (the model itself, guessing its most likely tokens) drafts at every
+    decode step."""
     prompt = [*range(3, 35), *range(3, 35)]
     temperature = 1.5
     model = tiny.model
@@ -196,10 +202,12 @@ def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel
         for t2 in np.flatnonzero(p1[t1] * p2 > 1e-5):
             exact += p1[t1] * p2[t2] * softmax(model.forward_context([*prompt, int(t1), int(t2)]), temperature)
     exact /= exact.sum()
-    per_block = KVCache.bytes_per_block(model.config, 4)
+    per_block = KVCache.bytes_per_block(model.config, 4) * (2 if proposer == "draft" else 1)
     eng = LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_memory=2048 * per_block, max_model_len=128,
-                                       max_num_seqs=64, speculative="ngram", speculative_max_batch=64))
-    eng.core.scheduler.config.speculative = SpeculativeConfig("ngram", 3, min_ngram=1, max_batch=64)
+                                       max_num_seqs=64, speculative=proposer, speculative_max_batch=64,
+                                       draft_model=tiny.path if proposer == "draft" else None),
+                    tiny if proposer == "draft" else None)
+    eng.core.scheduler.config.speculative = SpeculativeConfig(proposer, 3, min_ngram=1, max_batch=64)
     num = 3000
     counts = np.zeros(model.config.vocab_size)
     for start in range(0, num, 64):
@@ -219,3 +227,138 @@ def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel
     wanted = np.append(expected[big], expected[~big].sum())
     stat = float(((observed - wanted) ** 2 / np.maximum(wanted, 1e-9)).sum())
     assert stat < chi_square_critical(int(big.sum())), stat
+
+
+# ---- the draft-model proposer ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """Another random model over the tiny one's vocabulary: its guesses mostly fail."""
+    loaded: LoadedModel = load_tiny(tmp_path_factory.mktemp("draft") / "draft.gguf", seed=6)
+    return loaded
+
+
+def draft_engine(target: LoadedModel, draft: LoadedModel | None, *, num_blocks: int = 512, block_size: int = 4,
+                 **kwargs: object) -> LLMEngine:
+    """speculative="draft" with `draft` as the draft model (None: kwargs name draft_layers)."""
+    per_block = KVCache.bytes_per_block(target.model.config, block_size)
+    if draft is not None:
+        per_block += KVCache.bytes_per_block(draft.model.config, block_size)
+        kwargs["draft_model"] = draft.path
+    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block,
+                          max_model_len=min(1024, num_blocks * block_size, target.model.config.max_position),
+                          speculative="draft", num_speculative_tokens=4, speculative_max_batch=8,
+                          **kwargs)  # type: ignore[arg-type]
+    return LLMEngine(target, config, draft)
+
+
+def tiny_requests(greedy_only: bool = False) -> list[tuple[str | list[int], SamplingParams]]:
+    prompts: list[str | list[int]] = [[*range(3, 20)], [5, 9, 2, 40, 33, 7], [*range(60, 40, -1)], [11, 12] * 5]
+    requests = [(p, SamplingParams(max_tokens=30, temperature=0.0, logprobs=0, ignore_eos=True)) for p in prompts]
+    if not greedy_only:
+        requests += [(prompts[0], SamplingParams(max_tokens=25, temperature=0.9, seed=7, ignore_eos=True)),
+                     (prompts[2], SamplingParams(max_tokens=21, temperature=0.7, top_p=0.9, seed=8, ignore_eos=True))]
+    return requests
+
+
+@pytest.mark.parametrize("guesser", ["another model", "the model itself"])
+def test_a_draft_models_guesses_change_no_output(tiny: LoadedModel, tiny_draft: LoadedModel, guesser: str) -> None:
+    """Greedy, logprobs and seeded sampling as the plain engine gives them, with late arrivals whose
+    prompts run beside drafting rows (the separate draft computes them too)."""
+    draft = tiny_draft if guesser == "another model" else tiny
+    requests = tiny_requests()
+    per_block = KVCache.bytes_per_block(tiny.model.config, 4)
+    plain = run(LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_memory=512 * per_block, max_model_len=128,
+                                             speculative="off")), requests, late=2)
+    eng = draft_engine(tiny, draft)
+    spec = run(eng, requests, late=2)
+    assert eng.core.spec.num_drafts > 10
+    for rid, (tokens, reason, lps) in plain.items():
+        assert spec[rid][0] == tokens and spec[rid][1] == reason, rid
+        np.testing.assert_allclose(spec[rid][2], lps, atol=1e-4)
+    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+    assert eng.runner.num_tracked() == 0 and eng.runner.drafter is not None and not eng.runner.drafter.missed()
+
+
+def compare_caches_after_each_step(eng: LLMEngine) -> list[int]:
+    """With the model as its own draft, the draft's K/V must equal the target's at every position of
+    every sequence in a step, up to the step's own tokens: wraps eng.runner.execute to check so after
+    each step; returns a list that counts the positions checked."""
+    runner, checked = eng.runner, [0]
+    drafter, execute = runner.drafter, runner.execute
+    assert drafter is not None
+    num_layers, bs = runner.kv.k.shape[0], runner.kv.block_size
+
+    def execute_and_compare(step: StepBatch) -> StepOutput:
+        out = execute(step)
+        for c in step.chunks:
+            positions = np.arange(c.start + len(c.token_ids) - c.num_draft)
+            slots = np.asarray(c.block_ids)[positions // bs] * bs + positions % bs
+            for target, draft in ((runner.kv.k, drafter.kv.k), (runner.kv.v, drafter.kv.v)):
+                np.testing.assert_allclose(draft.reshape(num_layers, -1, *draft.shape[3:])[:, slots],
+                                           target.reshape(num_layers, -1, *target.shape[3:])[:, slots], atol=1e-4)
+            checked[0] += len(positions)
+        return out
+
+    runner.execute = execute_and_compare  # type: ignore[method-assign]
+    return checked
+
+
+def test_the_draft_keeps_its_cache_in_step(tiny: LoadedModel) -> None:
+    """The model as its own draft: its K/V equal the target's at every position of every running
+    sequence after every step (after prompt chunks, after runs kept whole, whose last guess the draft
+    never ran, and after preemption: a tight cache), and every greedy guess is kept."""
+    requests = tiny_requests(greedy_only=True)
+    roomy = draft_engine(tiny, tiny)
+    checked = compare_caches_after_each_step(roomy)
+    out = run(roomy, requests, late=2)
+    assert checked[0] > 500
+    stats = roomy.core.spec
+    assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens == stats.num_draft_tokens
+    tight = draft_engine(tiny, tiny, num_blocks=24, max_num_batched_tokens=16)
+    compare_caches_after_each_step(tight)
+    assert run(tight, requests) == out
+    assert tight.core.stats().num_preemptions > 0
+    assert tight.core.spec.num_accepted_tokens == tight.core.spec.num_draft_tokens > 50
+    assert tight.cache.free_blocks() == tight.cache.total_blocks()
+
+
+def test_a_draft_of_the_models_first_layers(real: LoadedModel) -> None:
+    """--draft-layers on the real model: the output is the plain engine's; the guesses of its first
+    layers rarely land, and sequences whose guesses fail pause."""
+    requests = [(chat(real, t), SamplingParams(max_tokens=32, temperature=0.0, logprobs=0)) for t in TASKS]
+    plain = run(engine(real, "off"), requests, late=1)
+    eng = draft_engine(real, None, num_blocks=1024, block_size=16, draft_layers=6)
+    spec = run(eng, requests, late=1)
+    assert {rid: v[:2] for rid, v in spec.items()} == {rid: v[:2] for rid, v in plain.items()}
+    assert eng.core.spec.num_drafts > 0
+    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+
+
+def test_the_real_model_as_its_own_draft(real: LoadedModel) -> None:
+    """A separate draft model (here the model itself): greedy guesses land, seeded sampling keeps
+    its seed's tokens, aborts mid-speculation leave nothing behind."""
+    requests = [(chat(real, t), SamplingParams(max_tokens=24, temperature=0.0)) for t in TASKS[:3]]
+    requests.append((chat(real, TASKS[3]), SamplingParams(max_tokens=24, temperature=0.8, seed=11)))
+    plain = run(engine(real, "off"), requests)
+    eng = draft_engine(real, real, num_blocks=512, block_size=16)
+    spec = run(eng, requests)
+    assert {rid: v[:2] for rid, v in spec.items() if rid != "r3"} == {rid: v[:2] for rid, v in plain.items()
+                                                                      if rid != "r3"}
+    assert spec["r3"][0] == run(draft_engine(real, real, num_blocks=512, block_size=16), requests)["r3"][0]
+    stats = eng.core.spec
+    assert stats.num_accepted_tokens >= 0.8 * stats.num_draft_tokens > 0
+    run(eng, requests, abort_after={"r0": 3, "r1": 6})
+    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+    assert eng.runner.num_tracked() == 0 and eng.runner.drafter is not None and not eng.runner.drafter.missed()
+
+
+def test_drafts_are_refused_unless_they_fit(real: LoadedModel, tiny: LoadedModel) -> None:
+    with pytest.raises(ValueError, match="needs a draft"):
+        EngineConfig(speculative="draft")
+    with pytest.raises(ValueError, match="go with --speculative draft"):
+        EngineConfig(speculative="ngram", draft_layers=4)
+    with pytest.raises(ConfigError, match="does not share .* vocabulary: it has 64 tokens"):
+        draft_engine(real, tiny, num_blocks=64, block_size=16)
+    with pytest.raises(ConfigError, match=r"--draft-layers must be in \[1, 29\]"):
+        draft_engine(real, None, num_blocks=64, block_size=16, draft_layers=30)

@@ -205,6 +205,14 @@ class LLM:
         self.engine = LLMEngine(self.loaded, config)
         self.tokenizer = self.loaded.tokenizer
 
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
+                    draft: LoadedModel | None = None) -> LLM:
+        """An LLM over a model already loaded (several engines, one copy of the weights)."""
+        llm = cls.__new__(cls)
+        llm.loaded, llm.engine, llm.tokenizer = loaded, LLMEngine(loaded, config, draft), loaded.tokenizer
+        return llm
+
     def chat_prompt(self, messages: list[dict[str, object]]) -> str:
         return self.loaded.chat_template.render(messages, add_generation_prompt=True)
 

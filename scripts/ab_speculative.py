@@ -7,19 +7,26 @@ serving runs.
     json     an invoice extracted to JSON under a schema (greedy and seeded, 2 sequences): the same
     rows     what a step with guesses pays for: one layer's four quantized products at 1, 2, 5 and
              8 rows (onnxruntime's one-row path against its several-row one)
+    draft    the draft-model proposer on the chat prompts: how often the model's first N layers
+             pick the whole model's greedy token (what --draft-layers N can keep), and output tok/s
+             with --speculative off, --draft-layers 8, and the model as its own --draft-model (every
+             guess kept: what the machinery costs when the draft costs as much as the target)
 
-    .venv/bin/python scripts/ab_speculative.py [chat json rows] [--rounds 2]
+    .venv/bin/python scripts/ab_speculative.py [chat json rows draft] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
+from forge.batch import ForwardBatch
 from forge.config import EngineConfig
-from forge.llm import LLM, LoadedModel
+from forge.llama import LlamaModel
+from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.sampling_params import SamplingParams
 from forge.structured import json_schema_grammar
 
@@ -89,14 +96,54 @@ def rows(loaded: LoadedModel) -> None:
         print(f"rows  {m} row(s): one layer's four products {total * 1e6:6.0f} us")
 
 
+def first_layers_agreement(loaded: LoadedModel, depths: list[int]) -> None:
+    """Share of the whole model's greedy tokens (96 per chat prompt) that its first N layers, its
+    final norm and head on top, also rank first, given the same text before them."""
+    llm_off = LLMEngine(loaded, EngineConfig(speculative="off"))
+    model = loaded.model
+    texts = []
+    for i, q in enumerate(STORIES):
+        prompt = loaded.chat_template.render([{"role": "user", "content": q}], add_generation_prompt=True)
+        ids = llm_off.add_request(f"q{i}", prompt, SamplingParams(max_tokens=96, temperature=0))
+        texts.append((ids, []))
+    while llm_off.has_work():
+        for ev in llm_off.step():
+            texts[int(ev.request_id[1:])][1].extend(ev.token_ids)
+    for depth in depths:
+        cut = LlamaModel(dataclasses.replace(model.config, num_layers=depth),
+                         dataclasses.replace(model.weights, layers=model.weights.layers[:depth]))
+        agree = total = 0
+        for prompt_ids, output in texts:
+            ids = prompt_ids + output
+            n, blocks = len(ids), -(-len(ids) // 16)
+            batch = ForwardBatch(token_ids=np.asarray(ids, np.int64), positions=np.arange(n),
+                                 slot_mapping=np.arange(n), query_start=np.array([0, n]), context_lens=np.array([n]),
+                                 block_tables=np.arange(blocks)[None, :],
+                                 sample_indices=np.arange(len(prompt_ids) - 1, n - 1))
+            picks = cut.forward(batch, cut.new_kv_cache(blocks, 16)).argmax(axis=1)
+            agree += int((picks == np.asarray(output)).sum())
+            total += len(output)
+        print(f"draft first {depth:2d} of {model.config.num_layers} layers agree on {agree / total:5.1%} of "
+              f"{total} greedy tokens")
+
+
+def draft(loaded: LoadedModel, rounds: int) -> None:
+    first_layers_agreement(loaded, [4, 8, 16, 24, 28])
+    arms = {"off": EngineConfig(speculative="off"),
+            "layers8": EngineConfig(speculative="draft", draft_layers=8),
+            "itself": EngineConfig(speculative="draft", draft_model=loaded.path)}
+    chat({name: LLM.from_loaded(loaded, config, loaded if config.draft_model else None)
+          for name, config in arms.items()}, rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cases", nargs="*", help="chat, json, rows [all]")
+    ap.add_argument("cases", nargs="*", help="chat, json, rows, draft [all]")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    args.cases = args.cases or ["chat", "json", "rows"]
-    if set(args.cases) - {"chat", "json", "rows"}:
-        ap.error(f"cases are chat, json and rows; got {args.cases}")
+    args.cases = args.cases or ["chat", "json", "rows", "draft"]
+    if set(args.cases) - {"chat", "json", "rows", "draft"}:
+        ap.error(f"cases are chat, json, rows and draft; got {args.cases}")
     llms = {spec: LLM(config=EngineConfig(speculative=spec), progress=lambda _message: None)
             for spec in ("off", "ngram")}
     if "chat" in args.cases:
@@ -105,6 +152,8 @@ def main() -> None:
         json_extraction(llms, args.rounds)
     if "rows" in args.cases:
         rows(llms["off"].loaded)
+    if "draft" in args.cases:
+        draft(llms["off"].loaded, args.rounds)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-layers", type=int, default=_int_or_none(env("FORGE_DRAFT_LAYERS", None)),
                    help="draft with the model's own first N layers instead of a second model (pays only for "
                         "models trained to exit early) [FORGE_DRAFT_LAYERS]")
-    g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "4")),
-                   help="most guesses a sequence carries into a step [FORGE_NUM_SPECULATIVE_TOKENS; 4]")
+    g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "8")),
+                   help="most guesses a sequence carries into a step (4 at most while over 4 sequences decode) "
+                        "[FORGE_NUM_SPECULATIVE_TOKENS; 8]")
     g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "32")),
                    help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 32]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),

@@ -64,7 +64,7 @@ class EngineConfig:
     # speculative_max_batch sequences decode. Measured to pay from 1 to 32 streams on this machine
     # (docs/benchmarks.md), so on by default.
     speculative: str = "ngram"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 8
     speculative_max_batch: int = 32
     # The guesser of speculative="draft" (forge.draft): a GGUF file (or a catalog name) with the
     # target's vocabulary, or the target's own first draft_layers layers. Exactly one of the two.

@@ -19,7 +19,7 @@ from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.paged_cache import CacheLayout, PagedKVCache, SeqId, block_hash, salt_root
 from forge.sequence import SeqState, Sequence, TokenId
-from forge.speculative import DRAFT_PLACEHOLDER, NGRAM_WINDOW, SpeculativeConfig, ngram_proposal
+from forge.speculative import CROWD, CROWDED_TOKENS, DRAFT_PLACEHOLDER, NGRAM_WINDOW, SpeculativeConfig, ngram_proposal
 from forge.step_cost import StepCostModel
 
 # Scheduling policies (SCHEDULING_POLICIES): the order in which the step's token budget is handed out.
@@ -218,10 +218,11 @@ class Scheduler:
             # had theirs above; the waiting candidates need their uncached tokens). A guess may be
             # rejected; a prompt token is work that must be done, and someone waits for its end.
             spare = budget - sum(seq.total_len() - self._estimated_cached(seq) for seq in candidates)
+            most = CROWDED_TOKENS if len(decoding) > CROWD else None
             for seq in decoding:
                 if spare <= 0:
                     break
-                seq.draft = self._propose_draft(seq, spare)
+                seq.draft = self._propose_draft(seq, spare if most is None else min(spare, most))
                 spare -= len(seq.draft)
                 budget -= len(seq.draft)
         asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._running]

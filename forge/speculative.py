@@ -26,10 +26,17 @@ NGRAM_WINDOW = 4096                     # a proposal looks this many tokens back
 DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.draft); a forward refuses it
 
 
+# Each extra guess costs a row of the step: it pays while few sequences decode (the step is bound by
+# reading the weights), less so in a crowd. Measured on input-grounded work, offline (docs/benchmarks.md,
+# `scripts/ab_speculative.py lookahead`): 8 guesses beat 4 by 1-5% at 1-4 streams and lose 4-9% at 8-32.
+CROWD = 4                                # more sequences decoding than this: a crowd
+CROWDED_TOKENS = 4                       # most guesses per sequence in a crowd
+
+
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str = "off"                  # one of SPECULATIVE_METHODS
-    num_tokens: int = 4                  # most drafts per sequence per step
+    num_tokens: int = 8                  # most drafts per sequence per step (CROWDED_TOKENS in a crowd)
     max_ngram: int = 4
     min_ngram: int = 2
     # Speculation pays while a step is bound by reading the weights, not by arithmetic: with more
@@ -81,15 +88,19 @@ class Lookahead:
     Acceptance is an exponentially weighted share of drafts kept. A step that carries any draft costs
     most of what it will cost (the kernels leave the one-row path for a small-matrix one), while each
     further draft adds little: so a sequence proposes all it can, or, when its drafts keep failing
-    (acceptance under PAUSE_BELOW), nothing for PAUSE_STEPS steps before it tries again.
+    (acceptance under PAUSE_BELOW), nothing for a while before it tries again: PAUSE_STEPS steps,
+    twice as long after each pause that the next try did not end (up to MAX_PAUSE_STEPS), so that
+    text no guess fits (or a draft model that never agrees) costs almost nothing.
     """
     max_tokens: int
     acceptance: float = 0.7
     paused: int = 0
+    pause: int = 0                        # the length of the last pause; 0: the last try went well
 
     DECAY = 0.6
     PAUSE_BELOW = 0.35
     PAUSE_STEPS = 8
+    MAX_PAUSE_STEPS = 128
 
     def budget(self) -> int:
         if self.paused > 0:
@@ -102,4 +113,7 @@ class Lookahead:
             return
         self.acceptance = self.DECAY * self.acceptance + (1 - self.DECAY) * (num_accepted / num_proposed)
         if self.acceptance < self.PAUSE_BELOW:
-            self.paused, self.acceptance = self.PAUSE_STEPS, 0.5
+            self.pause = min(2 * self.pause, self.MAX_PAUSE_STEPS) if self.pause else self.PAUSE_STEPS
+            self.paused, self.acceptance = self.pause, 0.5
+        elif num_accepted:
+            self.pause = 0

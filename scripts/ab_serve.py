@@ -7,7 +7,7 @@ first pass over the prompts), the arms alternating round by round, the same clos
 An arm is LABEL=FLAGS (flags for `forge serve`), or LABEL@PATH=FLAGS to run the forge checkout at
 PATH (e.g. a `git worktree` of another commit) with this venv. Reported per arm and round: output
 tok/s, TTFT and ITL p50/p99 with their ratios (the tails issue's figures), goodput, and TTFT p50/p99
-by prompt kind. --json saves every record.
+by prompt kind. --kinds and --ignore-eos as `forge bench serve` takes them. --json saves every record.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def run_arm(label: str, flags: str, workload: loadgen.Workload, args: argparse.N
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(base + "/healthz", proc)
             num = args.requests_per_stream * args.concurrency
+            extra = {"ignore_eos": False} if args.ignore_eos == "false" else None
             results, wall = anyio.run(lambda: loadgen.run_closed_loop(base, workload, args.concurrency, num,
-                                                                      progress=False))
+                                                                      progress=False, extra=extra))
             steps = step_histogram(base)
         finally:
             _stop(proc)
@@ -86,11 +87,16 @@ def main() -> None:
     parser.add_argument("--workload-size", type=int, default=96)
     parser.add_argument("--ttft-slo", type=float, default=10.0)
     parser.add_argument("--tpot-slo", type=float, default=0.5)
+    parser.add_argument("--kinds", default="open,shared-prefix,grounded",
+                        help=f"prompt kinds of the workload: {', '.join(loadgen.WORKLOAD_KINDS)}")
+    parser.add_argument("--ignore-eos", default="true", choices=["true", "false"],
+                        help="false: every request stops where the model ends it")
     parser.add_argument("--json", default=None, help="save the records here")
     args = parser.parse_args()
     arms = [a.split("=", 1) if "=" in a else (a, "") for a in args.arm]
     workload = loadgen.build_workload(Tokenizer.from_gguf(resolve_model(None, lambda _: None)),
-                                      num_requests=args.workload_size, max_tokens=args.max_tokens)
+                                      num_requests=args.workload_size, max_tokens=args.max_tokens,
+                                      kinds=tuple(k for k in args.kinds.split(",") if k))
     records = []
     for r in range(args.rounds):
         for label, flags in arms:

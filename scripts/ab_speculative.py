@@ -7,12 +7,15 @@ serving runs.
     json     an invoice extracted to JSON under a schema (greedy and seeded, 2 sequences): the same
     rows     what a step with guesses pays for: one layer's four quantized products at 1, 2, 5 and
              8 rows (onnxruntime's one-row path against its several-row one)
+    lookahead  input-grounded prompts (forge bench's "task" kind) run offline at 1, 4, 8, 16 and 32
+             sequences at once, greedy, 128 tokens without eos: output tok/s with at most 1, 2, 4 and 8
+             guesses per sequence (no crowd cap), against --speculative off
     draft    the draft-model proposer on the chat prompts: how often the model's first N layers
              pick the whole model's greedy token (what --draft-layers N can keep), and output tok/s
              with --speculative off, --draft-layers 8, and the model as its own --draft-model (every
              guess kept: what the machinery costs when the draft costs as much as the target)
 
-    .venv/bin/python scripts/ab_speculative.py [chat json rows draft] [--rounds 2]
+    .venv/bin/python scripts/ab_speculative.py [chat json rows lookahead draft] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -96,6 +99,35 @@ def rows(loaded: LoadedModel) -> None:
         print(f"rows  {m} row(s): one layer's four products {total * 1e6:6.0f} us")
 
 
+def lookahead(loaded: LoadedModel, rounds: int) -> None:
+    from forge import scheduler
+    from forge_bench import loadgen
+
+    prompts = [w.prompt for w in loadgen.build_workload(loaded.tokenizer, num_requests=32, max_tokens=128,
+                                                        kinds=("task",)).items]
+    crowd = scheduler.CROWD
+    scheduler.CROWD = 1 << 30               # every arm guesses its own number, however many decode
+    try:
+        for streams in (1, 4, 8, 16, 32):
+            arms = [("off", 1)] + [("ngram", k) for k in (1, 2, 4, 8)]
+            rates: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                for spec, k in arms:
+                    eng = LLMEngine(loaded, EngineConfig(speculative=spec, num_speculative_tokens=k,
+                                                         max_num_seqs=streams, kv_cache_memory=2**30))
+                    n, t0 = 0, time.perf_counter()
+                    for i, prompt in enumerate(prompts[: max(4, streams)]):
+                        eng.add_request(f"r{i}", prompt, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True))
+                    while eng.has_work():
+                        n += sum(len(ev.token_ids) for ev in eng.step())
+                    name = "off" if spec == "off" else f"{k} guesses"
+                    rates.setdefault(name, []).append(n / (time.perf_counter() - t0))
+            print(f"lookahead {streams:2d} streams: " + ", ".join(
+                f"{name} {' / '.join(f'{r:.1f}' for r in rs)}" for name, rs in rates.items()) + " tok/s", flush=True)
+    finally:
+        scheduler.CROWD = crowd
+
+
 def first_layers_agreement(loaded: LoadedModel, depths: list[int]) -> None:
     """Share of the whole model's greedy tokens (96 per chat prompt) that its first N layers, its
     final norm and head on top, also rank first, given the same text before them."""
@@ -138,12 +170,13 @@ def draft(loaded: LoadedModel, rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cases", nargs="*", help="chat, json, rows, draft [all]")
+    ap.add_argument("cases", nargs="*", help="chat, json, rows, lookahead, draft [all]")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    args.cases = args.cases or ["chat", "json", "rows", "draft"]
-    if set(args.cases) - {"chat", "json", "rows", "draft"}:
-        ap.error(f"cases are chat, json, rows and draft; got {args.cases}")
+    cases = ["chat", "json", "rows", "lookahead", "draft"]
+    args.cases = args.cases or cases
+    if set(args.cases) - set(cases):
+        ap.error(f"cases are {', '.join(cases)}; got {args.cases}")
     llms = {spec: LLM(config=EngineConfig(speculative=spec), progress=lambda _message: None)
             for spec in ("off", "ngram")}
     if "chat" in args.cases:
@@ -152,6 +185,8 @@ def main() -> None:
         json_extraction(llms, args.rounds)
     if "rows" in args.cases:
         rows(llms["off"].loaded)
+    if "lookahead" in args.cases:
+        lookahead(llms["off"].loaded, args.rounds)
     if "draft" in args.cases:
         draft(llms["off"].loaded, args.rounds)
 

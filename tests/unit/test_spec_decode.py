@@ -64,10 +64,20 @@ def test_a_proposal_is_what_followed_its_match(tokens: list[int], k: int) -> Non
 def test_a_sequence_whose_drafts_fail_pauses() -> None:
     look = Lookahead(max_tokens=4)
     assert look.budget() == 4
-    for _ in range(3):
-        look.observe(4, 0)
+    look.observe(4, 0)
+    assert look.budget() == 4          # one failure: acceptance 0.42, still trying
+    look.observe(4, 0)
     assert [look.budget() for _ in range(Lookahead.PAUSE_STEPS)] == [0] * Lookahead.PAUSE_STEPS
     assert look.budget() == 4
+    look.observe(4, 0)                  # the try after a pause failed: the next pause is twice as long
+    assert [look.budget() for _ in range(2 * Lookahead.PAUSE_STEPS + 1)] == [0] * 2 * Lookahead.PAUSE_STEPS + [4]
+    for _ in range(10):
+        look.observe(4, 0)
+        while look.budget() == 0:
+            pass
+    assert look.pause == Lookahead.MAX_PAUSE_STEPS
+    look.observe(4, 4)                  # a try that went well: pauses start short again
+    assert look.pause == 0 and look.budget() == 4
     with pytest.raises(ValueError):
         SpeculativeConfig("medusa")
 

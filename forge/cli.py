@@ -47,7 +47,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             scheduling_policy=args.scheduling_policy, speculative=speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
                             speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
-                            draft_layers=args.draft_layers)
+                            draft_layers=args.draft_layers, draft_p_min=args.draft_p_min)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -81,6 +81,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-layers", type=int, default=_int_or_none(env("FORGE_DRAFT_LAYERS", None)),
                    help="draft with the model's own first N layers instead of a second model (pays only for "
                         "models trained to exit early) [FORGE_DRAFT_LAYERS]")
+    g.add_argument("--draft-p-min", type=float, default=float(env("FORGE_DRAFT_P_MIN", "0.75")),
+                   help="a sequence stops guessing at the first guess its draft model gives a lower "
+                        "probability [FORGE_DRAFT_P_MIN; 0.75]")
     g.add_argument("--num-speculative-tokens", type=int, default=int(env("FORGE_NUM_SPECULATIVE_TOKENS", "8")),
                    help="most guesses a sequence carries into a step (4 at most while over 4 sequences decode) "
                         "[FORGE_NUM_SPECULATIVE_TOKENS; 8]")

@@ -70,6 +70,8 @@ class EngineConfig:
     # target's vocabulary, or the target's own first draft_layers layers. Exactly one of the two.
     draft_model: str | None = None
     draft_layers: int | None = None
+    # A sequence stops guessing at the first guess the draft gives less than this probability.
+    draft_p_min: float = 0.75
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -95,5 +97,7 @@ class EngineConfig:
             raise ValueError("--draft-model and --draft-layers go with --speculative draft")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError("draft_layers must be positive")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise ValueError("draft_p_min must be in [0, 1)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")

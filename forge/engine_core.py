@@ -187,6 +187,12 @@ class EngineCore:
             self.scheduler.abort(seq_id)
             del self._seq_of[req.request_id]
             self._forget(seq_id)
+        for seq_id, num_guesses in output.guesses:   # the draft model guessed fewer than budgeted
+            req = self._requests.get(seq_id)
+            if req is not None:
+                req.seq.draft = req.seq.draft[:num_guesses]
+                if num_guesses == 0 and req.seq.lookahead is not None:
+                    req.seq.lookahead.observe(1, 0)      # a try that cost a draft pass and kept nothing
         counts: dict[int, int] = {}
         for tok in output.sampled:
             counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1

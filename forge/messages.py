@@ -113,6 +113,9 @@ class StepOutput(Message, frozen=True):
     elapsed_s: float = 0.0
     failed: tuple[int, ...] = ()     # the step raised: these sequences (all of its chunks) end in error
     error: str | None = None
+    # (seq id, guesses carried) for each sequence whose draft model stopped guessing before it had
+    # filled the guesses the scheduler budgeted (forge.draft: unsure of its next guess)
+    guesses: tuple[tuple[int, int], ...] = ()
 
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------

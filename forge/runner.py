@@ -52,7 +52,8 @@ class ModelRunner:
     def __init__(self, model: BatchedModel, *, num_blocks: int, block_size: int,
                  eos_token_id: int | None, kv_cache_dtype: str = "float32",
                  grammars: Grammars | None = None, end_token_ids: Iterable[int] = (),
-                 draft_model: LlamaModel | None = None, draft_layers: int | None = None) -> None:
+                 draft_model: LlamaModel | None = None, draft_layers: int | None = None,
+                 draft_p_min: float = 0.0) -> None:
         self.model = model
         self.block_size = block_size
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
@@ -63,8 +64,9 @@ class ModelRunner:
             if not isinstance(model, LlamaModel):
                 raise ConfigError("speculative decoding with a draft model needs a LlamaModel target")
             self.drafter = (DraftModel.separate(draft_model, model, num_blocks=num_blocks, block_size=block_size,
-                                                dtype=kv_cache_dtype)
-                            if draft_model is not None else DraftModel.first_layers(model, self.kv, draft_layers or 0))
+                                                dtype=kv_cache_dtype, p_min=draft_p_min)
+                            if draft_model is not None
+                            else DraftModel.first_layers(model, self.kv, draft_layers or 0, p_min=draft_p_min))
         self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
@@ -97,6 +99,8 @@ class ModelRunner:
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         step_chunks = self.drafter.propose(step.chunks) if self.drafter is not None else step.chunks
+        guesses = tuple((c.seq_id, c.num_draft) for c, asked in zip(step_chunks, step.chunks, strict=True)
+                        if c.num_draft < asked.num_draft)
         batch = build_forward_batch(step_chunks, self.block_size)
         chunks = [c for c in step_chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]
@@ -141,7 +145,7 @@ class ModelRunner:
                                                 top_logprobs=lp.top))
             row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
-                          elapsed_s=time.perf_counter() - t0)
+                          elapsed_s=time.perf_counter() - t0, guesses=guesses)
 
     def _forget(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

@@ -74,13 +74,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
                         "its own prompt and output, verified in the same step (output unchanged); draft: a "
                         "draft model guesses (--draft-model or --draft-layers); off: one token per sequence "
-                        "per step [FORGE_SPECULATIVE; draft when a draft is named, else ngram]")
+                        "per step [FORGE_SPECULATIVE; ngram, or draft when a draft is named]")
     g.add_argument("--draft-model", default=env("FORGE_DRAFT_MODEL", None),
                    help="the draft model of --speculative draft: a GGUF file or a name from `forge pull "
-                        "--list`, with the model's vocabulary and ideally ~10x fewer weights [FORGE_DRAFT_MODEL]")
+                        "--list`, with the model's vocabulary and ideally ~10x fewer weights [FORGE_DRAFT_MODEL; none]")
     g.add_argument("--draft-layers", type=int, default=_int_or_none(env("FORGE_DRAFT_LAYERS", None)),
                    help="draft with the model's own first N layers instead of a second model (pays only for "
-                        "models trained to exit early) [FORGE_DRAFT_LAYERS]")
+                        "models trained to exit early) [FORGE_DRAFT_LAYERS; none]")
     g.add_argument("--draft-p-min", type=float, default=float(env("FORGE_DRAFT_P_MIN", "0.75")),
                    help="a sequence stops guessing at the first guess its draft model gives a lower "
                         "probability [FORGE_DRAFT_P_MIN; 0.75]")

@@ -95,7 +95,7 @@ class DraftModel:
             missed = self._missed.pop(c.seq_id, None)
             if missed is not None and missed[0] == c.start - 1:
                 first.append(replace(c, token_ids=(missed[1], *own), start=c.start - 1, num_draft=0,
-                                                 samples=c.num_draft > 0))
+                                     samples=c.num_draft > 0))
             else:
                 first.append(replace(c, token_ids=own, num_draft=0, samples=c.num_draft > 0))
         guesses: dict[int, list[int]] = {c.seq_id: [] for c in drafting}

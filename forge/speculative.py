@@ -7,8 +7,9 @@ deterministic proposer that rule is exactly the rejection rule of Leviathan et a
 (a draft is kept with probability p(draft); a rejected position's token is drawn from p without the
 draft, renormalised), and with each row's own uniform it gives the very tokens plain decoding gives.
 
-The n-gram proposer here needs no model: the tokens after the latest earlier occurrence of the sequence's
-last n tokens (n from `max_ngram` down to `min_ngram`), in its prompt or output, are its guess.
+The n-gram proposer here needs no model: the tokens after the latest earlier occurrence of the
+sequence's last n tokens (n from `max_ngram` down to `min_ngram`), in its prompt or output, are its
+guess.
 Input-grounded work (rewriting, quoting, extracting) repeats its input, and the guesses land.
 The other proposer, a draft model (method "draft"), runs in the model worker (forge.draft): the
 scheduler budgets its guesses as placeholders that the worker fills in before the step's forward.
@@ -89,8 +90,9 @@ class Lookahead:
     most of what it will cost (the kernels leave the one-row path for a small-matrix one), while each
     further draft adds little: so a sequence proposes all it can, or, when its drafts keep failing
     (acceptance under PAUSE_BELOW), nothing for a while before it tries again: PAUSE_STEPS steps,
-    twice as long after each pause that the next try did not end (up to MAX_PAUSE_STEPS), so that
-    text no guess fits (or a draft model that never agrees) costs almost nothing.
+    and twice the last pause each time the try after a pause fails too (up to MAX_PAUSE_STEPS), so
+    that text no guess fits (or a draft model that never agrees) costs almost nothing; a try that
+    keeps a guess starts the pauses short again.
     """
     max_tokens: int
     acceptance: float = 0.7

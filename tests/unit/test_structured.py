@@ -263,13 +263,16 @@ INVOICE_SCHEMA = {
                        "properties": {"name": {"type": "string", "maxLength": 30}, "quantity": {"type": "integer"}}}}}}
 
 
-def test_constrained_speculation_changes_nothing_but_the_speed(real: LoadedModel) -> None:
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_constrained_speculation_changes_nothing_but_the_speed(real: LoadedModel, proposer: str) -> None:
+    """n-gram guesses, and a draft model's (the model itself, whose guesses know nothing of the
+    grammar: one it refuses is rejected where it stands)."""
     grammar = json_schema_grammar(INVOICE_SCHEMA, param="p")
     prompt = chat(real, f"{INVOICE}\n\nExtract the invoice as JSON.")
     params = [SamplingParams(max_tokens=120, temperature=0.0, grammar=grammar),
               SamplingParams(max_tokens=120, temperature=0.8, seed=3, grammar=grammar)]
     plain = generate(engine(real, speculative="off"), [prompt, prompt], params)
-    spec_engine = engine(real, speculative="ngram")
+    spec_engine = engine(real, speculative=proposer, draft_model=real.path if proposer == "draft" else None)
     spec = generate(spec_engine, [prompt, prompt], params)
     assert spec == plain
     assert spec_engine.core.spec.num_accepted_tokens > 10                 # the drafts were checked and kept

@@ -160,6 +160,7 @@ class Daemon:
                          attention=attention,
                          compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
+                         draft_weights_mib=round(draft_model.weights.nbytes / 2**20, 1) if draft_model else 0,
                          kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,
                          kv_tokens=num_blocks * cfg.block_size,
                          kv_bytes_per_token=KVCache.bytes_per_block(loaded.model.config, 1, cfg.kv_cache_dtype),

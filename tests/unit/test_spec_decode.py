@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from forge.config import EngineConfig
 from forge.errors import ConfigError
-from forge.llama import KVCache
+from forge.llama import KVCache, LlamaModel
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch, StepOutput
 from forge.sampling_params import SamplingParams
@@ -366,6 +366,24 @@ def test_the_real_model_as_its_own_draft(real: LoadedModel) -> None:
     run(eng, requests, abort_after={"r0": 3, "r1": 6})
     assert eng.cache.free_blocks() == eng.cache.total_blocks()
     assert eng.runner.num_tracked() == 0 and eng.runner.drafter is not None and not eng.runner.drafter.missed()
+
+
+def test_a_draft_shares_the_cache_budget_and_bounds_the_context(tmp_path: Path, tiny: LoadedModel) -> None:
+    """A separate draft keeps its K/V in the same blocks: a block costs both models' bytes, and the
+    draft's shorter context bounds the sequences (the target's is 256 here, the draft's 128)."""
+    from forge.llm import plan_cache
+    from tests.tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "long.gguf", vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn=48,
+                            seed=9, context=256)
+    target = LoadedModel(str(path), LlamaModel.load(path), tiny.tokenizer, tiny.chat_template)
+    both = KVCache.bytes_per_block(target.model.config, 4) + KVCache.bytes_per_block(tiny.model.config, 4)
+    config = EngineConfig(block_size=4, kv_cache_memory=100 * both, speculative="draft", draft_model=tiny.path)
+    assert plan_cache(target.model, config, tiny.model) == (100, 128)
+    assert plan_cache(target.model, EngineConfig(block_size=4, kv_cache_memory=100 * both)) == (
+        100 * both // KVCache.bytes_per_block(target.model.config, 4), 256)
+    eng = LLMEngine(target, config, tiny)
+    assert eng.max_model_len == 128 and eng.cache.total_blocks() == 100
 
 
 def test_drafts_are_refused_unless_they_fit(real: LoadedModel, tiny: LoadedModel) -> None:

@@ -117,7 +117,7 @@ class Daemon:
             loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
             kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer),
             end_token_ids=loaded.tokenizer.end_token_ids, draft_model=draft_model,
-            draft_layers=cfg.draft_layers if cfg.speculative == "draft" else None, draft_p_min=cfg.draft_p_min))
+            draft_layers=cfg.draft_layers, draft_p_min=cfg.draft_p_min))
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.

@@ -152,8 +152,7 @@ class LLMEngine:
                                   kv_cache_dtype=config.kv_cache_dtype,
                                   eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars,
                                   end_token_ids=self.tokenizer.end_token_ids, draft_model=draft_model,
-                                  draft_layers=config.draft_layers if config.speculative == "draft" else None,
-                                  draft_p_min=config.draft_p_min)
+                                  draft_layers=config.draft_layers, draft_p_min=config.draft_p_min)
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None
 

@@ -98,9 +98,12 @@ class ModelRunner:
             self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
-        step_chunks = self.drafter.propose(step.chunks) if self.drafter is not None else step.chunks
-        guesses = tuple((c.seq_id, c.num_draft) for c, asked in zip(step_chunks, step.chunks, strict=True)
-                        if c.num_draft < asked.num_draft)
+        step_chunks: tuple[SeqChunk, ...] = step.chunks
+        guesses: tuple[tuple[int, int], ...] = ()
+        if self.drafter is not None:            # a draft model fills in the guesses, maybe fewer than asked
+            step_chunks = self.drafter.propose(step.chunks)
+            guesses = tuple((c.seq_id, c.num_draft) for c, asked in zip(step_chunks, step.chunks, strict=True)
+                            if c.num_draft < asked.num_draft)
         batch = build_forward_batch(step_chunks, self.block_size)
         chunks = [c for c in step_chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]

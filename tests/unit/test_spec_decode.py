@@ -90,13 +90,17 @@ def real(default_model_path: Path) -> LoadedModel:
 
 
 def engine(loaded: LoadedModel, spec: str, *, num_blocks: int = 1024, block_size: int = 16,
-           **kwargs: object) -> LLMEngine:
+           draft: LoadedModel | None = None, **kwargs: object) -> LLMEngine:
+    """An engine of num_blocks blocks; `draft`: a separate draft model, its K/V in the same blocks."""
     per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
+    if draft is not None:
+        per_block += KVCache.bytes_per_block(draft.model.config, block_size)
+        kwargs["draft_model"] = draft.path
     config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block,
                           max_model_len=min(1024, num_blocks * block_size),
                           speculative=spec, num_speculative_tokens=4, speculative_max_batch=8,
                           **kwargs)  # type: ignore[arg-type]
-    return LLMEngine(loaded, config)
+    return LLMEngine(loaded, config, draft)
 
 
 def run(eng: LLMEngine, requests: list[tuple[str | list[int], SamplingParams]], *, late: int = 0,
@@ -251,15 +255,7 @@ def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 def draft_engine(target: LoadedModel, draft: LoadedModel | None, *, num_blocks: int = 512, block_size: int = 4,
                  **kwargs: object) -> LLMEngine:
     """speculative="draft" with `draft` as the draft model (None: kwargs name draft_layers)."""
-    per_block = KVCache.bytes_per_block(target.model.config, block_size)
-    if draft is not None:
-        per_block += KVCache.bytes_per_block(draft.model.config, block_size)
-        kwargs["draft_model"] = draft.path
-    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block,
-                          max_model_len=min(1024, num_blocks * block_size, target.model.config.max_position),
-                          speculative="draft", num_speculative_tokens=4, speculative_max_batch=8,
-                          **kwargs)  # type: ignore[arg-type]
-    return LLMEngine(target, config, draft)
+    return engine(target, "draft", num_blocks=num_blocks, block_size=block_size, draft=draft, **kwargs)
 
 
 def tiny_requests(greedy_only: bool = False) -> list[tuple[str | list[int], SamplingParams]]:
@@ -277,9 +273,7 @@ def test_a_draft_models_guesses_change_no_output(tiny: LoadedModel, tiny_draft: 
     prompts run beside drafting rows (the separate draft computes them too)."""
     draft = tiny_draft if guesser == "another model" else tiny
     requests = tiny_requests()
-    per_block = KVCache.bytes_per_block(tiny.model.config, 4)
-    plain = run(LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_memory=512 * per_block, max_model_len=128,
-                                             speculative="off")), requests, late=2)
+    plain = run(engine(tiny, "off", num_blocks=512, block_size=4), requests, late=2)
     eng = draft_engine(tiny, draft)
     spec = run(eng, requests, late=2)
     assert eng.core.spec.num_drafts > 10

@@ -28,7 +28,7 @@ from forge.hub import forge_home
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c", "amx_gemm.c")]
 HEADERS = [Path(__file__).with_name("dot.h")]
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
@@ -91,6 +91,12 @@ def _load() -> ctypes.CDLL:
         fn.restype = ctypes.c_int
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
     lib.q8_0_matmul.restype = ctypes.c_int
+    for name, args in (("amx_split_rows", [p, i64, i64, i64, p, p]),
+                       ("amx_gemm_planes", [p, p, i64, i64, i64, p, i64, p, p, i64, i64, i64, p, i64])):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int
+    lib.amx_enable.argtypes = []
+    lib.amx_enable.restype = ctypes.c_int
     return lib
 
 
@@ -176,3 +182,77 @@ def q8_0_matmul(x: F32, blocks: npt.NDArray[np.uint8], out: F32, v_lo: int, v_hi
         raise MemoryError(f"q8_0_matmul: no memory for its buffers of K={k}")
     if rc != 0:
         raise ValueError(f"q8_0_matmul: K={k} is not whole blocks of 32 or over 8192")
+
+
+
+# ---- AMX (amx_gemm.c) ------------------------------------------------------------------------------
+
+_amx: bool | None = None
+
+
+def amx_ready() -> bool:
+    """Whether the compiled kernels have AMX tiles and Linux lets this process use them (asked once)."""
+    global _amx
+    lib = library()
+    with _lock:
+        if _amx is None:
+            _amx = lib is not None and lib.amx_enable() == 0
+        return _amx
+
+
+AMX_ROWS = 32      # activations are padded to a multiple of this many rows
+AMX_COLS = 32      # weights are widened in panels of this many output columns
+U16 = npt.NDArray[np.uint16]
+
+
+def amx_split_rows(x: F32, hi: U16, lo: U16) -> None:
+    """x [m, k] float32 -> its bfloat16 halves hi, lo [m_pad, k] (m_pad a multiple of AMX_ROWS, the
+    rows past m zero): see amx_gemm.c."""
+    lib = _amx_library()
+    m, k = x.shape
+    _check(x, np.float32, hi, np.uint16, lo, np.uint16)
+    if hi.shape != lo.shape or hi.ndim != 2 or hi.shape[1] != k or hi.shape[0] < m:
+        raise ValueError("amx_split_rows: shapes disagree")
+    if lib.amx_split_rows(_ptr(x), m, k, hi.shape[0], _ptr(hi), _ptr(lo)) != 0:
+        raise ValueError(f"amx_split_rows: {hi.shape[0]} rows or k={k} not multiples of {AMX_ROWS}")
+
+
+def amx_gemm_planes(ah: U16, al: U16, m: int, planes: list[npt.NDArray[np.uint8]], scale: F32, offset: F32,
+                    out: F32, n_lo: int, n_hi: int) -> None:
+    """out[:m, n_lo:n_hi] = x @ W[:, n_lo:n_hi] on the AMX tiles, in bfloat16x3 (~1e-5 relative to
+    the float32 product): x as amx_split_rows left it in ah, al; W [K, N] the affine block matrix
+    held as 4-bit `planes` ([N, K/bs, bs/2] each, as forge.kernels.onnx_linear packs them) with
+    per-block `scale` and `offset` [N, K/bs]. out C-contiguous float32 [>= m, N]."""
+    lib = _amx_library()
+    m_pad, k = ah.shape
+    num_rows, num_blocks = scale.shape
+    half = planes[0].shape[2] if planes and planes[0].ndim == 3 else 0
+    _check(ah, np.uint16, al, np.uint16, out, np.float32, scale, np.float32, offset, np.float32,
+           *[a for q in planes for a in (q, np.uint8)])
+    if (al.shape != ah.shape or not planes or any(q.shape != (num_rows, num_blocks, half) for q in planes)
+            or offset.shape != scale.shape or num_blocks * half * 2 != k or out.ndim != 2 or out.shape[1] != num_rows
+            or out.shape[0] < m or m > m_pad or not 0 <= n_lo <= n_hi <= num_rows):
+        raise ValueError("amx_gemm_planes: shapes or column range disagree")
+    pointers = (ctypes.c_void_p * len(planes))(*(_ptr(q) for q in planes))
+    rc = lib.amx_gemm_planes(_ptr(ah), _ptr(al), m, m_pad, k, ctypes.addressof(pointers), len(planes), _ptr(scale),
+                             _ptr(offset), 2 * half, n_lo, n_hi, _ptr(out) + 4 * n_lo, out.shape[1])
+    if rc == -2:
+        raise MemoryError("amx_gemm_planes: no memory for its panel buffers")
+    if rc != 0:
+        raise ValueError(f"amx_gemm_planes: {m_pad} rows, k={k}, block size {2 * half}, {len(planes)} planes or "
+                         f"{n_hi - n_lo} columns beyond its limits")
+
+
+def _amx_library() -> ctypes.CDLL:
+    if not amx_ready():
+        raise RuntimeError("the AMX kernels are not available on this host")
+    assert _library is not None
+    return _library
+
+
+def _check(*pairs: object) -> None:
+    """Every array C-contiguous with its dtype: (array, dtype, array, dtype, ...)."""
+    for a, dtype in zip(pairs[::2], pairs[1::2], strict=True):
+        assert isinstance(a, np.ndarray)
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            raise ValueError(f"the AMX kernels need C-contiguous {np.dtype(dtype).name} arrays")  # type: ignore[call-overload]

@@ -15,12 +15,15 @@ is one onnxruntime graph per weight. Arithmetic is float32 with float32 accumula
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.typing as npt
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from forge.kernels import compiled
 from forge.kernels.blocks import AffineBlocks
 
 F32 = npt.NDArray[np.float32]
@@ -49,9 +52,10 @@ def session_options(num_threads: int) -> ort.SessionOptions:
     return options
 
 
-def _planes(parts: list[AffineBlocks]) -> tuple[list[npt.NDArray[np.uint8]], list[F32], F32, int]:
+def _planes(parts: list[AffineBlocks]) -> tuple[list[npt.NDArray[np.uint8]], list[F32], F32, int, F32, F32]:
     """The parts stacked along rows, as 4-bit planes packed for MatMulNBits ([N, K/bs, bs/2] each),
-    their scales ([N * K/bs] each), the offset' matrix [K/bs, N] and the common block size."""
+    their scales ([N * K/bs] each), the offset' matrix [K/bs, N], the common block size, and the
+    blocks' own scale and offset [N, K/bs]."""
     bs = min(p.block_size for p in parts)
     num_planes = -(-max(p.bits for p in parts) // 4)
     same = [p.with_block_size(bs) for p in parts]
@@ -65,25 +69,38 @@ def _planes(parts: list[AffineBlocks]) -> tuple[list[npt.NDArray[np.uint8]], lis
         packed.append((nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8).reshape(n, k // bs, bs // 2))
         scales.append((scale * np.float32(16 ** p)).reshape(-1))
     with np.errstate(all="ignore"):       # inf/NaN scales stay inf/NaN, as in the reference
-        offset = offset + scale * np.float32(8 * sum(16 ** p for p in range(num_planes)))
-    return packed, scales, np.ascontiguousarray(offset.T), bs
+        shifted = offset + scale * np.float32(8 * sum(16 ** p for p in range(num_planes)))
+    return (packed, scales, np.ascontiguousarray(shifted.T), bs, np.ascontiguousarray(scale),
+            np.ascontiguousarray(offset))
 
 
 class OnnxLinear:
     """y [T, N] = x [T, K] @ W.T, W [N, K] the row-wise concatenation of `parts` (one fused matrix:
     q/k/v, or gate/up). Thread-safe: onnxruntime sessions may run concurrently."""
 
-    def __init__(self, parts: list[AffineBlocks], *, num_threads: int, accuracy_level: int = ACCURACY_FP32) -> None:
+    def __init__(self, parts: list[AffineBlocks], *, num_threads: int, accuracy_level: int = ACCURACY_FP32,
+                 amx: bool = False) -> None:
         self.out_features = sum(p.shape[0] for p in parts)
         self.in_features = parts[0].shape[1]
         if any(p.shape[1] != self.in_features for p in parts):
             raise ValueError("fused parts must share their input size")
-        packed, scales, offset, bs = _planes(parts)
+        packed, scales, offset, bs, self._scale, self._offset = _planes(parts)
         self.num_planes, self.block_size = len(packed), bs
         self.nbytes = sum(a.nbytes for a in packed) + sum(s.nbytes for s in scales) + offset.nbytes
         model = _graph(packed, scales, offset, self.in_features, self.out_features, bs, accuracy_level)
         self._session = ort.InferenceSession(model.SerializeToString(), session_options(num_threads),
                                              providers=["CPUExecutionProvider"])
+        # With amx, big steps multiply on the AMX tiles (forge.kernels.compiled: bfloat16x3, float32
+        # accuracy; not under int8 activations). They widen from the planes, scales and offsets
+        # kept here: about the planes' size again, since onnxruntime holds its own packed copy and
+        # frees the one it was given.
+        amx = (amx and accuracy_level == ACCURACY_FP32 and self.in_features % compiled.AMX_ROWS == 0
+               and self.out_features % compiled.AMX_COLS == 0 and compiled.amx_ready())
+        self.dense_rows = DENSE_MIN_ROWS if amx else None
+        self._planes = packed if amx else []
+        if not amx:
+            self._scale = self._offset = np.empty((0, 0), dtype=np.float32)
+        self.nbytes += sum(a.nbytes for a in self._planes) + self._scale.nbytes + self._offset.nbytes
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -91,10 +108,47 @@ class OnnxLinear:
         return self.in_features, self.out_features
 
     def matmul(self, x: F32) -> F32:
-        """x [T, K] -> [T, N] float32."""
-        y: F32 = self._session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+        """x [T, K] -> [T, N] float32: on the calling thread's AMX tiles from dense_rows rows,
+        else on onnxruntime's threads."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
+            out = np.empty((x.shape[0], self.out_features), dtype=np.float32)
+            self.dense_into(self.split_rows(x), out, (0, self.out_features))
+            return out
+        y: F32 = self._session.run(None, {"x": x})[0]
         return y
 
+    def split_rows(self, x: F32) -> SplitRows:
+        """x [T, K] as its bfloat16 halves, ready for dense_into (shared by the threads of a split)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m_pad = -(-x.shape[0] // compiled.AMX_ROWS) * compiled.AMX_ROWS
+        hi = np.empty((m_pad, x.shape[1]), dtype=np.uint16)
+        lo = np.empty_like(hi)
+        compiled.amx_split_rows(x, hi, lo)
+        return SplitRows(hi, lo, x.shape[0])
+
+    def column_cuts(self, num_parts: int) -> list[tuple[int, int]]:
+        """The output columns in num_parts ranges for dense_into, whole panels each."""
+        panels = self.out_features // compiled.AMX_COLS
+        bounds = [round(panels * i / num_parts) * compiled.AMX_COLS for i in range(num_parts + 1)]
+        return [(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
+
+    def dense_into(self, xs: SplitRows, out: F32, cut: tuple[int, int]) -> None:
+        """out[:, lo:hi] = x @ W[:, lo:hi] on the calling thread's AMX tiles (bfloat16x3, each panel
+        of columns widened from the planes as it is reached). out C-contiguous float32 [T, N]."""
+        compiled.amx_gemm_planes(xs.hi, xs.lo, xs.num_rows, self._planes, self._scale, self._offset, out, *cut)
+
+
+class SplitRows(NamedTuple):
+    hi: npt.NDArray[np.uint16]
+    lo: npt.NDArray[np.uint16]
+    num_rows: int
+
+
+# Steps of at least this many rows multiply on the AMX tiles (where the host has them): there the
+# bfloat16x3 product, with each step widening the weights it multiplies by, beats onnxruntime's
+# float32 4-bit product (scripts/ab_kernels.py amx, docs/benchmarks.md).
+DENSE_MIN_ROWS = 64
 
 def _graph(packed: list[npt.NDArray[np.uint8]], scales: list[F32], offset: F32, k: int, n: int, bs: int,
            accuracy_level: int) -> onnx.ModelProto:

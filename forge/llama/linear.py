@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from itertools import pairwise
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from forge.config import MATMUL_STRATEGIES
 from forge.kernels import compiled
-from forge.llama.weights import Weight
+from forge.llama.weights import PoolKernel, Weight
 
 F32 = npt.NDArray[np.float32]
 T = TypeVar("T")
@@ -163,9 +163,18 @@ class MatmulPool:
         """x @ w for x [T, in] and w [in, out] (C-contiguous, or an F-ordered view of an [out, in]
         array): a C-contiguous [T, out] float32 array, its columns split over the workers when it
         is big enough. A kernel-held weight (forge.kernels) multiplies on its own threads."""
-        if not isinstance(w, np.ndarray):
-            return w.matmul(x)
         workers = self._workers
+        if not isinstance(w, np.ndarray):
+            dense_rows = getattr(w, "dense_rows", None)
+            if workers is None or dense_rows is None or x.shape[0] < dense_rows:
+                return w.matmul(x)
+            # A kernel that multiplies big steps on the pool: x prepared once, then each thread
+            # multiplies by its own range of the output columns.
+            kernel = cast(PoolKernel, w)
+            xs = kernel.split_rows(x)
+            out = np.empty((x.shape[0], kernel.shape[1]), dtype=np.float32)
+            workers.run(lambda cut: kernel.dense_into(xs, out, cut), kernel.column_cuts(self.num_threads))
+            return out
         macs = x.shape[0] * w.shape[0] * w.shape[1]
         if workers is None or macs < (MIN_SPLIT_MACS if x.shape[0] >= MIN_SPLIT_ROWS else MIN_SPLIT_MACS_FEW_ROWS):
             return matmul_unsplit(x, w)

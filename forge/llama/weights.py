@@ -41,6 +41,18 @@ class LinearKernel(Protocol):
     def matmul(self, x: F32) -> F32: ...
 
 
+class PoolKernel(LinearKernel, Protocol):
+    """A kernel whose products of dense_rows rows and more run on the engine's MatmulPool, each
+    thread taking a range of output columns (forge.kernels.onnx_linear on the AMX tiles)."""
+    dense_rows: int | None
+
+    def split_rows(self, x: F32) -> Any: ...
+
+    def column_cuts(self, num_parts: int) -> list[tuple[int, int]]: ...
+
+    def dense_into(self, xs: Any, out: F32, cut: tuple[int, int]) -> None: ...
+
+
 Weight = F32 | LinearKernel     # what forge.llama.linear.matmul(x, w) multiplies by
 
 
@@ -141,7 +153,7 @@ class _TensorSource:
                 except ValueError as exc:
                     raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
             level = ACCURACY_INT8 if self._kernels.int8_activations else ACCURACY_FP32
-            return OnnxLinear(parts, num_threads=self._num_threads, accuracy_level=level)
+            return OnnxLinear(parts, num_threads=self._num_threads, accuracy_level=level, amx=self._kernels.amx)
         if f_ordered and len(names) == 1 and orders[0] is None:
             return self.owned(names[0], shapes[0]).T
         return self.fused(names, shapes, orders)

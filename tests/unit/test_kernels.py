@@ -149,7 +149,9 @@ def test_backends_are_chosen_by_name() -> None:
     assert choose_kernels("auto").backend == "onnxruntime"      # installed with forge
     fast = choose_kernels("fast")
     assert (fast.backend, fast.int8_activations, fast.name) == ("onnxruntime", True, "fast")
-    assert set(KERNELS) == {"auto", "onnxruntime", "fast", "numpy"}
+    assert set(KERNELS) == {"auto", "amx", "onnxruntime", "fast", "numpy"}
+    assert choose_kernels("auto").amx == compiled.amx_ready()      # amx wherever the host has it
+    assert not choose_kernels("onnxruntime").amx and choose_kernels("onnxruntime").name == "onnxruntime"
     with pytest.raises(ValueError, match="kernels must be one of"):
         choose_kernels("cuda")
 
@@ -171,6 +173,97 @@ def test_unsupported_types_stay_dense_under_the_kernels(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", quant="F16", hidden=64, ffn=128)
     model = LlamaModel.load(path, choose_kernels("onnxruntime"))
     assert model.weights.is_dense
+
+
+# ---- the AMX product of big steps (bfloat16x3) ----------------------------------------------------
+
+# bfloat16x3 keeps ~16 significant bits of each factor: each output within this much of the size
+# of its terms (term_magnitude); ~1e-5 is what it gives.
+BF16X3 = 6e-5
+
+
+def amx_here() -> bool:
+    """Whether this host runs the AMX kernels. Where it cannot, what the tests check is the refusal:
+    `auto` must not pick them and asking for them by name must fail with a clear error."""
+    if compiled.amx_ready():
+        return True
+    assert not choose_kernels("auto").amx
+    with pytest.raises(ValueError, match="AMX"):
+        choose_kernels("amx")
+    return False
+
+
+@settings(max_examples=30, deadline=None)
+@given(qtype=qtypes, panels=st.integers(1, 3), num_blocks=st.integers(1, 3), num_tokens=st.integers(1, 100),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_amx_product_agrees_with_the_files_values(qtype: GGMLQuantizationType, panels: int, num_blocks: int,
+                                                      num_tokens: int, seed: int) -> None:
+    """Every block type (one plane and two, blocks of 16 and 32), any row count (the last rows of a
+    32-row tile), each column range a thread may take."""
+    if not amx_here():
+        return
+    rng = np.random.default_rng(seed)
+    rows, cols = 32 * panels, GGML_QUANT_SIZES[qtype][0] * num_blocks
+    parts = [affine_blocks(random_blocks(rng, qtype, rows, cols), qtype, (rows, cols))]
+    linear = OnnxLinear(parts, num_threads=1, amx=True)
+    assert linear.dense_rows is not None
+    x = rng.standard_normal((num_tokens, cols)).astype(np.float32)
+    want, scale = reference_product(x, parts), term_magnitude(x, parts)
+    out = np.full((num_tokens, rows), np.nan, dtype=np.float32)
+    split = linear.split_rows(x)
+    for cut in linear.column_cuts(int(rng.integers(1, 4))):
+        linear.dense_into(split, out, cut)
+    assert_close(out, want, rel=BF16X3, scale=scale)
+
+
+def test_big_steps_take_the_amx_tiles_and_small_ones_onnxruntime() -> None:
+    if not amx_here():
+        return
+    rng = np.random.default_rng(5)
+    parts = [affine_blocks(random_blocks(rng, Q.Q4_1, 96, 256), Q.Q4_1, (96, 256))]
+    linear = OnnxLinear(parts, num_threads=2, amx=True)
+    assert linear.dense_rows is not None and linear.column_cuts(2) == [(0, 64), (64, 96)]
+    pool = MatmulPool("split", 2)
+    try:
+        for num_tokens in (linear.dense_rows - 1, linear.dense_rows, 300):
+            x = rng.standard_normal((num_tokens, 256)).astype(np.float32)
+            want, scale = reference_product(x, parts), term_magnitude(x, parts)
+            whole, split = linear.matmul(x), pool.matmul(x, linear)
+            assert_close(whole, want, rel=BF16X3, scale=scale)
+            np.testing.assert_array_equal(split, whole)       # the threads' columns add up to the whole
+            amx_step = num_tokens >= linear.dense_rows
+            # below dense_rows it is onnxruntime's float32 product, to float32 rounding
+            assert amx_step or np.all(np.abs(whole - want) <= EXACT * scale + 1e-30)
+    finally:
+        pool.close()
+
+
+def test_the_amx_tiles_are_not_used_where_they_cannot_be() -> None:
+    """Sizes off the 32-column panels, int8 activations, and kernels not asked for amx keep
+    onnxruntime's path (and no second copy of the planes)."""
+    rng = np.random.default_rng(6)
+    odd = [affine_blocks(random_blocks(rng, Q.Q4_1, 40, 256), Q.Q4_1, (40, 256))]
+    even = [affine_blocks(random_blocks(rng, Q.Q4_1, 64, 256), Q.Q4_1, (64, 256))]
+    assert OnnxLinear(odd, num_threads=1, amx=True).dense_rows is None
+    assert OnnxLinear(even, num_threads=1, amx=True, accuracy_level=ACCURACY_INT8).dense_rows is None
+    plain = OnnxLinear(even, num_threads=1)
+    assert plain.dense_rows is None
+    if amx_here():
+        assert OnnxLinear(even, num_threads=1, amx=True).nbytes > plain.nbytes
+
+
+def test_a_model_on_the_amx_kernels_agrees_with_the_numpy_reference(tmp_path: Path) -> None:
+    """A prompt long enough for the AMX path, then decoding steps on onnxruntime's."""
+    if not amx_here():
+        return
+    path = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_1", hidden=64, heads=4, kv_heads=2, ffn=128, seed=3)
+    reference = LlamaModel.load(path)
+    model = LlamaModel.load(path, choose_kernels("amx"))
+    assert model.weights.kernels == "amx"
+    assert all(w.dense_rows is not None for w in (model.weights.layers[0].wqkv, model.weights.layers[0].w_down))
+    context = np.random.default_rng(4).integers(3, 60, 150).tolist()
+    want, got = reference.forward_context(context), model.forward_context(context)
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
 
 
 # ---- the compiled decode attention ------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A/B of forge's kernels against what they replace, on the real model, in one process.
 
-    products   (default) every backend's matmuls, all layers + the head: load time, weights' bytes,
+    products   (default) each backend's matmuls, all layers + the head: load time, weights' bytes,
                RSS after loading, tokens/s per step size, in interleaved rounds (A B A B)
     attention  one layer's decode attention at 32 sequences x 200 tokens: the numpy path against
                the compiled kernel on 1 and 2 threads, and their error against float64
@@ -12,6 +12,7 @@
 Figures only.
 
     .venv/bin/python scripts/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
+    .venv/bin/python scripts/ab_kernels.py --kernels onnxruntime,amx --tokens 32,64,128,512 --head-rows 1
     .venv/bin/python scripts/ab_kernels.py attention
     .venv/bin/python scripts/ab_kernels.py head
     .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
@@ -151,6 +152,8 @@ def main() -> None:
     parser.add_argument("--kernels", default="numpy,onnxruntime,fast")
     parser.add_argument("--tokens", default="1,8,32,128")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--head-rows", type=int, default=None,
+                        help="products: rows through the head per step (default: all; a prefill step samples 1)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if args.case == "attention":
@@ -176,9 +179,11 @@ def main() -> None:
     for _ in range(args.rounds):
         for t in tokens:
             for name, model in loaded.items():
-                s = matmul_seconds(model.model.weights, t, num_head_rows=t, min_time_s=0.3, min_reps=2)
+                head_rows = t if args.head_rows is None else min(t, args.head_rows)
+                s = matmul_seconds(model.model.weights, t, num_head_rows=head_rows, min_time_s=0.3, min_reps=2)
                 rates.setdefault((name, t), []).append(t / s)
-    print("\nmatmul-only tokens/s (median of rounds), all layers + head, tokens per step:")
+    head = "the head on every row" if args.head_rows is None else f"the head on {args.head_rows} row(s)"
+    print(f"\nmatmul-only tokens/s (median of rounds), all layers + {head}, tokens per step:")
     print("tokens " + "".join(f"{name:>14s}" for name in loaded))
     for t in tokens:
         print(f"{t:6d} " + "".join(f"{statistics.median(rates[(n, t)]):14.1f}" for n in loaded))

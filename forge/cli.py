@@ -105,8 +105,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "[FORGE_BLAS_THREADS; the number of cores]")
     g.add_argument("--kernels", choices=list(KERNELS), default=env("FORGE_KERNELS", "auto"),
                    help="who holds and multiplies the weights: onnxruntime (quantized in memory, float32 "
-                        "arithmetic), fast (onnxruntime with int8 activations), numpy (the float32 "
-                        "reference), auto (onnxruntime when installed) [FORGE_KERNELS; auto]")
+                        "arithmetic), amx (onnxruntime, and prefill-sized steps on the CPU's AMX tiles "
+                        "in bfloat16x3), fast (onnxruntime with int8 activations), numpy (the float32 "
+                        "reference), auto (amx where the CPU has it, else onnxruntime when installed) "
+                        "[FORGE_KERNELS; auto]")
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float32"),
                    help="how the K/V cache stores values; float16 and bfloat16 hold twice the tokens in "
                         "--kv-cache-memory (attention computes in float32 either way) [FORGE_KV_CACHE_DTYPE; float32]")

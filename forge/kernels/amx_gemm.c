@@ -88,6 +88,12 @@ int amx_split_rows(const float *x, int64_t m, int64_t k, int64_t m_pad, uint16_t
 }
 
 #ifdef FORGE_AMX
+/* Tile numbers must be constants: 0-3 the output block, 4-5 rows of x, 6-7 columns of a panel. */
+#define LOAD_X(top, bottom) do { _tile_loadd(4, (top), sa); _tile_loadd(5, (bottom), sa); } while (0)
+#define LOAD_PANEL(p) do { _tile_loadd(6, (p), 128); _tile_loadd(7, (p) + 32, 128); } while (0)
+#define DOT_2X2() do { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); \
+                       _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); } while (0)
+
 typedef struct {
     uint8_t palette;
     uint8_t start_row;
@@ -190,28 +196,14 @@ int amx_gemm_planes(const uint16_t *ah, const uint16_t *al, int64_t m, int64_t m
             const uint16_t *a0h = ah + i * k, *a1h = ah + (i + 16) * k, *a0l = al + i * k, *a1l = al + (i + 16) * k;
             for (int64_t kk = 0; kk < k; kk += 32) {
                 const uint16_t *bph = ph + kk * 32, *bpl = pl + kk * 32;
-                _tile_loadd(4, a0h + kk, sa);
-                _tile_loadd(5, a1h + kk, sa);
-                _tile_loadd(6, bph, 128);
-                _tile_loadd(7, bph + 32, 128);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-                _tile_loadd(6, bpl, 128);
-                _tile_loadd(7, bpl + 32, 128);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-                _tile_loadd(4, a0l + kk, sa);
-                _tile_loadd(5, a1l + kk, sa);
-                _tile_loadd(6, bph, 128);
-                _tile_loadd(7, bph + 32, 128);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                LOAD_X(a0h + kk, a1h + kk);
+                LOAD_PANEL(bph);
+                DOT_2X2();                                /* xhi . Whi */
+                LOAD_PANEL(bpl);
+                DOT_2X2();                                /* xhi . Wlo */
+                LOAD_X(a0l + kk, a1l + kk);
+                LOAD_PANEL(bph);
+                DOT_2X2();                                /* xlo . Whi */
             }
             if (i + 32 <= m) {
                 float *o = cj + i * ldc;

@@ -67,9 +67,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who gets a step's token budget first: shortest-first (decodes, then the prompts "
                         "with the fewest tokens left; long waits age into first place) or fcfs "
                         "[FORGE_SCHEDULING_POLICY; shortest-first]")
-    g.add_argument("--max-step-ms", type=float, default=_float_or_none(env("FORGE_MAX_STEP_MS", None)),
+    g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "350"),
                    help="while sequences decode, size each step to about this many milliseconds by its "
-                        "measured cost (less prompt per step, steadier streams) [FORGE_MAX_STEP_MS; off]")
+                        "measured cost (less prompt per step, steadier streams); off: the token budget "
+                        "alone [FORGE_MAX_STEP_MS; 350]")
     g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", None),
                    help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
                         "its own prompt and output, verified in the same step (output unchanged); draft: a "
@@ -121,8 +122,17 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text) if text is not None else None
 
 
-def _float_or_none(text: str | None) -> float | None:
-    return float(text) if text is not None else None
+def _step_ms(text: str) -> float | None:
+    """--max-step-ms: a positive number of milliseconds, or off."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds or off, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive (or off), got {text!r}")
+    return value
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:

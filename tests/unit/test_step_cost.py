@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from actors.cli import register
+from forge.cli import build_parser
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import MIN_PREFILL_TOKENS, LocalScheduler, SchedulerConfig
 from forge.sequence import Sequence
@@ -72,3 +74,19 @@ def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
         sched.observe_step(tokens, 0.020 + 0.002 * tokens)
     sched.submit(Sequence(1, list(range(1000)), 10))
     assert sched.schedule().num_tokens == 512
+
+
+def test_the_serve_flag_defaults_to_350_ms_and_takes_off(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("FORGE_MAX_STEP_MS", raising=False)
+    parser = build_parser(register)
+    assert parser.parse_args(["serve"]).max_step_ms == 350.0
+    assert parser.parse_args(["serve", "--max-step-ms", "off"]).max_step_ms is None
+    assert parser.parse_args(["serve", "--max-step-ms", "200"]).max_step_ms == 200.0
+    for bad in ("0", "-5", "fast"):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["serve", "--max-step-ms", bad])
+        assert exited.value.code == 2
+        assert "--max-step-ms" in capsys.readouterr().err
+    monkeypatch.setenv("FORGE_MAX_STEP_MS", "off")
+    assert build_parser(register).parse_args(["serve"]).max_step_ms is None

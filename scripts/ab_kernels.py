@@ -8,6 +8,11 @@
                4-bit planes of the same blocks, per number of rows
     head-march the Q8_0 head kernel built for other CPUs (--march, e.g. x86-64-v3: AVX2 without
                AVX-512) and run here on one thread, the current source against --baseline REV's
+    int8       what the AMX path was measured against: int8 activations on the same tiles
+               (onnxruntime's DynamicQuantizeMatMul over int8 weights, per tensor, or per row with
+               each row scaled to 1 first), one layer's products per row count against onnxruntime's
+               float32 and the AMX bfloat16x3 paths, then the fidelity of each on the reference data
+               (the model's steps of 64+ rows on it, as the AMX path takes them)
 
 Figures only.
 
@@ -16,6 +21,7 @@ Figures only.
     .venv/bin/python scripts/ab_kernels.py attention
     .venv/bin/python scripts/ab_kernels.py head
     .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
+    .venv/bin/python scripts/ab_kernels.py int8
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from forge.kernels import compiled
 from forge.kernels.blocks import affine_blocks
 from forge.kernels.onnx_linear import OnnxLinear
 from forge.llama.attention import attend, plan_attention
-from forge.llama.linear import Q8Matrix, configure_matmul
+from forge.llama.linear import Q8Matrix, active_pool, configure_matmul
 from forge.llm import LoadedModel
 
 
@@ -141,10 +147,96 @@ def cmd_head_march(model: str | None, reps: int, marches: list[str], baseline: s
                 print(f"{march:>12s} {label:>12s}  " + "".join(f"{f:9.1f}" for f in figures))
 
 
+def _int8_session(w_t: np.ndarray, per_row: bool) -> object:
+    """x -> x @ W over int8 weights (per output column) and activations quantized to uint8 by
+    onnxruntime (DynamicQuantizeMatMul: one scale per call), or per row: each row divided by its
+    largest magnitude first, the product multiplied back."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from forge.kernels.onnx_linear import session_options
+
+    k, n = w_t.shape
+    scale = (np.abs(w_t).max(axis=0) / 127).astype(np.float32)
+    scale[scale == 0] = 1
+    q = np.clip(np.round(w_t / scale), -127, 127).astype(np.int8)
+    arrays = {"wq": q, "ws": scale, "wz": np.zeros(n, np.int8), "ax": np.array([1], np.int64),
+              "tiny": np.array(1e-30, np.float32)}
+    inits = [numpy_helper.from_array(a, name) for name, a in arrays.items()]
+    node = helper.make_node
+    if per_row:
+        nodes = [node("Abs", ["x"], ["a"]), node("ReduceMax", ["a", "ax"], ["m0"], keepdims=1),
+                 node("Max", ["m0", "tiny"], ["m"]), node("Div", ["x", "m"], ["xn"]),
+                 node("DynamicQuantizeMatMul", ["xn", "wq", "ws", "wz"], ["yn"], domain="com.microsoft"),
+                 node("Mul", ["yn", "m"], ["y"])]
+    else:
+        nodes = [node("DynamicQuantizeMatMul", ["x", "wq", "ws", "wz"], ["y"], domain="com.microsoft")]
+    graph = helper.make_graph(nodes, "int8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])], inits)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                    helper.make_opsetid("com.microsoft", 1)])
+    return ort.InferenceSession(model.SerializeToString(), session_options(2), providers=["CPUExecutionProvider"])
+
+
+def cmd_int8(model: str | None, reps: int) -> None:
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from forge.config import EngineConfig
+    from tests.reference_cases import greedy_agrees, run_reference
+
+    configure_matmul("split", 2)
+    loaded = LoadedModel.load(model, kernels="amx", progress=lambda _m: None)
+    weights = loaded.model.weights
+    linears = [w for layer in weights.layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    assert all(isinstance(w, OnnxLinear) and w.dense_rows for w in linears), "needs the AMX kernels"
+
+    def w_t(linear: OnnxLinear) -> np.ndarray:      # W [K, N], exactly, through onnxruntime's float32 path
+        return linear._session.run(None, {"x": np.eye(linear.in_features, dtype=np.float32)})[0]
+
+    sessions = {v: {id(w): _int8_session(w_t(w), v == "int8 per row") for w in linears}
+                for v in ("int8 per tensor", "int8 per row")}
+    pool = active_pool()
+    rng = np.random.default_rng(0)
+    first = linears[:4]
+    print("one layer's four products, ms (median of calls):")
+    print("rows   onnxruntime   amx bf16x3   int8 per tensor   int8 per row")
+    for rows in (64, 128, 512):
+        xs = {k: rng.standard_normal((rows, k)).astype(np.float32) for k in {w.in_features for w in first}}
+        figures = [timed(lambda xs=xs: [w._session.run(None, {"x": xs[w.in_features]}) for w in first], reps),
+                   timed(lambda xs=xs: [pool.matmul(xs[w.in_features], w) for w in first], reps)]
+        for variant in sessions:
+            figures.append(timed(lambda v=variant, xs=xs: [sessions[v][id(w)].run(None, {"x": xs[w.in_features]})
+                                                           for w in first], reps))
+        print(f"{rows:4d}   " + "   ".join(f"{f * 1e3:10.2f}" for f in figures))
+    data = json.loads((Path(__file__).resolve().parents[1] / "tests/data/smollm2_reference.json").read_text())
+    print("\nthe reference data, steps of 64+ rows on each path:")
+    print("path              greedy (to first near-tie)   max top-5 logprob error")
+    original = OnnxLinear.matmul
+    for variant in ("amx bf16x3", *sessions):
+        def patched(self: OnnxLinear, x: np.ndarray, variant: str = variant) -> np.ndarray:
+            if variant in sessions and x.shape[0] >= 64:
+                return sessions[variant][id(self)].run(None, {"x": np.ascontiguousarray(x, np.float32)})[0]
+            return original(self, x)
+        OnnxLinear.matmul = patched  # type: ignore[method-assign]
+        for w in linears:               # through matmul(), not the pool's column split
+            w.dense_rows = None if variant in sessions else w.dense_rows
+        outputs, _ = run_reference(loaded, data, EngineConfig(
+            kv_cache_memory=512 * 2**20, max_model_len=512, kernels="amx",
+            max_num_seqs=len(data["greedy"]) + len(data["logprobs"]), max_num_batched_tokens=2048))
+        matched = sum(greedy_agrees(case, outputs[f"greedy-{i}"][0]) for i, case in enumerate(data["greedy"]))
+        worst = max((abs(dict(outputs[f"logprobs-{i}"][1][0].top_logprobs)[int(t)] - float(lp))
+                     for i, case in enumerate(data["logprobs"]) for t, lp in case["top5"]
+                     if int(t) in dict(outputs[f"logprobs-{i}"][1][0].top_logprobs)), default=0.0)
+        print(f"{variant:16s}  {matched:3d} / {len(data['greedy']):<3d}                    {worst:.2e}")
+    OnnxLinear.matmul = original  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", nargs="?", default="products",
-                        choices=["products", "attention", "head", "head-march"])
+                        choices=["products", "attention", "head", "head-march", "int8"])
     parser.add_argument("--march", default="x86-64-v3,native", help="head-march: -march values, comma-separated")
     parser.add_argument("--baseline", default="257b046", help="head-march: the revision to compare with")
     parser.add_argument("--reps", type=int, default=20, help="attention, head: timed calls per figure")
@@ -161,6 +253,9 @@ def main() -> None:
         return
     if args.case == "head":
         cmd_head(args.model, args.reps)
+        return
+    if args.case == "int8":
+        cmd_int8(args.model, args.reps)
         return
     if args.case == "head-march":
         cmd_head_march(args.model, args.reps, args.march.split(","), args.baseline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,17 @@ def test_naming_a_draft_turns_draft_speculation_on() -> None:
     assert "Paris" in result.stdout
     bad = forge("generate", "hello", "--speculative", "ngram", "--draft-layers", "4")
     assert bad.returncode != 0 and "go with --speculative draft" in bad.stderr
+
+
+def test_amx_kernels_where_they_cannot_run_are_refused_in_one_line() -> None:
+    """Without the compiled kernels (as on a host with no compiler, or a CPU without AMX) --kernels
+    amx exits 2 saying why, and auto falls back to onnxruntime and answers."""
+    env = {**os.environ, "FORGE_NO_COMPILED_KERNELS": "1"}
+    refused = subprocess.run([sys.executable, "-m", "actors", "generate", "hello", "--kernels", "amx"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and refused.stdout == ""
+    assert "AMX" in refused.stderr.strip().splitlines()[-1]
+    fallback = subprocess.run([sys.executable, "-m", "actors", "generate", "The capital of France is", "--max-tokens",
+                               "4", "--temperature", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert fallback.returncode == 0, fallback.stderr
+    assert "Paris" in fallback.stdout

@@ -118,6 +118,7 @@ class Daemon:
             kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer),
             end_token_ids=loaded.tokenizer.end_token_ids, draft_model=draft_model,
             draft_layers=cfg.draft_layers, draft_p_min=cfg.draft_p_min))
+        kv_commit_s = await anyio.to_thread.run_sync(runner.commit_kv_memory) if cfg.kv_cache_commit else None
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of `cache` from here on.
@@ -164,6 +165,7 @@ class Daemon:
                          kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,
                          kv_tokens=num_blocks * cfg.block_size,
                          kv_bytes_per_token=KVCache.bytes_per_block(loaded.model.config, 1, cfg.kv_cache_dtype),
+                         kv_commit_s=round(kv_commit_s, 2) if kv_commit_s is not None else "off",
                          max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
                 task_status.started()
                 self.is_started.set()

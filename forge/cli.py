@@ -43,7 +43,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
-                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype, max_step_ms=args.max_step_ms,
+                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
+                            kv_cache_commit=args.kv_cache_commit == "on", max_step_ms=args.max_step_ms,
                             scheduling_policy=args.scheduling_policy, speculative=speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
                             speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
@@ -113,6 +114,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float32"),
                    help="how the K/V cache stores values; float16 and bfloat16 hold twice the tokens in "
                         "--kv-cache-memory (attention computes in float32 either way) [FORGE_KV_CACHE_DTYPE; float32]")
+    g.add_argument("--kv-cache-commit", choices=["on", "off"], default=env("FORGE_KV_CACHE_COMMIT", "on"),
+                   help="write every page of the KV cache at start: its memory is taken then, and no step "
+                        "pays the page faults of first writes (tens of microseconds each on some virtual "
+                        "machines) [FORGE_KV_CACHE_COMMIT; on]")
     g.add_argument("--matmul-strategy", choices=["split", "blas"], default=env("FORGE_MATMUL_STRATEGY", "split"),
                    help="split: each matmul's columns over a pool of 1-thread-BLAS threads (robust when "
                         "other work shares the cores); blas: BLAS's own threads [FORGE_MATMUL_STRATEGY; split]")
@@ -211,7 +216,8 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="send PROMPT as one user message of a chat")
     add_engine_flags(gen)
-    gen.set_defaults(func=_cmd_generate, kv_cache_memory="512MiB", max_num_seqs=1)
+    # one completion and out: committing the cache's memory would only delay it
+    gen.set_defaults(func=_cmd_generate, kv_cache_memory="512MiB", max_num_seqs=1, kv_cache_commit="off")
 
 
     bench = sub.add_parser("bench", help="offline benchmark: the toy engine, or a real model with --model")

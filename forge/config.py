@@ -55,6 +55,9 @@ class EngineConfig:
     # How the K/V cache stores values (forge.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
     # float32 whatever the storage. Half precision holds twice the tokens in kv_cache_memory.
     kv_cache_dtype: str = "float32"
+    # Write every page of the K/V arrays at start (KVCache.commit_memory): the cache's memory is
+    # taken then, and no step pays its first-write page faults. `forge serve` does by default.
+    kv_cache_commit: bool = False
     # While sequences decode, size a step to about this many milliseconds (forge.scheduler: the
     # measured cost of recent steps decides how much prompt fits); None: the token budget alone.
     max_step_ms: float | None = None

@@ -153,6 +153,8 @@ class LLMEngine:
                                   eos_token_id=self.tokenizer.eos_token_id, grammars=self.grammars,
                                   end_token_ids=self.tokenizer.end_token_ids, draft_model=draft_model,
                                   draft_layers=config.draft_layers, draft_p_min=config.draft_p_min)
+        if config.kv_cache_commit:
+            self.runner.commit_kv_memory()
         # Called after each forward with its batch and seconds (benchmarks); None: nobody listens.
         self.on_step: Callable[[StepBatch, float], None] | None = None
 

@@ -19,6 +19,8 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch, build_forward_batch
 from forge.draft import DraftModel
 from forge.errors import ConfigError, EngineError
+from forge.llama.kv_cache import KVCache
+from forge.llama.linear import active_pool
 from forge.llama.model import LlamaModel
 from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.penalties import TokenCounts
@@ -75,6 +77,17 @@ class ModelRunner:
 
     def num_tracked(self) -> int:
         return len(self._seqs)
+
+    def commit_kv_memory(self) -> float:
+        """Write every page of the K/V cache (and a separate draft's) once, on the matmul pool's
+        threads (KVCache.commit_memory); returns the seconds it took. Caches of another kind have
+        nothing to commit."""
+        started = time.perf_counter()
+        caches = [self.kv] + ([self.drafter.kv] if self.drafter is not None and self.drafter.kv is not self.kv else [])
+        for cache in caches:
+            if isinstance(cache, KVCache):
+                cache.commit_memory(active_pool().run_parts)
+        return time.perf_counter() - started
 
     def execute(self, step: StepBatch) -> StepOutput:
         """Run one step. A fault in it (an exception in the forward or the sampler, non-finite logits)

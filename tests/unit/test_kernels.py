@@ -385,6 +385,29 @@ def test_bytes_per_token_by_kv_dtype(tmp_path: Path, kv_dtype: str) -> None:
     assert kv.k.nbytes + kv.v.nbytes == 12 * per_token
 
 
+def rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+@pytest.mark.parametrize(("kv_dtype", "threads"), [("float32", 1), ("float16", 2)])
+def test_committing_the_kv_cache_takes_its_memory_and_keeps_it_zero(tmp_path: Path, kv_dtype: str,
+                                                                     threads: int) -> None:
+    """Pages no one has written are not resident; after commit_memory every page of K and V is."""
+    config = LlamaModel.load(write_tiny_llama(tmp_path / "m.gguf")).config
+    per_block = KVCache.bytes_per_block(config, 16, kv_dtype)
+    kv = KVCache(config, (96 << 20) // per_block, 16, kv_dtype)            # ~96 MiB, untouched
+    before = rss_anon_kib()
+    pool = MatmulPool("split", threads)
+    try:
+        kv.commit_memory(pool.run_parts if threads > 1 else None)
+    finally:
+        pool.close()
+    grown = (rss_anon_kib() - before) * 1024
+    assert grown >= 0.9 * (kv.k.nbytes + kv.v.nbytes), (grown, kv.k.nbytes + kv.v.nbytes)
+    assert not kv.k.any() and not kv.v.any()
+
+
 @settings(max_examples=20, deadline=None)
 @given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_dtype=st.sampled_from(["float16", "bfloat16"]),
        block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**32 - 1))

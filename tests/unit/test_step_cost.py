@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.cli import register
-from forge.cli import build_parser
+from forge.cli import build_parser, engine_config
 from forge.paged_cache import PagedKVCache
 from forge.scheduler import MIN_PREFILL_TOKENS, LocalScheduler, SchedulerConfig
 from forge.sequence import Sequence
@@ -90,3 +90,13 @@ def test_the_serve_flag_defaults_to_350_ms_and_takes_off(monkeypatch: pytest.Mon
         assert "--max-step-ms" in capsys.readouterr().err
     monkeypatch.setenv("FORGE_MAX_STEP_MS", "off")
     assert build_parser(register).parse_args(["serve"]).max_step_ms is None
+
+
+def test_forge_serve_commits_the_kv_cache_by_default_and_generate_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FORGE_KV_CACHE_COMMIT", raising=False)
+    parser = build_parser(register)
+    assert engine_config(parser.parse_args(["serve"])).kv_cache_commit
+    assert not engine_config(parser.parse_args(["serve", "--kv-cache-commit", "off"])).kv_cache_commit
+    assert not engine_config(parser.parse_args(["generate", "hello"])).kv_cache_commit
+    monkeypatch.setenv("FORGE_KV_CACHE_COMMIT", "off")
+    assert not engine_config(build_parser(register).parse_args(["serve"])).kv_cache_commit

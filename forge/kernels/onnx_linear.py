@@ -11,6 +11,11 @@ so y = x @ W.T = sum_p MatMulNBits_p(x) + blocksum(x) @ offset'.T, where blocksu
 sums x over each block. The offset term is a small dense product (K/bs rows, not K). All of it
 is one onnxruntime graph per weight. Arithmetic is float32 with float32 accumulation
 (accuracy_level 1) unless the caller asks for int8 activations (accuracy_level 4, `fast`).
+
+With `amx` (forge.kernels.compiled, amx_gemm.c), steps of DENSE_MIN_ROWS rows and more skip
+onnxruntime: the same planes are widened panel by panel into bfloat16 halves and multiplied on the
+CPU's AMX tiles in bfloat16x3 (~1e-5 relative to the float32 product); the matmul pool's threads
+take ranges of output columns (split_rows, column_cuts, dense_into).
 """
 
 from __future__ import annotations
@@ -146,9 +151,11 @@ class SplitRows(NamedTuple):
 
 
 # Steps of at least this many rows multiply on the AMX tiles (where the host has them): there the
-# bfloat16x3 product, with each step widening the weights it multiplies by, beats onnxruntime's
-# float32 4-bit product (scripts/ab_kernels.py amx, docs/benchmarks.md).
+# bfloat16x3 product, widening the weights as it goes, beats onnxruntime's float32 4-bit product
+# (all layers: 1.21x at 64 rows, 1.98x at 512, `scripts/ab_kernels.py --kernels onnxruntime,amx`;
+# decode steps of 64-96 sequences 6-10% faster, `scripts/profile_step.py`; docs/benchmarks.md).
 DENSE_MIN_ROWS = 64
+
 
 def _graph(packed: list[npt.NDArray[np.uint8]], scales: list[F32], offset: F32, k: int, n: int, bs: int,
            accuracy_level: int) -> onnx.ModelProto:

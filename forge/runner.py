@@ -81,12 +81,15 @@ class ModelRunner:
     def commit_kv_memory(self) -> float:
         """Write every page of the K/V cache (and a separate draft's) once, on the matmul pool's
         threads (KVCache.commit_memory); returns the seconds it took. Caches of another kind have
-        nothing to commit."""
+        nothing to commit; a draft of the target's first layers shares the target's."""
         started = time.perf_counter()
-        caches = [self.kv] + ([self.drafter.kv] if self.drafter is not None and self.drafter.kv is not self.kv else [])
+        caches = [self.kv]
+        if self.drafter is not None and not np.may_share_memory(self.drafter.kv.k, self.kv.k):
+            caches.append(self.drafter.kv)
+        pool = active_pool()
         for cache in caches:
             if isinstance(cache, KVCache):
-                cache.commit_memory(active_pool().run_parts)
+                cache.commit_memory(pool.run_parts, pool.num_parts)
         return time.perf_counter() - started
 
     def execute(self, step: StepBatch) -> StepOutput:

@@ -92,19 +92,22 @@ class KVCache:
         self._k_slots[layer, slot_mapping] = to_storage(k, storage)
         self._v_slots[layer, slot_mapping] = to_storage(v, storage)
 
-    def commit_memory(self, run_parts: Callable[[Callable[[KV], None], list[KV]], None] | None = None) -> None:
+    def commit_memory(self, run_parts: Callable[[Callable[[range], None], list[range]], None] | None = None,
+                      num_parts: int = 1) -> None:
         """Write every page of the K and V arrays once. Until a page is first written it is not the
         process's: the step that first writes a block's K/V takes a page fault for each of its pages
         (a 512-token prefill step writes ~200 per layer), which on some virtual machines costs tens
-        of microseconds each, half a prefill step. Committing at start moves that to start-up, and
-        the memory the cache will use is taken (or refused) then, not under load. `run_parts`
-        (forge.llama.linear's MatmulPool.run_parts) spreads the layers over threads; the values
-        stay zero."""
+        of microseconds each (scripts/ab_engine.py kv-commit). Committing at start moves that to
+        start-up, and the memory the cache will use is taken (or refused) then, not under load.
+        With `run_parts` (forge.llama.linear's MatmulPool.run_parts) the layers are dealt into
+        `num_parts` parts that run at once; the values stay zero."""
         stride = max(1, 4096 // self.k.itemsize)
 
-        def touch(a: KV) -> None:
-            a.reshape(-1)[::stride] = 0
-        parts = [a[i:i + 1] for a in (self.k, self.v) for i in range(a.shape[0])]     # one layer each
+        def touch(layers: range) -> None:
+            for layer in layers:
+                self.k[layer].reshape(-1)[::stride] = 0
+                self.v[layer].reshape(-1)[::stride] = 0
+        parts = [range(i, self.k.shape[0], num_parts) for i in range(num_parts)]
         if run_parts is None:
             for part in parts:
                 touch(part)

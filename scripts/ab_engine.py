@@ -11,6 +11,8 @@ docs/benchmarks.md ("Tried since").
     .venv/bin/python scripts/ab_engine.py matvec      # each one-row projection whole vs split
     .venv/bin/python scripts/ab_engine.py pool        # the pool's hand-off vs a futures executor
     .venv/bin/python scripts/ab_engine.py attention   # one layer's decode attention, piece by piece
+    .venv/bin/python scripts/ab_engine.py kv-commit   # prefill steps on blocks never written before,
+                                                      # the KV cache committed at start or not
 """
 
 from __future__ import annotations
@@ -219,9 +221,41 @@ def cmd_attention(reps: int) -> None:
             print(f"{name:20s} {seconds * 1e3:6.3f} ms per layer (V is gathered like K)")
 
 
+def cmd_kv_commit(model_path: Path, reps: int) -> None:
+    """Two offline engines over one model, both alive, one with its KV cache committed at start
+    (EngineConfig.kv_cache_commit), one not; 511-token prompts alternate between them, one step
+    each, every prompt on blocks its engine has not written before (the prefix cache hands out
+    unused blocks first). Prints each engine's step times and their medians."""
+    from forge.config import EngineConfig
+    from forge.llm import LLM, LoadedModel
+    from forge.sampling_params import SamplingParams
+
+    loaded = LoadedModel.load(model_path, progress=lambda _m: None)
+    budget = (reps + 1) * 512 * 46080                 # every prompt on fresh blocks (45 KiB a token)
+    engines = {}
+    for commit in (False, True):
+        started = time.perf_counter()
+        engines[commit] = LLM.from_loaded(loaded, EngineConfig(kv_cache_memory=budget, max_model_len=1024,
+                                                                kv_cache_commit=commit)).engine
+        print(f"commit={commit}: built in {time.perf_counter() - started:.2f} s")
+    rng = np.random.default_rng(0)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(reps):
+        for commit, engine in (engines.items() if i % 2 == 0 else reversed(engines.items())):
+            engine.add_request(f"p{i}", rng.integers(3, 40000, 511).tolist(), SamplingParams(max_tokens=1))
+            started = time.perf_counter()
+            engine.step()
+            times[commit].append(time.perf_counter() - started)
+            while engine.has_work():
+                engine.step()
+    for commit, steps in times.items():
+        print(f"commit={commit}: 511-token prefill steps {statistics.median(steps) * 1e3:7.1f} ms median  "
+              + " ".join(f"{t * 1e3:.0f}" for t in steps))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention"])
+    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention", "kv-commit"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--reps", type=int, default=None, help="pairs per case (default depends on the case)")
     args = ap.parse_args()
@@ -235,6 +269,8 @@ def main() -> None:
         cmd_matvec(args.model, args.reps or 7)
     elif args.case == "pool":
         cmd_pool(args.reps or 3)
+    elif args.case == "kv-commit":
+        cmd_kv_commit(args.model, args.reps or 10)
     else:
         cmd_attention(args.reps or 3)
 

@@ -50,6 +50,7 @@ DEFAULT_MODEL = default_model_path()
 FORWARD_PARTS = {
     "matmul": "matmul", "attend": "attention", "plan_attention": "attention", "write_kv": "attention",
     "rms_norm": "norm/rope/act", "apply_rope": "norm/rope/act", "swiglu": "norm/rope/act",
+    "rms_norm_compiled": "norm/rope/act", "swiglu_compiled": "norm/rope/act", "gelu_tanh_gated": "norm/rope/act",
     "check_batch": "checks",
 }
 COLUMNS = ["matmul", "attention", "norm/rope/act", "fwd other", "sampling", "batch build", "runner other",
@@ -130,6 +131,7 @@ class StubForward:
 
 
 KV_DTYPE = "float32"   # --kv-cache-dtype
+KV_COMMIT = False      # --kv-cache-commit
 
 
 def make_engine(loaded: LoadedModel, mode: tuple[str, int], num_seqs: int, tokens_per_seq: int,
@@ -140,7 +142,8 @@ def make_engine(loaded: LoadedModel, mode: tuple[str, int], num_seqs: int, token
     config = EngineConfig(block_size=block_size, max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=budget,
                           enable_prefix_caching=False, matmul_strategy=mode[0], blas_threads=mode[1],
                           kv_cache_memory=max(blocks, -(-mc.max_position // block_size))
-                          * KVCache.bytes_per_block(mc, block_size, KV_DTYPE), kv_cache_dtype=KV_DTYPE)
+                          * KVCache.bytes_per_block(mc, block_size, KV_DTYPE), kv_cache_dtype=KV_DTYPE,
+                          kv_cache_commit=KV_COMMIT)
     return LLMEngine(loaded, config)
 
 
@@ -270,14 +273,17 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="float32", help="how the K/V cache stores values")
     ap.add_argument("--kernels", default="auto", help="the kernel backend (forge.kernels.KERNELS)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--kv-cache-commit", action="store_true",
+                    help="write every page of each case's K/V cache before timing (as forge serve does), so "
+                         "prefill steps do not pay first-touch page faults")
     args = ap.parse_args()
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     modes = [(m.split(":")[0], int(m.split(":")[1])) for m in args.matmul]
     loaded = LoadedModel.load(args.model, kernels=args.kernels, progress=lambda _m: None)
-    global KV_DTYPE
-    KV_DTYPE = args.kv_cache_dtype
+    global KV_DTYPE, KV_COMMIT
+    KV_DTYPE, KV_COMMIT = args.kv_cache_dtype, args.kv_cache_commit
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
     try:
         run_cases(loaded, args, modes)

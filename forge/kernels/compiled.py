@@ -28,7 +28,8 @@ from forge.hub import forge_home
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c", "amx_gemm.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c", "amx_gemm.c",
+                                                         "elementwise.c", "prefill_attention.c")]
 HEADERS = [Path(__file__).with_name("dot.h")]
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
@@ -95,6 +96,15 @@ def _load() -> ctypes.CDLL:
                        ("amx_gemm_planes", [p, p, i64, i64, i64, p, i64, p, p, i64, i64, i64, p, i64])):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
+    lib.paged_prefill_attention.argtypes = [p, p, p, ctypes.c_int, p, i64, i64, p, i64, i64, i64, i64, i64, i64,
+                                            i64, p, i64, p]
+    lib.paged_prefill_attention.restype = ctypes.c_int
+    lib.paged_prefill_attention_supports.argtypes = [i64]
+    lib.paged_prefill_attention_supports.restype = ctypes.c_int
+    lib.forge_rms_norm.argtypes = [p, i64, i64, i64, p, ctypes.c_float, p, i64]
+    lib.forge_rms_norm.restype = None
+    lib.forge_swiglu.argtypes = [p, i64, i64, p]
+    lib.forge_swiglu.restype = None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
     return lib
@@ -158,6 +168,82 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")
+
+
+def rms_norm(x: F32, weight: F32, eps: float, out: F32) -> None:
+    """out[i] = x[i] * weight / rms(x[i]) for the rows of x [n, H] (rows may be strided, e.g. a row
+    range of a wider array's view; the last axis contiguous); out C-contiguous [n, H]. See
+    elementwise.c; forge.llama.model.rms_norm is the reference."""
+    lib = library()
+    assert lib is not None, "rms_norm called without the compiled kernels"
+    n, h = x.shape
+    if (x.dtype != np.float32 or weight.dtype != np.float32 or out.dtype != np.float32 or x.strides[1] != 4
+            or weight.shape != (h,) or not weight.flags.c_contiguous or out.shape != (n, h)
+            or not out.flags.c_contiguous):
+        raise ValueError("rms_norm needs float32 x [n, H] with contiguous rows, weight [H] and out [n, H]")
+    lib.forge_rms_norm(_ptr(x), n, h, x.strides[0] // 4, _ptr(weight), eps, _ptr(out), h)
+
+
+def swiglu(gate_up: F32, out: F32) -> None:
+    """out = SiLU(gate) * up for gate_up = [gate | up] [n, 2F] C-contiguous; out C-contiguous [n, F].
+    See elementwise.c; forge.llama.model.swiglu is the reference."""
+    lib = library()
+    assert lib is not None, "swiglu called without the compiled kernels"
+    n, two_f = gate_up.shape
+    _check(gate_up, np.float32, out, np.float32)
+    if two_f % 2 or out.shape != (n, two_f // 2):
+        raise ValueError("swiglu needs gate_up [n, 2F] and out [n, F]")
+    lib.forge_swiglu(_ptr(gate_up), n, two_f // 2, _ptr(out))
+
+
+# The prefill kernel's key chunk (prefill_attention.c's KC): its scratch holds the gathered keys and
+# values, rounded up to it and one more.
+PREFILL_KEY_CHUNK = 64
+_KV_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}
+
+
+def prefill_scratch_floats(num_keys: int, head_dim: int) -> int:
+    """Floats of scratch paged_prefill_attention needs for num_keys keys."""
+    chunk = PREFILL_KEY_CHUNK
+    return 2 * head_dim * (-(-num_keys // chunk) * chunk + chunk)
+
+
+def prefill_attention_supports(head_dim: int) -> bool:
+    """Whether paged_prefill_attention runs here for this head_dim (the compiled kernels built with
+    AVX-512, head_dim a multiple of 16 up to 64)."""
+    lib = library()
+    return lib is not None and bool(lib.paged_prefill_attention_supports(head_dim))
+
+
+def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
+                            block_table: I64, row0: int, pos0: int, ranges: I64, num_keys: int, window: int,
+                            scratch: F32, out: F32) -> None:
+    """Causal attention of prompt rows into out (see prefill_attention.c): the rows [lo, hi) of each
+    of `ranges` [n, 2], all of one sequence's chunk, whose row `row0` is at position `pos0` (the
+    chunk's positions consecutive), over its keys 0 .. num_keys - 1 (a sliding `window`: only the
+    last `window` positions) read through `block_table`. q, out [T, nh, hd] float32; the caches
+    [num_blocks, block_size, nkv, hd] float32, float16 or bfloat16 (uint16 bits); scratch at least
+    prefill_scratch_floats(num_keys, hd); prefill_attention_supports(hd) must hold."""
+    lib = library()
+    assert lib is not None, "paged_prefill_attention called without the compiled kernels"
+    kv_type = _KV_TYPE.get(k_cache.dtype)
+    if kv_type is None or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"no paged_prefill_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
+    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (block_table, np.int64),
+                     (ranges, np.int64), (scratch, np.float32), (out, np.float32)):
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            raise ValueError("paged_prefill_attention needs C-contiguous arrays of the dtypes above")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if ranges.ndim != 2 or ranges.shape[1] != 2 or len(ranges) == 0 or out.shape != q.shape \
+            or block_table.size * block_size < num_keys or int(ranges.min()) < 0 or int(ranges.max()) > len(q):
+        raise ValueError("paged_prefill_attention: ranges, block table or out disagree with q")
+    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), kv_type, _ptr(block_table), row0, pos0,
+                                     _ptr(ranges), len(ranges), num_keys, window, num_heads, num_kv_heads, head_dim,
+                                     block_size, _ptr(scratch), scratch.size, _ptr(out))
+    if rc != 0:
+        raise ValueError(f"paged_prefill_attention: head_dim {head_dim} or a scratch of {scratch.size} floats is "
+                         "beyond the kernel's limits")
 
 
 Q8_0_BLOCK_BYTES = 34       # a float16 scale and 32 int8 values

@@ -68,7 +68,8 @@ class PrefillTile:
     hi: int         # one past the last
     num_keys: int   # keys the tile can see at all: its last position + 1
     mask_from: int  # keys before this one are visible to every query of the tile
-    bias: F32       # [hi - lo, num_keys - mask_from]  the causal mask over the rest, 0 / -inf
+    bias: F32 | None  # [hi - lo, num_keys - mask_from]  the causal mask over the rest, 0 / -inf;
+                      # None for the compiled kernel, which masks as it goes
 
 
 @dataclass(slots=True)
@@ -76,6 +77,8 @@ class PrefillSeq:
     block_ids: I64  # [nb]
     context_len: int
     tiles: list[PrefillTile]
+    row0: int = 0   # the chunk's first row of T
+    pos0: int = 0   # its position (the chunk's rows are consecutive positions)
 
 
 @dataclass(slots=True)
@@ -87,6 +90,8 @@ class AttentionPlan:
                                            # tiles; parts own disjoint rows
     fused_parts: list[FusedDecode] = field(default_factory=list)  # instead of decode_parts, when fused
     softcap: float = 0.0           # scores become softcap * tanh(scores / softcap) before the mask; 0: none
+    fused_prefill: bool = False    # prefill chunks by the compiled kernel (forge.kernels.compiled)
+    window: int = 0                # a sliding window (each query sees its last `window` positions); 0: none
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -145,7 +150,8 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
         part = loads.index(min(loads))
         loads[part] += cost
         taken[part].setdefault(i, []).extend(tiles)
-    return [[PrefillSeq(seqs[i].block_ids, seqs[i].context_len, sorted(tiles, key=lambda t: t.lo))
+    return [[PrefillSeq(seqs[i].block_ids, seqs[i].context_len, sorted(tiles, key=lambda t: t.lo), seqs[i].row0,
+                        seqs[i].pos0)
              for i, tiles in sorted(members.items())] for members in taken]
 
 
@@ -188,6 +194,8 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         decode_parts = [_decode_groups(seqs, batch, config, block_size, num_blocks_needed, window) for seqs in parts]
         long_seqs = np.flatnonzero(lengths > 1)
 
+    # Prompt chunks by the compiled kernel where it runs (it masks as it goes: no bias to build).
+    fused_prefill = fused and not softcap and compiled.prefill_attention_supports(config.head_dim)
     prefills: list[PrefillSeq] = []
     for s in long_seqs:
         ctx = int(batch.context_lens[s])
@@ -197,9 +205,10 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         for t in range(lo, hi, tile_rows):
             positions = batch.positions[t:min(t + tile_rows, hi)]                      # [n]
             num_keys, mask_from = int(positions.max()) + 1, 0 if window else int(positions.min()) + 1
-            bias = _causal_bias(positions, num_keys, mask_from, window)                  # [n, K - mask_from]
+            bias = None if fused_prefill else _causal_bias(positions, num_keys, mask_from, window)  # [n, K - mask_from]
             tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
-        prefills.append(PrefillSeq(batch.block_tables[s, : int(num_blocks_needed[s])], ctx, tiles))
+        prefills.append(PrefillSeq(np.ascontiguousarray(batch.block_tables[s, : int(num_blocks_needed[s])]), ctx,
+                                   tiles, lo, int(batch.positions[lo])))
     # a decode row costs its padded keys, in the same units as a tile: one query row x keys
     if fused:   # a fused row costs its keys, about 4x less per key than a gathered one (measured)
         loads = [int(part.context_lens.sum()) // 4 for part in fused_parts]
@@ -209,7 +218,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     prefill_parts = _split_prefills(prefills, num_parts, loads)
     while prefill_parts and not prefill_parts[-1]:
         prefill_parts.pop()
-    return AttentionPlan(decode_parts, prefill_parts, fused_parts, softcap)
+    return AttentionPlan(decode_parts, prefill_parts, fused_parts, softcap, fused_prefill, window)
 
 
 def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,
@@ -270,7 +279,10 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
                                             fused.context_lens, scores, out, fused.first_keys, plan.softcap)
         for p in prefills:
-            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
+            if plan.fused_prefill:
+                _prefill_fused(p, q, k_cache, v_cache, part_scratch, out, plan.window)
+            else:
+                _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
 
     active_pool().run_parts(run, jobs)
     return out
@@ -307,6 +319,16 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
 
 
+def _prefill_fused(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
+                   window: int) -> None:
+    """_prefill by the compiled kernel: the part's tiles of one chunk in one call."""
+    num_keys = max(t.num_keys for t in p.tiles)
+    ranges = np.array([(t.lo, t.hi) for t in p.tiles], dtype=np.int64)                   # [n, 2]
+    buffer = scratch.get(0, (compiled.prefill_scratch_floats(num_keys, q.shape[2]),))
+    compiled.paged_prefill_attention(q, k_cache, v_cache, p.block_ids, p.row0, p.pos0, ranges, num_keys, window,
+                                     buffer, out)
+
+
 def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
              softcap: float = 0.0) -> None:
     """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
@@ -330,6 +352,7 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, 
         if softcap:
             softcap_(scores, softcap)
         scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]
+        assert t.bias is not None, "a tile planned for the compiled kernel"
         scores4[..., t.mask_from:] += t.bias[None, :, None, :]
         sums = _exp_shifted_(scores)                                                     # [nkv, n*g, 1]
         o = np.matmul(scores, values[:, : t.num_keys])                                   # [nkv, n*g, hd]

@@ -54,6 +54,37 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     return out
 
 
+# The compiled row-wise kernels (forge.kernels.elementwise.c) split their rows over the pool from
+# this many rows: below it a hand-off costs about what the second core saves.
+MIN_PARALLEL_ROWS = 64
+
+
+def _row_cuts(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
+    if num_rows < MIN_PARALLEL_ROWS or num_parts < 2:
+        return [(0, num_rows)]
+    return [(num_rows * p // num_parts, num_rows * (p + 1) // num_parts) for p in range(num_parts)]
+
+
+def rms_norm_compiled(x: F32, weight: F32, eps: float) -> F32:
+    """rms_norm by the compiled kernel, rows split over the pool (x may be any view with
+    contiguous rows)."""
+    if x.dtype != np.float32 or x.ndim != 2 or x.strides[1] != 4:
+        return rms_norm(x, weight, eps)
+    out = np.empty(x.shape, dtype=np.float32)
+    active_pool().run_parts(lambda cut: compiled.rms_norm(x[cut[0]:cut[1]], weight, eps, out[cut[0]:cut[1]]),
+                            _row_cuts(len(x), active_pool().num_parts))
+    return out
+
+
+def swiglu_compiled(gate_up: F32) -> F32:
+    """swiglu by the compiled kernel, rows split over the pool."""
+    gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
+    active_pool().run_parts(lambda cut: compiled.swiglu(gate_up[cut[0]:cut[1]], out[cut[0]:cut[1]]),
+                            _row_cuts(len(gate_up), active_pool().num_parts))
+    return out
+
+
 def head_norm_(x: F32, weight: F32, eps: float) -> None:
     """RMSNorm of every head in place: x is [T, heads, hd] (a view is fine), weight [hd]."""
     sum_sq = np.einsum("thd,thd->th", x, x)                      # [T, heads]
@@ -101,9 +132,9 @@ class LlamaModel:
         self.has_sliding = any(self.sliding)
         self.rope_sliding = (RopeTables.build(config, weights.rope_freqs, sliding=True)
                              if self.has_sliding else self.rope)
-        self.activation = gelu_tanh_gated if config.arch.activation == "gelu_tanh" else swiglu
-        # The compiled decode attention goes with the compiled kernels; --kernels numpy keeps the
-        # whole forward on the numpy reference.
+        self.gelu = config.arch.activation == "gelu_tanh"
+        # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
+        # keeps the whole forward on the numpy reference.
         self.fused_attention = weights.kernels != "numpy" and compiled.library() is not None
         # Big steps split their rows over the pool only when the pool does the matmuls (dense
         # weights): kernels run each product on threads of their own.
@@ -184,6 +215,7 @@ class LlamaModel:
                                        softcap=c.attn_softcap)
                         if reaches_past else plan)
         scale = np.float32(c.attention_scale)
+        norm = rms_norm_compiled if self.fused_attention else rms_norm
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         rotation_sliding = self.rope_sliding.at(batch.positions) if self.has_sliding else rotation
@@ -211,7 +243,7 @@ class LlamaModel:
                 pool.run_parts(functools.partial(self._block_outputs, layer, x, attn, matmul_unsplit), row_parts)
             else:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
-        x = rms_norm(x, w.out_norm, c.rms_eps)                                  # [N, H]
+        x = norm(x, w.out_norm, c.rms_eps)                                      # [N, H]
         logits = matmul(x, w.head)                                              # [N, V]
         if c.final_softcap:                                                     # gemma2
             softcap_(logits, c.final_softcap)
@@ -225,7 +257,7 @@ class LlamaModel:
         c = self.config
         nh, nkv = c.num_heads, c.num_kv_heads
         for lo, hi in rows:
-            heads = mm(rms_norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
+            heads = mm(self._norm(x[lo:hi], layer.attn_norm, c.rms_eps), layer.wqkv)
             if layer.qkv_bias is not None:
                 heads += layer.qkv_bias
             heads = heads.reshape(hi - lo, -1, c.head_dim)                      # [n, nh + 2 nkv, hd]
@@ -244,9 +276,18 @@ class LlamaModel:
         for lo, hi in rows:
             xt = x[lo:hi]                                                       # [n, H] view
             out = mm(attn[lo:hi], layer.wo)
-            xt += out if layer.post_attn_norm is None else rms_norm(out, layer.post_attn_norm, eps)
-            out = mm(self.activation(mm(rms_norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
-            xt += out if layer.post_ffn_norm is None else rms_norm(out, layer.post_ffn_norm, eps)
+            xt += out if layer.post_attn_norm is None else self._norm(out, layer.post_attn_norm, eps)
+            out = mm(self._activation(mm(self._norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+            xt += out if layer.post_ffn_norm is None else self._norm(out, layer.post_ffn_norm, eps)
+
+    # Looked up at each call, not bound at load, so that scripts/profile_step.py can time them.
+    def _norm(self, x: F32, weight: F32, eps: float) -> F32:
+        return (rms_norm_compiled if self.fused_attention else rms_norm)(x, weight, eps)
+
+    def _activation(self, gate_up: F32) -> F32:
+        if self.gelu:
+            return gelu_tanh_gated(gate_up)
+        return (swiglu_compiled if self.fused_attention else swiglu)(gate_up)
 
 
 def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:

@@ -225,7 +225,7 @@ def test_big_steps_take_the_amx_tiles_and_small_ones_onnxruntime() -> None:
     assert linear.dense_rows is not None and linear.column_cuts(2) == [(0, 64), (64, 96)]
     pool = MatmulPool("split", 2)
     try:
-        for num_tokens in (linear.dense_rows - 1, linear.dense_rows, 300):
+        for num_tokens in (linear.dense_rows - 1, linear.dense_rows, 130, 300):  # 130, 300: split on 2 threads
             x = rng.standard_normal((num_tokens, 256)).astype(np.float32)
             want, scale = reference_product(x, parts), term_magnitude(x, parts)
             whole, split = linear.matmul(x), pool.matmul(x, linear)
@@ -435,6 +435,80 @@ def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
     want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
     got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+def prefill_kernel_here(head_dim: int = 64) -> bool:
+    """Whether the compiled prefill attention runs here (AVX-512). Where it cannot, the plan must
+    keep numpy for prompt chunks."""
+    if compiled.prefill_attention_supports(head_dim):
+        return True
+    batch = paged_batch(np.random.default_rng(0), [20], [20], 4, 6)
+    config = SimpleNamespace(num_heads=2, num_kv_heads=1, head_dim=head_dim)
+    assert not plan_attention(batch, config, 4, 1, fused=True).fused_prefill
+    return False
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(9, 300), min_size=1, max_size=4), cached=st.floats(0.0, 0.9),
+       kv_heads=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 3, 4]), head_dim=st.sampled_from([16, 48, 64]),
+       block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3), window=st.sampled_from([0, 1, 5, 40, 200]),
+       kv_dtype=st.sampled_from(["float32", "float16", "bfloat16"]), seed=st.integers(0, 2**32 - 1))
+def test_fused_prefill_attention_equals_the_numpy_reference(
+        lens: list[int], cached: float, kv_heads: int, group: int, head_dim: int, block_size: int, num_parts: int,
+        window: int, kv_dtype: str, seed: int) -> None:
+    """Prompt chunks through the compiled kernel (whole prompts and chunks after a cached prefix,
+    blocks scattered, tiles dealt over parts, a sliding window or none, every K/V storage type)
+    give the numpy path's output."""
+    if not prefill_kernel_here(head_dim):
+        return
+    rng = np.random.default_rng(seed)
+    query_lens = [max(9, n - int(n * cached)) for n in lens]                  # > MAX_FUSED_CHUNK_ROWS
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    batch = paged_batch(rng, lens, query_lens, block_size, num_blocks)
+    config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)
+    storage = np.dtype(storage_dtype(kv_dtype))
+    k = to_storage((rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)) * 2).astype(np.float32), storage)
+    v = to_storage(rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32), storage)
+    q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v)
+    fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
+    assert fused_plan.fused_prefill and fused_plan.prefill_parts
+    assert all(t.bias is None for part in fused_plan.prefill_parts for p in part for t in p.tiles)
+    got = attend(fused_plan, q, k, v)
+    assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+def test_prompt_chunks_the_prefill_kernel_does_not_take_stay_on_numpy() -> None:
+    """Soft-capped scores (Gemma 2) and heads wider than 64 keep the numpy path, masks built."""
+    batch = paged_batch(np.random.default_rng(1), [40], [40], 16, 4)
+    for head_dim, softcap in ((64, 50.0), (80, 0.0), (256, 0.0)):
+        config = SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=head_dim)
+        plan = plan_attention(batch, config, 16, 1, fused=True, softcap=softcap)
+        assert not plan.fused_prefill
+        assert all(t.bias is not None for part in plan.prefill_parts for p in part for t in p.tiles)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 200), width=st.sampled_from([16, 64, 576, 1000]), stride=st.integers(0, 40),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_norm_and_silu_equal_numpy(rows: int, width: int, stride: int, scale: float, seed: int) -> None:
+    """RMSNorm (of a row range of a wider array too, as the forward passes views) and the gated
+    SiLU, on one thread and split over two, agree with the numpy reference to float32 rounding."""
+    from forge.llama import model as model_mod
+    rng = np.random.default_rng(seed)
+    wide = (rng.standard_normal((rows, width + stride)) * scale).astype(np.float32)
+    x, weight = wide[:, :width], rng.standard_normal(width).astype(np.float32)
+    gate_up = (rng.standard_normal((rows, 2 * width)) * 4 * scale).astype(np.float32)
+    gate_up[0, :3] = [-200.0, 200.0, 0.0]                  # exp(-gate) overflowing, and the other end
+    want_norm, want_act = model_mod.rms_norm(x, weight, 1e-6), model_mod.swiglu(gate_up)
+    for threads in (1, 2):
+        pool = linear_mod.configure_matmul("split", threads)
+        try:
+            got_norm, got_act = model_mod.rms_norm_compiled(x, weight, 1e-6), model_mod.swiglu_compiled(gate_up)
+        finally:
+            pool.close()
+        np.testing.assert_allclose(got_norm, want_norm, rtol=2e-6, atol=1e-6 * float(np.abs(want_norm).max()))
+        np.testing.assert_allclose(got_act, want_act, rtol=2e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("env", [{"FORGE_NO_COMPILED_KERNELS": "1"}, {"CC": "/nonexistent/cc"}])

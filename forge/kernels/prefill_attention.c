@@ -1,0 +1,273 @@
+/* Causal attention of prompt chunks (prefill), read through the block table, on AVX-512.
+ *
+ * For each KV head: the keys the chunk's query rows can see are gathered once, widened to float32
+ * and transposed ([hd][keys]), the values gathered ([keys][hd]); then every query vector (a row's
+ * query head of this KV head's group) takes the keys in chunks of KC, four vectors at a time with
+ * their scores and outputs in registers: scores by FMAs over the transposed keys, the causal (and
+ * sliding-window) mask, an online softmax (running max and sum, the outputs rescaled when the max
+ * grows), and the values weighted into the outputs. Keys past a vector's position cost nothing
+ * beyond the chunk that holds its diagonal. float32 throughout; the exponential is a Cephes-style
+ * polynomial (~1 ulp).
+ *
+ * numpy computes the same in forge.llama.attention._prefill (whole rows of scores, a softmax, two
+ * batched products): the reference this kernel is tested against. Without AVX-512 the entry point
+ * returns -1 and the caller keeps numpy.
+ *
+ * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
+ * ctypes, which releases the GIL.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define KC 64                 /* keys per chunk: four zmm of scores per query vector */
+#define NV 4                  /* query vectors taken together */
+#define MAX_HZ 4              /* head_dim / 16 the kernel takes: up to 64 */
+#define QB 32                 /* query vectors per block: their outputs and a chunk's keys and values fit L1 */
+
+/* exp(x) for x <= 0, 16 at a time; x below -87.3 (and -inf) gives 0 through the caller's mask. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* 16 values of a cache row as float32. */
+static inline __m512 load16(const void *base, int64_t at, int kv_type) {
+    if (kv_type == 0)
+        return _mm512_loadu_ps((const float *)base + at);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
+    if (kv_type == 1)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+typedef struct {
+    const float *q;           /* [hd] the scaled query */
+    float *o;                 /* [hd] where its output goes */
+    int64_t first, last;      /* the keys it sees: first .. last (positions) */
+} vec_t;
+
+/* One chunk of KC keys (kc [hd][KC] transposed, vc [KC][hd], the first key key0) for NV query vectors
+ * (some may repeat the last to fill the set: same values, written twice): their running max m, sum l
+ * and unnormalised outputs acc [NV][hd] updated (the online softmax). */
+static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, float *m, float *l, float *acc,
+                                                             const float *restrict kc, const float *restrict vc,
+                                                             int64_t key0, const int hz) {
+    const int64_t hd = 16 * hz;
+    __m512 s[NV][KC / 16];
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < KC / 16; c++)
+            s[v][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        const float *row = kc + d * KC;
+        const __m512 k_0 = _mm512_loadu_ps(row), k_1 = _mm512_loadu_ps(row + 16),
+                     k_2 = _mm512_loadu_ps(row + 32), k_3 = _mm512_loadu_ps(row + 48);
+        for (int v = 0; v < NV; v++) {
+            const __m512 qd = _mm512_set1_ps(vecs[v].q[d]);
+            s[v][0] = _mm512_fmadd_ps(qd, k_0, s[v][0]);
+            s[v][1] = _mm512_fmadd_ps(qd, k_1, s[v][1]);
+            s[v][2] = _mm512_fmadd_ps(qd, k_2, s[v][2]);
+            s[v][3] = _mm512_fmadd_ps(qd, k_3, s[v][3]);
+        }
+    }
+    int64_t last = vecs[0].last;
+    for (int v = 1; v < NV; v++)
+        last = vecs[v].last > last ? vecs[v].last : last;
+    const int64_t used = last - key0 + 1 > KC ? KC : last - key0 + 1;   /* keys any of them sees */
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    float pbuf[NV][KC] __attribute__((aligned(64)));
+    __m512 o[NV][MAX_HZ];
+    for (int v = 0; v < NV; v++) {
+        for (int z = 0; z < hz; z++)
+            o[v][z] = _mm512_load_ps(acc + v * hd + 16 * z);
+        __mmask16 valid[KC / 16];
+        float cmax = -INFINITY;
+        for (int c = 0; c < KC / 16; c++) {
+            const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(key0 + 16 * c)));
+            valid[c] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32((int)vecs[v].last))
+                     & _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32((int)vecs[v].first));
+            if (valid[c]) {
+                const float cm = _mm512_mask_reduce_max_ps(valid[c], s[v][c]);
+                cmax = cm > cmax ? cm : cmax;
+            }
+        }
+        if (cmax == -INFINITY) {                     /* no key of this chunk is visible to it */
+            memset(pbuf[v], 0, sizeof pbuf[v]);
+            continue;
+        }
+        const float m_new = cmax > m[v] ? cmax : m[v];
+        const float alpha = m[v] == -INFINITY ? 0.0f : expf(m[v] - m_new);
+        const __m512 mn = _mm512_set1_ps(m_new);
+        __m512 total = _mm512_setzero_ps();
+        for (int c = 0; c < KC / 16; c++) {
+            const __m512 p = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(s[v][c], mn)));
+            total = _mm512_add_ps(total, p);
+            _mm512_store_ps(pbuf[v] + 16 * c, p);
+        }
+        l[v] = l[v] * alpha + _mm512_reduce_add_ps(total);
+        m[v] = m_new;
+        if (alpha != 1.0f) {
+            const __m512 a = _mm512_set1_ps(alpha);
+            for (int z = 0; z < hz; z++)
+                o[v][z] = _mm512_mul_ps(o[v][z], a);
+        }
+    }
+    for (int64_t j = 0; j < used; j++) {
+        const float *vr = vc + j * hd;
+        __m512 vz[MAX_HZ];
+        for (int z = 0; z < hz; z++)
+            vz[z] = _mm512_loadu_ps(vr + 16 * z);
+        for (int v = 0; v < NV; v++) {
+            const __m512 p = _mm512_set1_ps(pbuf[v][j]);
+            for (int z = 0; z < hz; z++)
+                o[v][z] = _mm512_fmadd_ps(p, vz[z], o[v][z]);
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        for (int z = 0; z < hz; z++)
+            _mm512_store_ps(acc + v * hd + 16 * z, o[v][z]);
+}
+
+/* A block of up to QB query vectors (vecs holds NV - 1 more, repeating the last) against the
+ * gathered keys (kt: chunks of [hd][KC]) and values (vg [nk][hd]) whose first column is key k0:
+ * chunk by chunk, the chunk's keys and values read from L1 by every set of NV vectors that sees any
+ * of them. */
+static inline __attribute__((always_inline)) void run_block(const vec_t *vecs, int64_t count, const float *kt,
+                                                            const float *vg, int64_t k0, const int hz) {
+    const int64_t hd = 16 * hz;
+    float m[QB + NV], l[QB + NV], acc[(QB + NV) * MAX_HZ * 16] __attribute__((aligned(64)));
+    int64_t first = vecs[0].first, last = vecs[0].last;
+    for (int64_t v = 0; v < count + NV; v++) {
+        m[v] = -INFINITY;
+        l[v] = 0.0f;
+        first = vecs[v].first < first ? vecs[v].first : first;
+        last = vecs[v].last > last ? vecs[v].last : last;
+    }
+    memset(acc, 0, (size_t)((count + NV) * hd) * sizeof(float));
+    for (int64_t col = (first - k0) / KC * KC; k0 + col <= last; col += KC) {
+        const int64_t key0 = k0 + col;
+        for (int64_t j = 0; j < count; j += NV) {
+            int64_t qf = vecs[j].first, ql = vecs[j].last;
+            for (int64_t e = 1; e < NV; e++) {
+                qf = vecs[j + e].first < qf ? vecs[j + e].first : qf;
+                ql = vecs[j + e].last > ql ? vecs[j + e].last : ql;
+            }
+            if (ql < key0 || qf >= key0 + KC)
+                continue;                            /* none of them sees a key of this chunk */
+            quad_chunk(vecs + j, m + j, l + j, acc + j * hd, kt + col * hd, vg + col * hd, key0, hz);
+        }
+    }
+    for (int64_t v = 0; v < count; v++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / l[v]);
+        for (int z = 0; z < hz; z++)
+            _mm512_storeu_ps(vecs[v].o + 16 * z, _mm512_mul_ps(_mm512_load_ps(acc + v * hd + 16 * z), inv));
+    }
+}
+#endif
+
+/* 1 when paged_prefill_attention takes this head_dim on this build (AVX-512), else 0. */
+int paged_prefill_attention_supports(int64_t hd) {
+#if defined(__AVX512F__)
+    return hd > 0 && hd % 16 == 0 && hd / 16 <= MAX_HZ;
+#else
+    (void)hd;
+    return 0;
+#endif
+}
+
+/* q:          [T, nh, hd]  the step's scaled queries
+ * k, v:       [num_blocks, block_size, nkv, hd]  one layer's cache; kv_type 0 float32, 1 float16,
+ *             2 bfloat16 (raw uint16 bits)
+ * table:      the sequence's block ids (at least ceil(num_keys / block_size))
+ * row0, pos0: a row of T in the sequence's chunk and its position (the chunk's rows are consecutive
+ *             positions)
+ * ranges:     [n_ranges][2]  the rows [lo, hi) of T to compute (tiles of the chunk)
+ * num_keys:   the keys to gather: the last position among the ranges + 1
+ * window:     a sliding window (a row at p sees keys p - window + 1 .. p); 0: none
+ * scratch:    at least 2 * hd * (num_keys rounded up to KC, plus KC) floats
+ * out:        [T, nh, hd]  the ranges' rows written
+ * Returns 0; -1 without AVX-512, for head_dim not a multiple of 16 up to 64, or a scratch too
+ * small (the caller keeps numpy). */
+int paged_prefill_attention(const float *q, const void *k, const void *v, int kv_type, const int64_t *table,
+                            int64_t row0, int64_t pos0, const int64_t *ranges, int64_t n_ranges, int64_t num_keys,
+                            int64_t window, int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
+                            float *scratch, int64_t scratch_floats, float *out) {
+#if defined(__AVX512F__)
+    if (hd % 16 || hd / 16 > MAX_HZ || n_ranges < 1 || kv_type < 0 || kv_type > 2)
+        return -1;
+    const int64_t group = nh / nkv, kv_stride = nkv * hd;
+    int64_t lo_all = ranges[0], hi_all = ranges[1];
+    for (int64_t r = 1; r < n_ranges; r++) {
+        lo_all = ranges[2 * r] < lo_all ? ranges[2 * r] : lo_all;
+        hi_all = ranges[2 * r + 1] > hi_all ? ranges[2 * r + 1] : hi_all;
+    }
+    const int64_t k0 = window ? (pos0 + lo_all - row0 - window + 1 > 0 ? pos0 + lo_all - row0 - window + 1 : 0) : 0;
+    const int64_t nk = (num_keys - k0 + KC - 1) / KC * KC + KC;   /* a chunk may start past num_keys - KC */
+    if (scratch_floats < 2 * hd * nk)
+        return -1;
+    float *kt = scratch, *vg = scratch + hd * nk;
+    for (int64_t g = 0; g < nkv; g++) {
+        for (int64_t p = k0; p < num_keys; p++) {       /* gather, widen, transpose the keys */
+            const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
+            const int64_t j = p - k0;
+            float *kcol = kt + (j / KC) * KC * hd + j % KC;
+            for (int64_t d = 0; d < hd; d += 16) {
+                float tmp[16] __attribute__((aligned(64)));
+                _mm512_store_ps(tmp, load16(k, at + d, kv_type));
+                for (int e = 0; e < 16; e++)
+                    kcol[(d + e) * KC] = tmp[e];
+                _mm512_storeu_ps(vg + j * hd + d, load16(v, at + d, kv_type));
+            }
+        }
+        for (int64_t j = num_keys - k0; j < nk; j++) {   /* the padding: finite, masked anyway */
+            float *kcol = kt + (j / KC) * KC * hd + j % KC;
+            for (int64_t d = 0; d < hd; d++)
+                kcol[d * KC] = 0.0f;
+            memset(vg + j * hd, 0, (size_t)hd * sizeof(float));
+        }
+        for (int64_t r = 0; r < n_ranges; r++) {
+            const int64_t lo = ranges[2 * r], hi = ranges[2 * r + 1];
+            const int64_t num_vecs = (hi - lo) * group;
+            for (int64_t j0 = 0; j0 < num_vecs; j0 += QB) {
+                vec_t vecs[QB + NV];
+                const int64_t count = num_vecs - j0 < QB ? num_vecs - j0 : QB;
+                for (int64_t e = 0; e < count + NV; e++) {   /* past count: the last again */
+                    const int64_t jj = j0 + (e < count ? e : count - 1);
+                    const int64_t row = lo + jj / group, head = g * group + jj % group;
+                    const int64_t pos = pos0 + row - row0;
+                    vecs[e].q = q + (row * nh + head) * hd;
+                    vecs[e].o = out + (row * nh + head) * hd;
+                    vecs[e].last = pos;
+                    vecs[e].first = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+                }
+                switch (hd / 16) {       /* a copy per head_dim, a set's outputs held in registers */
+                case 1: run_block(vecs, count, kt, vg, k0, 1); break;
+                case 2: run_block(vecs, count, kt, vg, k0, 2); break;
+                case 3: run_block(vecs, count, kt, vg, k0, 3); break;
+                default: run_block(vecs, count, kt, vg, k0, 4); break;
+                }
+            }
+        }
+    }
+    return 0;
+#else
+    (void)q; (void)k; (void)v; (void)kv_type; (void)table; (void)row0; (void)pos0; (void)ranges; (void)n_ranges;
+    (void)num_keys; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size; (void)scratch;
+    (void)scratch_floats; (void)out;
+    return -1;
+#endif
+}

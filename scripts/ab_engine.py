@@ -13,6 +13,10 @@ docs/benchmarks.md ("Tried since").
     .venv/bin/python scripts/ab_engine.py attention   # one layer's decode attention, piece by piece
     .venv/bin/python scripts/ab_engine.py kv-commit   # prefill steps on blocks never written before,
                                                       # the KV cache committed at start or not
+    .venv/bin/python scripts/ab_engine.py prefill-kernels  # whole prefill steps: compiled attention,
+                                                      # norms, SiLU and the split on two threads, or numpy
+    .venv/bin/python scripts/ab_engine.py burst       # the floor under the first pass's first tokens: the
+                                                      # bench workload's first 32 prompts, prefill only
 """
 
 from __future__ import annotations
@@ -253,9 +257,58 @@ def cmd_kv_commit(model_path: Path, reps: int) -> None:
               + " ".join(f"{t * 1e3:.0f}" for t in steps))
 
 
+def cmd_prefill_kernels(model_path: Path, reps: int) -> None:
+    """Whole prefill forwards on the default kernels (AMX products here), the step's other work on
+    the compiled kernels (prompt attention, RMSNorm, gated SiLU; the activations split into their
+    bfloat16 halves on both threads) or on numpy and one thread, alternating."""
+    from forge.kernels import choose_kernels, onnx_linear
+
+    model = LlamaModel.load(model_path, kernels=choose_kernels("auto"))
+    linear_mod.configure_matmul("split", 2)
+    kv = model.new_kv_cache(2600, BLOCK_SIZE)
+    kv.k.fill(0.0)
+    kv.v.fill(0.0)                                    # every page written before timing
+    split_rows = onnx_linear.SPLIT_PARALLEL_ROWS
+
+    def use(compiled_rest: bool) -> Callable[[], None]:
+        def set_up() -> None:
+            model.fused_attention = compiled_rest
+            onnx_linear.SPLIT_PARALLEL_ROWS = split_rows if compiled_rest else 1 << 62
+        return set_up
+
+    cases = {f"{t}x{s}": functools.partial(model.forward, batch_for(t, s), kv)
+             for t, s in ((512, 1), (1000, 1), (800, 4), (256, 1))}
+    paired(cases, {"numpy": use(False), "compiled": use(True)}, reps)
+
+
+def cmd_burst(model_path: Path, reps: int) -> None:
+    """The first 32 prompts of `forge bench`'s mixed workload (its first pass at 32 streams), all
+    at once into an offline engine with forge serve's defaults, one output token each: the time to
+    the last first token with nothing decoding, a floor under the first pass's TTFT p99. A fresh
+    engine (cold prefix cache) per repeat, the KV cache committed before timing."""
+    from forge.config import EngineConfig
+    from forge.llm import LLM, LoadedModel
+    from forge.sampling_params import SamplingParams
+    from forge_bench import loadgen
+
+    loaded = LoadedModel.load(model_path, progress=lambda _m: None)
+    workload = loadgen.build_workload(loaded.tokenizer, num_requests=96, max_tokens=128, seed=0)
+    prompts = [item.prompt for item in workload.items[:32]]
+    for _ in range(reps):
+        llm = LLM.from_loaded(loaded, EngineConfig(max_num_seqs=32, kv_cache_commit=True, max_step_ms=350.0))
+        started = time.perf_counter()
+        outs = llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
+        wall = time.perf_counter() - started
+        total = sum(len(o.prompt_token_ids) for o in outs)
+        cached = sum(o.num_cached_tokens for o in outs)
+        print(f"{len(prompts)} prompts, {total} tokens ({total - cached} computed, {cached} from the prefix "
+              f"cache): last first token after {wall:.2f} s ({(total - cached) / wall:.0f} computed tok/s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention", "kv-commit"])
+    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention", "kv-commit",
+                                     "prefill-kernels", "burst"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--reps", type=int, default=None, help="pairs per case (default depends on the case)")
     args = ap.parse_args()
@@ -271,6 +324,10 @@ def main() -> None:
         cmd_pool(args.reps or 3)
     elif args.case == "kv-commit":
         cmd_kv_commit(args.model, args.reps or 10)
+    elif args.case == "prefill-kernels":
+        cmd_prefill_kernels(args.model, args.reps or 6)
+    elif args.case == "burst":
+        cmd_burst(args.model, args.reps or 3)
     else:
         cmd_attention(args.reps or 3)
 

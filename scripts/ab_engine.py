@@ -259,21 +259,18 @@ def cmd_kv_commit(model_path: Path, reps: int) -> None:
 
 def cmd_prefill_kernels(model_path: Path, reps: int) -> None:
     """Whole prefill forwards on the default kernels (AMX products here), the step's other work on
-    the compiled kernels (prompt attention, RMSNorm, gated SiLU; the activations split into their
-    bfloat16 halves on both threads) or on numpy and one thread, alternating."""
-    from forge.kernels import choose_kernels, onnx_linear
+    the compiled kernels (prompt attention, RMSNorm, gated SiLU) or on numpy, alternating."""
+    from forge.kernels import choose_kernels
 
     model = LlamaModel.load(model_path, kernels=choose_kernels("auto"))
     linear_mod.configure_matmul("split", 2)
     kv = model.new_kv_cache(2600, BLOCK_SIZE)
     kv.k.fill(0.0)
     kv.v.fill(0.0)                                    # every page written before timing
-    split_rows = onnx_linear.SPLIT_PARALLEL_ROWS
 
     def use(compiled_rest: bool) -> Callable[[], None]:
         def set_up() -> None:
             model.fused_attention = compiled_rest
-            onnx_linear.SPLIT_PARALLEL_ROWS = split_rows if compiled_rest else 1 << 62
         return set_up
 
     cases = {f"{t}x{s}": functools.partial(model.forward, batch_for(t, s), kv)

@@ -1,8 +1,7 @@
 /* The forward's row-wise float32 operations between its products, compiled: RMSNorm and the gated
  * SiLU of the MLP. numpy runs each as several passes over [T, H] temporaries on one thread (at 512
  * prompt rows ~60 ms of a ~430 ms step on this machine); here each row is one pass, the
- * exponentials vectorised (glibc's libmvec, -ffast-math), and callers split the rows over the
- * engine's pool. forge.llama.model's numpy functions are the reference these are tested against.
+ * exponentials vectorised (glibc's libmvec, -ffast-math). forge.llama.model's numpy functions are the reference these are tested against.
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL.

@@ -20,7 +20,6 @@ take ranges of output columns (split_rows, column_cuts, dense_into).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -124,23 +123,15 @@ class OnnxLinear:
         y: F32 = self._session.run(None, {"x": x})[0]
         return y
 
-    def split_rows(self, x: F32, run_parts: RunParts | None = None) -> SplitRows:
-        """x [T, K] as its bfloat16 halves, ready for dense_into (shared by the threads of a split);
-        with `run_parts` (a MatmulPool's) and SPLIT_PARALLEL_ROWS rows or more, in row ranges on
-        its threads."""
+    def split_rows(self, x: F32) -> SplitRows:
+        """x [T, K] as its bfloat16 halves, ready for dense_into (shared by the threads of a split;
+        split on the calling thread: on two it was slower, a hand-off costing more than the pass)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        m = x.shape[0]
-        m_pad = -(-m // compiled.AMX_ROWS) * compiled.AMX_ROWS
+        m_pad = -(-x.shape[0] // compiled.AMX_ROWS) * compiled.AMX_ROWS
         hi = np.empty((m_pad, x.shape[1]), dtype=np.uint16)
         lo = np.empty_like(hi)
-        if run_parts is None or m < SPLIT_PARALLEL_ROWS:
-            compiled.amx_split_rows(x, hi, lo)
-            return SplitRows(hi, lo, m)
-        # two row ranges cut on a multiple of AMX_ROWS; the second pads the rows past m with zeros
-        cut = m_pad // 2 // compiled.AMX_ROWS * compiled.AMX_ROWS
-        run_parts(lambda r: compiled.amx_split_rows(x[r[0]:min(r[1], m)], hi[r[0]:r[1]], lo[r[0]:r[1]]),
-                  [(0, cut), (cut, m_pad)])
-        return SplitRows(hi, lo, m)
+        compiled.amx_split_rows(x, hi, lo)
+        return SplitRows(hi, lo, x.shape[0])
 
     def column_cuts(self, num_parts: int) -> list[tuple[int, int]]:
         """The output columns in num_parts ranges for dense_into, whole panels each."""
@@ -152,12 +143,6 @@ class OnnxLinear:
         """out[:, lo:hi] = x @ W[:, lo:hi] on the calling thread's AMX tiles (bfloat16x3, each panel
         of columns widened from the planes as it is reached). out C-contiguous float32 [T, N]."""
         compiled.amx_gemm_planes(xs.hi, xs.lo, xs.num_rows, self._planes, self._scale, self._offset, out, *cut)
-
-
-RunParts = Callable[[Callable[[tuple[int, int]], None], Sequence[tuple[int, int]]], None]
-# From this many rows the activations are split into their halves on two threads (a pass over
-# memory: at 512 rows ~0.3 ms a product on one thread, ~20 ms of a step).
-SPLIT_PARALLEL_ROWS = 128
 
 
 class SplitRows(NamedTuple):

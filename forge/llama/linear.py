@@ -171,7 +171,7 @@ class MatmulPool:
             # A kernel that multiplies big steps on the pool: x prepared once, then each thread
             # multiplies by its own range of the output columns.
             kernel = cast(PoolKernel, w)
-            xs = kernel.split_rows(x, self.run_parts)
+            xs = kernel.split_rows(x)
             out = np.empty((x.shape[0], kernel.shape[1]), dtype=np.float32)
             workers.run(lambda cut: kernel.dense_into(xs, out, cut), kernel.column_cuts(self.num_threads))
             return out

@@ -96,7 +96,7 @@ def _load() -> ctypes.CDLL:
                        ("amx_gemm_planes", [p, p, i64, i64, i64, p, i64, p, p, i64, i64, i64, p, i64])):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
-    lib.paged_prefill_attention.argtypes = [p, p, p, ctypes.c_int, p, i64, i64, p, i64, i64, i64, i64, i64, i64,
+    lib.paged_prefill_attention.argtypes = [p, p, p, ctypes.c_int, p, i64, p, p, p, p, i64, i64, i64, i64, i64,
                                             i64, p, i64, p]
     lib.paged_prefill_attention.restype = ctypes.c_int
     lib.paged_prefill_attention_supports.argtypes = [i64]
@@ -216,31 +216,38 @@ def prefill_attention_supports(head_dim: int) -> bool:
 
 
 def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
-                            block_table: I64, row0: int, pos0: int, ranges: I64, num_keys: int, window: int,
+                            tables: I64, row0: I64, pos0: I64, num_keys: I64, ranges: I64, window: int,
                             scratch: F32, out: F32) -> None:
-    """Causal attention of prompt rows into out (see prefill_attention.c): the rows [lo, hi) of each
-    of `ranges` [n, 2], all of one sequence's chunk, whose row `row0` is at position `pos0` (the
-    chunk's positions consecutive), over its keys 0 .. num_keys - 1 (a sliding `window`: only the
-    last `window` positions) read through `block_table`. q, out [T, nh, hd] float32; the caches
+    """Causal attention of chunks of query rows into out (see prefill_attention.c), for segments
+    s of one sequence's chunk each: the chunk's row row0[s] is at position pos0[s] (its positions
+    consecutive), its keys 0 .. num_keys[s] - 1 (with a sliding `window`, only each row's last
+    `window` positions) read through tables[s]; `ranges` [n, 3] holds rows [lo, hi) to compute and
+    their segment, a segment's ranges consecutive. q, out [T, nh, hd] float32; the caches
     [num_blocks, block_size, nkv, hd] float32, float16 or bfloat16 (uint16 bits); scratch at least
-    prefill_scratch_floats(num_keys, hd); prefill_attention_supports(hd) must hold."""
+    prefill_scratch_floats(max(num_keys), hd); prefill_attention_supports(hd) must hold."""
     lib = library()
     assert lib is not None, "paged_prefill_attention called without the compiled kernels"
     kv_type = _KV_TYPE.get(k_cache.dtype)
     if kv_type is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_prefill_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (block_table, np.int64),
-                     (ranges, np.int64), (scratch, np.float32), (out, np.float32)):
+    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (tables, np.int64),
+                     (row0, np.int64), (pos0, np.int64), (num_keys, np.int64), (ranges, np.int64),
+                     (scratch, np.float32), (out, np.float32)):
         if a.dtype != dtype or not a.flags.c_contiguous:
             raise ValueError("paged_prefill_attention needs C-contiguous arrays of the dtypes above")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if ranges.ndim != 2 or ranges.shape[1] != 2 or len(ranges) == 0 or out.shape != q.shape \
-            or block_table.size * block_size < num_keys or int(ranges.min()) < 0 or int(ranges.max()) > len(q):
-        raise ValueError("paged_prefill_attention: ranges, block table or out disagree with q")
-    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), kv_type, _ptr(block_table), row0, pos0,
-                                     _ptr(ranges), len(ranges), num_keys, window, num_heads, num_kv_heads, head_dim,
-                                     block_size, _ptr(scratch), scratch.size, _ptr(out))
+    num_segs = len(row0)
+    if (ranges.ndim != 2 or ranges.shape[1] != 3 or out.shape != q.shape or tables.ndim != 2
+            or tables.shape[0] != num_segs or pos0.shape != (num_segs,) or num_keys.shape != (num_segs,)
+            or (len(ranges) and (int(ranges[:, :2].min()) < 0 or int(ranges[:, :2].max()) > len(q)
+                                 or int(ranges[:, 2].min()) < 0 or int(ranges[:, 2].max()) >= num_segs))
+            or (num_segs and int(num_keys.max()) > tables.shape[1] * block_size)):
+        raise ValueError("paged_prefill_attention: ranges, tables or out disagree with q")
+    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), kv_type, _ptr(tables), tables.shape[1],
+                                     _ptr(row0), _ptr(pos0), _ptr(num_keys), _ptr(ranges), len(ranges), window,
+                                     num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), scratch.size,
+                                     _ptr(out))
     if rc != 0:
         raise ValueError(f"paged_prefill_attention: head_dim {head_dim} or a scratch of {scratch.size} floats is "
                          "beyond the kernel's limits")

@@ -177,6 +177,77 @@ static inline __attribute__((always_inline)) void run_block(const vec_t *vecs, i
             _mm512_storeu_ps(vecs[v].o + 16 * z, _mm512_mul_ps(_mm512_load_ps(acc + v * hd + 16 * z), inv));
     }
 }
+/* In place: the 16 x 16 block r[i][j] becomes r[j][i]. */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* now r[4a + b] holds, in each 128-bit lane L, row (4L' ...): element (row 4a + lane-pair, col b + 4L) */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);        /* lanes 0, 2 of each */
+        t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);    /* lanes 1, 3 */
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
+    }
+}
+
+/* Keys k0 .. num_keys - 1 of one KV head (at offset `head` in a position's row) widened to float32:
+ * the keys transposed into kt (slices of KC keys, [hd][KC] each), the values into vg [nk][hd]; the
+ * padding up to nk zero. */
+static void gather(const void *k, const void *v, int kv_type, const int64_t *table, int64_t block_size,
+                   int64_t kv_stride, int64_t head, int64_t k0, int64_t num_keys, int64_t nk, int64_t hd,
+                   float *restrict kt, float *restrict vg) {
+    int64_t p = k0;
+    for (; p + 16 <= num_keys; p += 16) {                /* 16 keys at a time, transposed in registers */
+        const int64_t j = p - k0;
+        int64_t at[16];
+        for (int e = 0; e < 16; e++)
+            at[e] = (table[(p + e) / block_size] * block_size + (p + e) % block_size) * kv_stride + head;
+        float *kslice = kt + (j / KC) * KC * hd + j % KC;     /* j % 16 == 0: one slice holds all 16 */
+        for (int64_t d = 0; d < hd; d += 16) {
+            __m512 r[16];
+            for (int e = 0; e < 16; e++) {
+                r[e] = load16(k, at[e] + d, kv_type);
+                _mm512_storeu_ps(vg + (j + e) * hd + d, load16(v, at[e] + d, kv_type));
+            }
+            transpose16(r);
+            for (int e = 0; e < 16; e++)
+                _mm512_storeu_ps(kslice + (d + e) * KC, r[e]);
+        }
+    }
+    for (; p < num_keys; p++) {                            /* the last few one by one */
+        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
+        const int64_t j = p - k0;
+        float *kcol = kt + (j / KC) * KC * hd + j % KC;
+        for (int64_t d = 0; d < hd; d += 16) {
+            float tmp[16] __attribute__((aligned(64)));
+            _mm512_store_ps(tmp, load16(k, at + d, kv_type));
+            for (int e = 0; e < 16; e++)
+                kcol[(d + e) * KC] = tmp[e];
+            _mm512_storeu_ps(vg + j * hd + d, load16(v, at + d, kv_type));
+        }
+    }
+    for (int64_t j = num_keys - k0; j < nk; j++) {       /* the padding: finite, masked anyway */
+        float *kcol = kt + (j / KC) * KC * hd + j % KC;
+        for (int64_t d = 0; d < hd; d++)
+            kcol[d * KC] = 0.0f;
+        memset(vg + j * hd, 0, (size_t)hd * sizeof(float));
+    }
+}
 #endif
 
 /* 1 when paged_prefill_attention takes this head_dim on this build (AVX-512), else 0. */
@@ -192,82 +263,71 @@ int paged_prefill_attention_supports(int64_t hd) {
 /* q:          [T, nh, hd]  the step's scaled queries
  * k, v:       [num_blocks, block_size, nkv, hd]  one layer's cache; kv_type 0 float32, 1 float16,
  *             2 bfloat16 (raw uint16 bits)
- * table:      the sequence's block ids (at least ceil(num_keys / block_size))
- * row0, pos0: a row of T in the sequence's chunk and its position (the chunk's rows are consecutive
- *             positions)
- * ranges:     [n_ranges][2]  the rows [lo, hi) of T to compute (tiles of the chunk)
- * num_keys:   the keys to gather: the last position among the ranges + 1
+ * tables:     [num_segs, table_width]  each segment's block ids (at least ceil(keys / block_size))
+ * seg_row0, seg_pos0: [num_segs]  a row of T in the segment's chunk and its position (a chunk's rows
+ *             are consecutive positions of one sequence)
+ * seg_keys:   [num_segs]  the keys to gather: the last position among the segment's ranges + 1
+ * ranges:     [n_ranges][3]  rows [lo, hi) of T to compute and their segment; a segment's ranges
+ *             consecutive
  * window:     a sliding window (a row at p sees keys p - window + 1 .. p); 0: none
- * scratch:    at least 2 * hd * (num_keys rounded up to KC, plus KC) floats
+ * scratch:    at least 2 * hd * (the most keys of a segment rounded up to KC, plus KC) floats
  * out:        [T, nh, hd]  the ranges' rows written
  * Returns 0; -1 without AVX-512, for head_dim not a multiple of 16 up to 64, or a scratch too
- * small (the caller keeps numpy). */
-int paged_prefill_attention(const float *q, const void *k, const void *v, int kv_type, const int64_t *table,
-                            int64_t row0, int64_t pos0, const int64_t *ranges, int64_t n_ranges, int64_t num_keys,
-                            int64_t window, int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
-                            float *scratch, int64_t scratch_floats, float *out) {
+ * small. */
+int paged_prefill_attention(const float *q, const void *k, const void *v, int kv_type, const int64_t *tables,
+                            int64_t table_width, const int64_t *seg_row0, const int64_t *seg_pos0,
+                            const int64_t *seg_keys, const int64_t *ranges, int64_t n_ranges, int64_t window,
+                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float *scratch,
+                            int64_t scratch_floats, float *out) {
 #if defined(__AVX512F__)
-    if (hd % 16 || hd / 16 > MAX_HZ || n_ranges < 1 || kv_type < 0 || kv_type > 2)
+    if (hd % 16 || hd / 16 > MAX_HZ || kv_type < 0 || kv_type > 2)
         return -1;
     const int64_t group = nh / nkv, kv_stride = nkv * hd;
-    int64_t lo_all = ranges[0], hi_all = ranges[1];
-    for (int64_t r = 1; r < n_ranges; r++) {
-        lo_all = ranges[2 * r] < lo_all ? ranges[2 * r] : lo_all;
-        hi_all = ranges[2 * r + 1] > hi_all ? ranges[2 * r + 1] : hi_all;
-    }
-    const int64_t k0 = window ? (pos0 + lo_all - row0 - window + 1 > 0 ? pos0 + lo_all - row0 - window + 1 : 0) : 0;
-    const int64_t nk = (num_keys - k0 + KC - 1) / KC * KC + KC;   /* a chunk may start past num_keys - KC */
-    if (scratch_floats < 2 * hd * nk)
-        return -1;
-    float *kt = scratch, *vg = scratch + hd * nk;
-    for (int64_t g = 0; g < nkv; g++) {
-        for (int64_t p = k0; p < num_keys; p++) {       /* gather, widen, transpose the keys */
-            const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + g * hd;
-            const int64_t j = p - k0;
-            float *kcol = kt + (j / KC) * KC * hd + j % KC;
-            for (int64_t d = 0; d < hd; d += 16) {
-                float tmp[16] __attribute__((aligned(64)));
-                _mm512_store_ps(tmp, load16(k, at + d, kv_type));
-                for (int e = 0; e < 16; e++)
-                    kcol[(d + e) * KC] = tmp[e];
-                _mm512_storeu_ps(vg + j * hd + d, load16(v, at + d, kv_type));
-            }
-        }
-        for (int64_t j = num_keys - k0; j < nk; j++) {   /* the padding: finite, masked anyway */
-            float *kcol = kt + (j / KC) * KC * hd + j % KC;
-            for (int64_t d = 0; d < hd; d++)
-                kcol[d * KC] = 0.0f;
-            memset(vg + j * hd, 0, (size_t)hd * sizeof(float));
-        }
-        for (int64_t r = 0; r < n_ranges; r++) {
-            const int64_t lo = ranges[2 * r], hi = ranges[2 * r + 1];
-            const int64_t num_vecs = (hi - lo) * group;
-            for (int64_t j0 = 0; j0 < num_vecs; j0 += QB) {
-                vec_t vecs[QB + NV];
-                const int64_t count = num_vecs - j0 < QB ? num_vecs - j0 : QB;
-                for (int64_t e = 0; e < count + NV; e++) {   /* past count: the last again */
-                    const int64_t jj = j0 + (e < count ? e : count - 1);
-                    const int64_t row = lo + jj / group, head = g * group + jj % group;
-                    const int64_t pos = pos0 + row - row0;
-                    vecs[e].q = q + (row * nh + head) * hd;
-                    vecs[e].o = out + (row * nh + head) * hd;
-                    vecs[e].last = pos;
-                    vecs[e].first = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-                }
-                switch (hd / 16) {       /* a copy per head_dim, a set's outputs held in registers */
-                case 1: run_block(vecs, count, kt, vg, k0, 1); break;
-                case 2: run_block(vecs, count, kt, vg, k0, 2); break;
-                case 3: run_block(vecs, count, kt, vg, k0, 3); break;
-                default: run_block(vecs, count, kt, vg, k0, 4); break;
+    for (int64_t r_begin = 0, r_end; r_begin < n_ranges; r_begin = r_end) {
+        const int64_t seg = ranges[3 * r_begin + 2];
+        int64_t lo_all = ranges[3 * r_begin];
+        for (r_end = r_begin + 1; r_end < n_ranges && ranges[3 * r_end + 2] == seg; r_end++)
+            lo_all = ranges[3 * r_end] < lo_all ? ranges[3 * r_end] : lo_all;
+        const int64_t *table = tables + seg * table_width;
+        const int64_t row0 = seg_row0[seg], pos0 = seg_pos0[seg], num_keys = seg_keys[seg];
+        const int64_t first_pos = pos0 + lo_all - row0;
+        const int64_t k0 = window && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0;
+        const int64_t nk = (num_keys - k0 + KC - 1) / KC * KC + KC;   /* a chunk may start past num_keys - KC */
+        if (scratch_floats < 2 * hd * nk)
+            return -1;
+        float *kt = scratch, *vg = scratch + hd * nk;
+        for (int64_t g = 0; g < nkv; g++) {
+            gather(k, v, kv_type, table, block_size, kv_stride, g * hd, k0, num_keys, nk, hd, kt, vg);
+            for (int64_t r = r_begin; r < r_end; r++) {
+                const int64_t lo = ranges[3 * r], hi = ranges[3 * r + 1];
+                const int64_t num_vecs = (hi - lo) * group;
+                for (int64_t j0 = 0; j0 < num_vecs; j0 += QB) {
+                    vec_t vecs[QB + NV];
+                    const int64_t count = num_vecs - j0 < QB ? num_vecs - j0 : QB;
+                    for (int64_t e = 0; e < count + NV; e++) {   /* past count: the last again */
+                        const int64_t jj = j0 + (e < count ? e : count - 1);
+                        const int64_t row = lo + jj / group, head = g * group + jj % group;
+                        const int64_t pos = pos0 + row - row0;
+                        vecs[e].q = q + (row * nh + head) * hd;
+                        vecs[e].o = out + (row * nh + head) * hd;
+                        vecs[e].last = pos;
+                        vecs[e].first = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+                    }
+                    switch (hd / 16) {       /* a copy per head_dim, a set's outputs held in registers */
+                    case 1: run_block(vecs, count, kt, vg, k0, 1); break;
+                    case 2: run_block(vecs, count, kt, vg, k0, 2); break;
+                    case 3: run_block(vecs, count, kt, vg, k0, 3); break;
+                    default: run_block(vecs, count, kt, vg, k0, 4); break;
+                    }
                 }
             }
         }
     }
     return 0;
 #else
-    (void)q; (void)k; (void)v; (void)kv_type; (void)table; (void)row0; (void)pos0; (void)ranges; (void)n_ranges;
-    (void)num_keys; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size; (void)scratch;
-    (void)scratch_floats; (void)out;
+    (void)q; (void)k; (void)v; (void)kv_type; (void)tables; (void)table_width; (void)seg_row0; (void)seg_pos0;
+    (void)seg_keys; (void)ranges; (void)n_ranges; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size;
+    (void)scratch; (void)scratch_floats; (void)out;
     return -1;
 #endif
 }

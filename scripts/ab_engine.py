@@ -17,6 +17,8 @@ docs/benchmarks.md ("Tried since").
                                                       # norms, SiLU and the split on two threads, or numpy
     .venv/bin/python scripts/ab_engine.py burst       # the floor under the first pass's first tokens: the
                                                       # bench workload's first 32 prompts, prefill only
+    .venv/bin/python scripts/ab_engine.py guesses     # one layer's attention of decode rows with their
+                                                      # guesses: decode kernel row by row, or prefill kernel
 """
 
 from __future__ import annotations
@@ -278,6 +280,50 @@ def cmd_prefill_kernels(model_path: Path, reps: int) -> None:
     paired(cases, {"numpy": use(False), "compiled": use(True)}, reps)
 
 
+def cmd_guesses(reps: int) -> None:
+    """One layer's attention (SmolLM2's 9 query heads on 3 KV heads of 64, one thread) for 32
+    sequences of ~300 or ~800 keys, each computing 1, 2, 5 or 9 rows (a decode row and its
+    speculative guesses), blocks scattered: chunks of up to 8 rows on the decode kernel row by row
+    (as before), or every chunk of 2+ rows on the prefill kernel (now)."""
+    from types import SimpleNamespace
+
+    from forge.llama import attention
+    from forge.llama.kv_cache import Scratch
+
+    rng = np.random.default_rng(0)
+    config = SimpleNamespace(num_heads=9, num_kv_heads=3, head_dim=64)
+    linear_mod.configure_matmul("split", 1)
+    for keys, rows in ((300, 1), (300, 2), (300, 5), (800, 5), (300, 9)):
+        lens = [keys + int(rng.integers(0, 50)) for _ in range(32)]
+        num_blocks = sum(-(-n // BLOCK_SIZE) for n in lens) + 2
+        free = rng.permutation(num_blocks)
+        tables = np.zeros((32, max(-(-n // BLOCK_SIZE) for n in lens)), dtype=np.int64)
+        used = 0
+        for s, n in enumerate(lens):
+            nb = -(-n // BLOCK_SIZE)
+            tables[s, :nb] = free[used:used + nb]
+            used += nb
+        positions = np.concatenate([np.arange(n - rows, n) for n in lens])
+        starts = np.arange(33, dtype=np.int64) * rows
+        batch = ForwardBatch(np.zeros(len(positions), np.int64), positions, np.zeros(len(positions), np.int64),
+                             starts, np.array(lens), tables, starts[1:] - 1)
+        k = rng.standard_normal((num_blocks, BLOCK_SIZE, 3, 64), dtype=np.float32)
+        v = rng.standard_normal((num_blocks, BLOCK_SIZE, 3, 64), dtype=np.float32)
+        q = rng.standard_normal((len(positions), 9, 64), dtype=np.float32) / 8
+        scratch = Scratch()
+
+        def run(batch: ForwardBatch = batch, k: Any = k, v: Any = v, q: Any = q, scratch: Scratch = scratch) -> None:
+            attention.attend(attention.plan_attention(batch, config, BLOCK_SIZE, 1, fused=True), q, k, v, scratch)
+
+        def rows_up_to(n: int) -> Callable[[], None]:
+            return lambda: setattr(attention, "MAX_DECODE_KERNEL_ROWS", n)
+
+        print(f"32 x {rows} rows, ~{keys} keys:", end=" ")
+        sys.stdout.flush()
+        paired({"one layer": run}, {"decode kernel": rows_up_to(8), "prefill kernel": rows_up_to(1)}, reps)
+    attention.MAX_DECODE_KERNEL_ROWS = 1
+
+
 def cmd_burst(model_path: Path, reps: int) -> None:
     """The first 32 prompts of `forge bench`'s mixed workload (its first pass at 32 streams), all
     at once into an offline engine with forge serve's defaults, one output token each: the time to
@@ -305,7 +351,7 @@ def cmd_burst(model_path: Path, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention", "kv-commit",
-                                     "prefill-kernels", "burst"])
+                                     "prefill-kernels", "burst", "guesses"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--reps", type=int, default=None, help="pairs per case (default depends on the case)")
     args = ap.parse_args()
@@ -325,6 +371,8 @@ def main() -> None:
         cmd_prefill_kernels(args.model, args.reps or 6)
     elif args.case == "burst":
         cmd_burst(args.model, args.reps or 3)
+    elif args.case == "guesses":
+        cmd_guesses(args.reps or 15)
     else:
         cmd_attention(args.reps or 3)
 

@@ -30,8 +30,85 @@
 /* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
 typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* 16 values of a cache row as float32 (kv_type 0 float32, 1 float16, 2 bfloat16 bits). */
+static inline __m512 load16_kv(const void *base, int64_t at, int kv_type) {
+    if (kv_type == 0)
+        return _mm512_loadu_ps((const float *)base + at);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
+    if (kv_type == 1)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* v[i]'s 16 lanes summed, for i < 16: lane i of the result (in order). */
+static inline __m512 sum16x16(__m512 v[16]) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* b[i]'s 128-bit lane L: lane L's partial sums of v[4i .. 4i + 3] */
+    const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+}
+
+/* The scores of `group` query vectors qg [group][hd] against the 16 keys at offsets at[0..15] of
+ * the cache: scores[j * stride + e] for key e. hd a multiple of 16, at most 256. */
+static inline void scores16(const float *restrict qg, int64_t group, int64_t hd, const void *k, const int64_t *at,
+                            int kv_type, float *restrict scores, int64_t stride) {
+    for (int64_t j = 0; j < group; j++) {
+        const float *qj = qg + j * hd;
+        __m512 acc[16];
+        for (int e = 0; e < 16; e++)
+            acc[e] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < hd; d += 16) {
+            const __m512 qd = _mm512_loadu_ps(qj + d);
+            for (int e = 0; e < 16; e++)
+                acc[e] = _mm512_fmadd_ps(qd, load16_kv(k, at[e] + d, kv_type), acc[e]);
+        }
+        _mm512_storeu_ps(scores + j * stride, sum16x16(acc));
+    }
+}
+
+/* og[j] = sum over keys p of w[j * stride + p] * V[p] / sums[j], for `group` (1-4) query vectors and
+ * heads of 64: the outputs held in registers while the values stream past once. */
+static inline void weigh_values64(const void *v, const int64_t *table, int64_t block_size, int64_t kv_stride,
+                                  int64_t head, int64_t first, int64_t len, const float *w, int64_t stride,
+                                  int64_t group, int kv_type, const float *sums, float *og) {
+    __m512 o[4][4];
+    for (int j = 0; j < 4; j++)
+        for (int z = 0; z < 4; z++)
+            o[j][z] = _mm512_setzero_ps();
+    for (int64_t p = first; p < len; p++) {
+        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
+        const __m512 v0 = load16_kv(v, at, kv_type), v1 = load16_kv(v, at + 16, kv_type),
+                     v2 = load16_kv(v, at + 32, kv_type), v3 = load16_kv(v, at + 48, kv_type);
+        for (int j = 0; j < 4; j++) {
+            if (j >= group)
+                break;
+            const __m512 wj = _mm512_set1_ps(w[j * stride + p]);
+            o[j][0] = _mm512_fmadd_ps(wj, v0, o[j][0]);
+            o[j][1] = _mm512_fmadd_ps(wj, v1, o[j][1]);
+            o[j][2] = _mm512_fmadd_ps(wj, v2, o[j][2]);
+            o[j][3] = _mm512_fmadd_ps(wj, v3, o[j][3]);
+        }
+    }
+    for (int j = 0; j < 4 && j < group; j++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[j]);
+        for (int z = 0; z < 4; z++)
+            _mm512_storeu_ps(og + j * 64 + 16 * z, _mm512_mul_ps(o[j][z], inv));
+    }
+}
+#endif
+
 /* A row of the cache as float32: the row itself for a float32 cache, else widened into `buf` by a
  * plain loop the compiler vectorises (per element inside the dot products, it did not). */
+#define KV_CODE 0
 #define KV_NAME f32
 #define KV_T float
 #define KV_ROW(src, buf, n) (src)
@@ -39,6 +116,7 @@ typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 #undef KV_NAME
 #undef KV_T
 #undef KV_ROW
+#undef KV_CODE
 
 /* float16 as raw bits: the compiler does not vectorise _Float16 -> float conversions (gcc 12), so
  * with F16C (every AVX2 CPU) eight at a time by its instruction, else one by one. */
@@ -55,6 +133,7 @@ static inline const float *widen_f16(const uint16_t *restrict src, row_buffer *r
     }
     return buf->f;
 }
+#define KV_CODE 1
 #define KV_NAME f16
 #define KV_T uint16_t
 #define KV_ROW(src, buf, n) widen_f16((src), (buf), (n))
@@ -62,12 +141,14 @@ static inline const float *widen_f16(const uint16_t *restrict src, row_buffer *r
 #undef KV_NAME
 #undef KV_T
 #undef KV_ROW
+#undef KV_CODE
 
 static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *restrict buf, int64_t n) {
     for (int64_t d = 0; d < n; d++)
         buf->u[d] = (uint32_t)src[d] << 16;
     return buf->f;
 }
+#define KV_CODE 2
 #define KV_NAME bf16
 #define KV_T uint16_t
 #define KV_ROW(src, buf, n) widen_bf16((src), (buf), (n))
@@ -109,7 +190,24 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             float maxes[MAX_GROUP], sums[MAX_GROUP];
             for (int64_t j = 0; j < group; j++)
                 maxes[j] = -INFINITY;
-            for (int64_t p = first; p < len; p++) {
+            int64_t p = first;
+#if defined(__AVX512F__)
+            /* 16 keys at a time: each query's 16 dot products as vectors of partial sums, added
+             * across lanes together (a scalar sum per dot product cost more than the products) */
+            if (hd % 16 == 0 && softcap <= 0.0f)
+                for (; p + 16 <= len; p += 16) {
+                    int64_t at[16];
+                    for (int e = 0; e < 16; e++)
+                        at[e] = (table[(p + e) / block_size] * block_size + (p + e) % block_size) * kv_stride + g * hd;
+                    scores16(qg, group, hd, k, at, KV_CODE, scores + p, len);
+                    for (int64_t j = 0; j < group; j++) {
+                        const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(scores + j * len + p));
+                        if (m16 > maxes[j])
+                            maxes[j] = m16;
+                    }
+                }
+#endif
+            for (; p < len; p++) {
                 const float *kp = KV_ROW(k + (table[p / block_size] * block_size + p % block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
@@ -130,6 +228,13 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
                 sums[j] = total;
             }
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
+#if defined(__AVX512F__)
+            if (hd == 64 && group <= 4) {       /* the outputs in registers (SmolLM2, Llama-style heads) */
+                weigh_values64(v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                               sums, og);
+                continue;
+            }
+#endif
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
             for (int64_t p = first; p < len; p++) {
                 const float *vp = KV_ROW(v + (table[p / block_size] * block_size + p % block_size) * kv_stride

@@ -420,18 +420,19 @@ def test_committing_the_kv_cache_takes_its_memory_and_keeps_it_zero(kv_dtype: st
 
 @settings(max_examples=20, deadline=None)
 @given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_dtype=st.sampled_from(["float16", "bfloat16"]),
-       block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**32 - 1))
+       block_size=st.sampled_from([1, 4, 16]), head_dim=st.sampled_from([32, 64]), seed=st.integers(0, 2**32 - 1))
 def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
-        lens: list[int], kv_dtype: str, block_size: int, seed: int) -> None:
-    """Both paths read the same stored values, widen them exactly and compute in float32."""
+        lens: list[int], kv_dtype: str, block_size: int, head_dim: int, seed: int) -> None:
+    """Both paths read the same stored values, widen them exactly and compute in float32 (heads of
+    64: the kernel's path with the outputs in registers)."""
     rng = np.random.default_rng(seed)
     num_blocks = sum(-(-n // block_size) for n in lens) + 2
     batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
-    config = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=32)
+    config = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=head_dim)
     storage = np.dtype(storage_dtype(kv_dtype))
-    k = to_storage(rng.standard_normal((num_blocks, block_size, 2, 32)).astype(np.float32), storage)
-    v = to_storage(rng.standard_normal((num_blocks, block_size, 2, 32)).astype(np.float32), storage)
-    q = (rng.standard_normal((batch.num_tokens, 6, 32)) / 4).astype(np.float32)
+    k = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
+    v = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
+    q = (rng.standard_normal((batch.num_tokens, 6, head_dim)) / 4).astype(np.float32)
     want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
     got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))

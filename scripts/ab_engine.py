@@ -293,7 +293,7 @@ def cmd_guesses(reps: int) -> None:
     rng = np.random.default_rng(0)
     config = SimpleNamespace(num_heads=9, num_kv_heads=3, head_dim=64)
     linear_mod.configure_matmul("split", 1)
-    for keys, rows in ((300, 1), (300, 2), (300, 5), (800, 5), (300, 9)):
+    for keys, rows in ((300, 1), (300, 2), (300, 3), (300, 4), (800, 3), (300, 5), (800, 5), (300, 9)):
         lens = [keys + int(rng.integers(0, 50)) for _ in range(32)]
         num_blocks = sum(-(-n // BLOCK_SIZE) for n in lens) + 2
         free = rng.permutation(num_blocks)

@@ -124,10 +124,11 @@ def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0, window
 # Chunks of at most this many query rows go to the compiled decode kernel row by row (fused
 # attention) where the compiled prefill kernel cannot run ...
 MAX_FUSED_CHUNK_ROWS = 8
-# ... and where it can, only single rows: two rows and more (a decode row with its guesses) share one
-# pass over the keys in the prefill kernel (32 sequences x 5 rows, one layer, one thread: 7.0 -> 2.7 ms
-# at ~300 keys, 22.8 -> 6.2 ms at ~800).
-MAX_DECODE_KERNEL_ROWS = 1
+# ... and where it can, up to this many: longer chunks (a decode row with its guesses) share one pass
+# over the keys in the prefill kernel. Measured (scripts/ab_engine.py guesses; 32 sequences, one
+# layer, one thread): prefill/decode kernel 1.55 at 2 rows, 1.25 at 3, 0.95 at 4 and 0.78 at 5
+# rows of ~800 keys.
+MAX_DECODE_KERNEL_ROWS = 3
 
 
 def _split_decodes(decode_seqs: I64, num_blocks_needed: I64, num_parts: int) -> list[I64]:
@@ -188,8 +189,8 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
 
     num_parts = max(1, active_pool().num_parts if num_parts is None else num_parts)
     # Prompt chunks by the compiled kernel where it runs (it masks as it goes: no bias to build). It
-    # takes every chunk of two rows and more, speculative decoding's guesses included: their rows
-    # share one pass over the keys, where the decode kernel reads them once per row.
+    # takes every chunk of more than MAX_DECODE_KERNEL_ROWS rows, speculative decoding's guesses
+    # included: their rows share one pass over the keys, where the decode kernel reads them per row.
     fused_prefill = fused and not softcap and compiled.prefill_attention_supports(config.head_dim)
     max_decode_rows = MAX_DECODE_KERNEL_ROWS if fused_prefill else MAX_FUSED_CHUNK_ROWS
     fused_parts: list[FusedDecode] = []

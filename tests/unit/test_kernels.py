@@ -457,9 +457,10 @@ def prefill_kernel_here(head_dim: int = 64) -> bool:
 def test_fused_prefill_attention_equals_the_numpy_reference(
         lens: list[int], cached: float, kv_heads: int, group: int, head_dim: int, block_size: int, num_parts: int,
         window: int, kv_dtype: str, seed: int) -> None:
-    """Chunks of two rows and more through the compiled kernel (whole prompts, chunks after a cached
-    prefix, a decode row with its guesses; blocks scattered, tiles dealt over parts, a sliding
-    window or none, every K/V storage type) give the numpy path's output."""
+    """Chunks through the compiled kernels (whole prompts, chunks after a cached prefix, a decode
+    row with its guesses: short ones on the decode kernel, the rest on the prefill kernel; blocks
+    scattered, tiles dealt over parts, a sliding window or none, every K/V storage type) give the
+    numpy path's output."""
     if not prefill_kernel_here(head_dim):
         return
     rng = np.random.default_rng(seed)
@@ -473,7 +474,10 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
     want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v)
     fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
-    assert fused_plan.fused_prefill and fused_plan.prefill_parts and not fused_plan.fused_parts
+    from forge.llama.attention import MAX_DECODE_KERNEL_ROWS
+    long_rows = sum(n for n in query_lens if n > MAX_DECODE_KERNEL_ROWS)
+    assert fused_plan.fused_prefill
+    assert sum(t.hi - t.lo for part in fused_plan.prefill_parts for p in part for t in p.tiles) == long_rows
     assert all(t.bias is None for part in fused_plan.prefill_parts for p in part for t in p.tiles)
     got = attend(fused_plan, q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))

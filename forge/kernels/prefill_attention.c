@@ -1,13 +1,15 @@
-/* Causal attention of prompt chunks (prefill), read through the block table, on AVX-512.
+/* Causal attention of chunks of query rows (prompt chunks, and a decode row with its speculative
+ * guesses), read through the block table, on AVX-512.
  *
- * For each KV head: the keys the chunk's query rows can see are gathered once, widened to float32
- * and transposed ([hd][keys]), the values gathered ([keys][hd]); then every query vector (a row's
- * query head of this KV head's group) takes the keys in chunks of KC, four vectors at a time with
- * their scores and outputs in registers: scores by FMAs over the transposed keys, the causal (and
- * sliding-window) mask, an online softmax (running max and sum, the outputs rescaled when the max
- * grows), and the values weighted into the outputs. Keys past a vector's position cost nothing
- * beyond the chunk that holds its diagonal. float32 throughout; the exponential is a Cephes-style
- * polynomial (~1 ulp).
+ * Per segment (one sequence's chunk) and KV head: the keys its rows can see are gathered once,
+ * widened to float32 and transposed sixteen at a time in registers into slices of KC keys
+ * ([hd][KC] each), the values gathered ([keys][hd]). The query vectors (a row's query heads of this
+ * KV head's group) go QB at a time; for each slice, every set of NV of them that sees any of its
+ * keys computes its scores by FMAs over the transposed keys, the causal (and sliding-window) mask,
+ * an online softmax (running max and sum, the outputs rescaled when the max grows) and the values
+ * weighted into its outputs, held in registers for the slice; the slice stays in L1 while the
+ * block passes over it. Keys past a vector's position cost nothing beyond the slice that holds its
+ * diagonal. float32 throughout; the exponential is a Cephes-style polynomial (~1 ulp).
  *
  * numpy computes the same in forge.llama.attention._prefill (whole rows of scores, a softmax, two
  * batched products): the reference this kernel is tested against. Without AVX-512 the entry point

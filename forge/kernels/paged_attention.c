@@ -31,17 +31,7 @@
 typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* 16 values of a cache row as float32 (kv_type 0 float32, 1 float16, 2 bfloat16 bits). */
-static inline __m512 load16_kv(const void *base, int64_t at, int kv_type) {
-    if (kv_type == 0)
-        return _mm512_loadu_ps((const float *)base + at);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
-    if (kv_type == 1)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#include "kv16.h"
 
 /* v[i]'s 16 lanes summed, for i < 16: lane i of the result (in order). */
 static inline __m512 sum16x16(__m512 v[16]) {

@@ -25,6 +25,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "kv16.h"
+
 #define KC 64                 /* keys per chunk: four zmm of scores per query vector */
 #define NV 4                  /* query vectors taken together */
 #define MAX_HZ 4              /* head_dim / 16 the kernel takes: up to 64 */
@@ -45,16 +47,6 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(y, n);
-}
-
-/* 16 values of a cache row as float32. */
-static inline __m512 load16(const void *base, int64_t at, int kv_type) {
-    if (kv_type == 0)
-        return _mm512_loadu_ps((const float *)base + at);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
-    if (kv_type == 1)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 typedef struct {
@@ -223,8 +215,8 @@ static void gather(const void *k, const void *v, int kv_type, const int64_t *tab
         for (int64_t d = 0; d < hd; d += 16) {
             __m512 r[16];
             for (int e = 0; e < 16; e++) {
-                r[e] = load16(k, at[e] + d, kv_type);
-                _mm512_storeu_ps(vg + (j + e) * hd + d, load16(v, at[e] + d, kv_type));
+                r[e] = load16_kv(k, at[e] + d, kv_type);
+                _mm512_storeu_ps(vg + (j + e) * hd + d, load16_kv(v, at[e] + d, kv_type));
             }
             transpose16(r);
             for (int e = 0; e < 16; e++)
@@ -237,10 +229,10 @@ static void gather(const void *k, const void *v, int kv_type, const int64_t *tab
         float *kcol = kt + (j / KC) * KC * hd + j % KC;
         for (int64_t d = 0; d < hd; d += 16) {
             float tmp[16] __attribute__((aligned(64)));
-            _mm512_store_ps(tmp, load16(k, at + d, kv_type));
+            _mm512_store_ps(tmp, load16_kv(k, at + d, kv_type));
             for (int e = 0; e < 16; e++)
                 kcol[(d + e) * KC] = tmp[e];
-            _mm512_storeu_ps(vg + j * hd + d, load16(v, at + d, kv_type));
+            _mm512_storeu_ps(vg + j * hd + d, load16_kv(v, at + d, kv_type));
         }
     }
     for (int64_t j = num_keys - k0; j < nk; j++) {       /* the padding: finite, masked anyway */

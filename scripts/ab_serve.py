@@ -35,12 +35,15 @@ def run_arm(label: str, flags: str, workload: loadgen.Workload, args: argparse.N
     label, _, path = label.partition("@")
     port = _free_port()
     env = dict(os.environ)
-    if path:
-        env["PYTHONPATH"] = str(Path(path).resolve())
+    checkout = Path(path).resolve() if path else None
+    if checkout is not None:
+        # `python -m` puts the working directory first on sys.path: run from the checkout, or the
+        # arm imports the forge it was started next to (this repository), whatever PYTHONPATH says.
+        env["PYTHONPATH"] = str(checkout)
     cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}",
            "--max-num-seqs", str(args.concurrency), "--log-level", "warning", *flags.split()]
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout)
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(base + "/healthz", proc)

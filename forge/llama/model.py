@@ -55,9 +55,8 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
 
 
 # The compiled row-wise kernels (forge.kernels.elementwise.c) run on the calling thread: handing
-# half the rows to the pool's other thread was slower at 160 and 512 rows (RMSNorm 0.07 -> 0.14 ms,
-# the SiLU 0.46 -> 0.39 ms at 512 and 0.13 -> 0.18 at 160), and slower still while the daemon's
-# other threads want the interpreter.
+# half the rows to the pool's other thread was slower at 160 and 512 rows (RMSNorm 0.07 -> 0.14 ms
+# at 512; the SiLU 0.13 -> 0.18 ms at 160, and 0.46 -> 0.39 at 512, too little to pay for it).
 
 
 def rms_norm_compiled(x: F32, weight: F32, eps: float) -> F32:

@@ -68,10 +68,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who gets a step's token budget first: shortest-first (decodes, then the prompts "
                         "with the fewest tokens left; long waits age into first place) or fcfs "
                         "[FORGE_SCHEDULING_POLICY; shortest-first]")
-    g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "350"),
+    g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "300"),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams); off: the token budget "
-                        "alone [FORGE_MAX_STEP_MS; 350]")
+                        "alone [FORGE_MAX_STEP_MS; 300]")
     g.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default=env("FORGE_SPECULATIVE", None),
                    help="speculative decoding: ngram lets each decoding sequence guess its next tokens from "
                         "its own prompt and output, verified in the same step (output unchanged); draft: a "

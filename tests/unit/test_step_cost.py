@@ -76,11 +76,11 @@ def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
     assert sched.schedule().num_tokens == 512
 
 
-def test_the_serve_flag_defaults_to_350_ms_and_takes_off(monkeypatch: pytest.MonkeyPatch,
+def test_the_serve_flag_defaults_to_300_ms_and_takes_off(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("FORGE_MAX_STEP_MS", raising=False)
     parser = build_parser(register)
-    assert parser.parse_args(["serve"]).max_step_ms == 350.0
+    assert parser.parse_args(["serve"]).max_step_ms == 300.0
     assert parser.parse_args(["serve", "--max-step-ms", "off"]).max_step_ms is None
     assert parser.parse_args(["serve", "--max-step-ms", "200"]).max_step_ms == 200.0
     for bad in ("0", "-5", "fast"):

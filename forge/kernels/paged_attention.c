@@ -4,10 +4,15 @@
  * the context (read in place from the paged cache, no gather), a softmax, and the weighted sum of
  * the values, in one pass over the sequence's blocks. The cache may hold float32, float16 or
  * bfloat16 (raw uint16 bits); every value is widened to float32 as it is read, and all arithmetic
- * is float32. The dot products keep 16 partial sums (vectorised).
+ * is float32. The dot products keep 16 partial sums (vectorised). With AVX-512 (heads a multiple
+ * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
+ * sums are added across lanes together (sum16x16) into sixteen scores; for heads of 64 and groups
+ * of up to 4 the outputs stay in registers while the values stream past (weigh_values64).
+ * Chunks of a few rows (a decode row with its guesses, up to forge.llama.attention's
+ * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
  * The body below is compiled once per storage type: this file includes itself with KV_NAME,
- * KV_T and KV_ROW defined (paged_decode_attention_f32, _f16, _bf16); compile it by its absolute
+ * KV_T, KV_ROW and KV_CODE defined (paged_decode_attention_f32, _f16, _bf16); compile it by its absolute
  * path, as forge.kernels.compiled does, so that __FILE__ names it from anywhere.
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through

@@ -348,33 +348,27 @@ def cmd_burst(model_path: Path, reps: int) -> None:
               f"cache): last first token after {wall:.2f} s ({(total - cached) / wall:.0f} computed tok/s)")
 
 
+# case: (its command, whether it takes --model, its default --reps)
+CASES: dict[str, tuple[Callable[..., None], bool, int]] = {
+    "load": (cmd_load, True, 3), "rows": (cmd_rows, True, 4), "one-row": (cmd_one_row, True, 16),
+    "matvec": (cmd_matvec, True, 7), "pool": (cmd_pool, False, 3), "attention": (cmd_attention, False, 3),
+    "kv-commit": (cmd_kv_commit, True, 10), "prefill-kernels": (cmd_prefill_kernels, True, 6),
+    "burst": (cmd_burst, True, 3), "guesses": (cmd_guesses, False, 15),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=["load", "rows", "one-row", "matvec", "pool", "attention", "kv-commit",
-                                     "prefill-kernels", "burst", "guesses"])
+    ap.add_argument("case", choices=list(CASES))
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--reps", type=int, default=None, help="pairs per case (default depends on the case)")
     args = ap.parse_args()
-    if args.case == "load":
-        cmd_load(args.model, args.reps or 3)
-    elif args.case == "rows":
-        cmd_rows(args.model, args.reps or 4)
-    elif args.case == "one-row":
-        cmd_one_row(args.model, args.reps or 16)
-    elif args.case == "matvec":
-        cmd_matvec(args.model, args.reps or 7)
-    elif args.case == "pool":
-        cmd_pool(args.reps or 3)
-    elif args.case == "kv-commit":
-        cmd_kv_commit(args.model, args.reps or 10)
-    elif args.case == "prefill-kernels":
-        cmd_prefill_kernels(args.model, args.reps or 6)
-    elif args.case == "burst":
-        cmd_burst(args.model, args.reps or 3)
-    elif args.case == "guesses":
-        cmd_guesses(args.reps or 15)
+    run, takes_model, default_reps = CASES[args.case]
+    reps = args.reps or default_reps
+    if takes_model:
+        run(args.model, reps)
     else:
-        cmd_attention(args.reps or 3)
+        run(reps)
 
 
 if __name__ == "__main__":

@@ -148,11 +148,9 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     kernel = _DECODE_BY_STORAGE.get(k_cache.dtype)
     if kernel is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_decode_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (rows, np.int64),
-                     (block_tables, np.int64), (context_lens, np.int64), (scratch, np.float32), (out, np.float32),
-                     *(((first_keys, np.int64),) if first_keys is not None else ())):
-        if a.dtype != dtype or not a.flags.c_contiguous:
-            raise ValueError(f"paged_decode_attention needs C-contiguous {np.dtype(dtype).name} arrays")
+    _check("paged_decode_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, rows, np.int64,
+           block_tables, np.int64, context_lens, np.int64, scratch, np.float32, out, np.float32,
+           *((first_keys, np.int64) if first_keys is not None else ()))
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -190,7 +188,7 @@ def swiglu(gate_up: F32, out: F32) -> None:
     lib = library()
     assert lib is not None, "swiglu called without the compiled kernels"
     n, two_f = gate_up.shape
-    _check(gate_up, np.float32, out, np.float32)
+    _check("swiglu", gate_up, np.float32, out, np.float32)
     if two_f % 2 or out.shape != (n, two_f // 2):
         raise ValueError("swiglu needs gate_up [n, 2F] and out [n, F]")
     lib.forge_swiglu(_ptr(gate_up), n, two_f // 2, _ptr(out))
@@ -230,11 +228,8 @@ def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: n
     kv_type = _KV_TYPE.get(k_cache.dtype)
     if kv_type is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_prefill_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    for a, dtype in ((q, np.float32), (k_cache, k_cache.dtype), (v_cache, k_cache.dtype), (tables, np.int64),
-                     (row0, np.int64), (pos0, np.int64), (num_keys, np.int64), (ranges, np.int64),
-                     (scratch, np.float32), (out, np.float32)):
-        if a.dtype != dtype or not a.flags.c_contiguous:
-            raise ValueError("paged_prefill_attention needs C-contiguous arrays of the dtypes above")
+    _check("paged_prefill_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, tables, np.int64,
+           row0, np.int64, pos0, np.int64, num_keys, np.int64, ranges, np.int64, scratch, np.float32, out, np.float32)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     num_segs = len(row0)
@@ -303,7 +298,7 @@ def amx_split_rows(x: F32, hi: U16, lo: U16) -> None:
     rows past m zero): see amx_gemm.c."""
     lib = _amx_library()
     m, k = x.shape
-    _check(x, np.float32, hi, np.uint16, lo, np.uint16)
+    _check("amx_split_rows", x, np.float32, hi, np.uint16, lo, np.uint16)
     if hi.shape != lo.shape or hi.ndim != 2 or hi.shape[1] != k or hi.shape[0] < m:
         raise ValueError("amx_split_rows: shapes disagree")
     if lib.amx_split_rows(_ptr(x), m, k, hi.shape[0], _ptr(hi), _ptr(lo)) != 0:
@@ -320,7 +315,7 @@ def amx_gemm_planes(ah: U16, al: U16, m: int, planes: list[npt.NDArray[np.uint8]
     m_pad, k = ah.shape
     num_rows, num_blocks = scale.shape
     half = planes[0].shape[2] if planes and planes[0].ndim == 3 else 0
-    _check(ah, np.uint16, al, np.uint16, out, np.float32, scale, np.float32, offset, np.float32,
+    _check("amx_gemm_planes", ah, np.uint16, al, np.uint16, out, np.float32, scale, np.float32, offset, np.float32,
            *[a for q in planes for a in (q, np.uint8)])
     if (al.shape != ah.shape or not planes or any(q.shape != (num_rows, num_blocks, half) for q in planes)
             or offset.shape != scale.shape or num_blocks * half * 2 != k or out.ndim != 2 or out.shape[1] != num_rows
@@ -343,9 +338,10 @@ def _amx_library() -> ctypes.CDLL:
     return _library
 
 
-def _check(*pairs: object) -> None:
-    """Every array C-contiguous with its dtype: (array, dtype, array, dtype, ...)."""
+def _check(kernel: str, *pairs: object) -> None:
+    """Every array C-contiguous with its dtype, (array, dtype, array, dtype, ...), before `kernel`
+    reads them through raw pointers (a wrong one would read stray memory)."""
     for a, dtype in zip(pairs[::2], pairs[1::2], strict=True):
         assert isinstance(a, np.ndarray)
         if a.dtype != dtype or not a.flags.c_contiguous:
-            raise ValueError(f"the AMX kernels need C-contiguous {np.dtype(dtype).name} arrays")  # type: ignore[call-overload]
+            raise ValueError(f"{kernel} needs C-contiguous {np.dtype(dtype).name} arrays")  # type: ignore[call-overload]

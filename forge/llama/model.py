@@ -57,8 +57,6 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
 # The compiled row-wise kernels (forge.kernels.elementwise.c) run on the calling thread: handing
 # half the rows to the pool's other thread was slower at 160 and 512 rows (RMSNorm 0.07 -> 0.14 ms
 # at 512; the SiLU 0.13 -> 0.18 ms at 160, and 0.46 -> 0.39 at 512, too little to pay for it).
-
-
 def rms_norm_compiled(x: F32, weight: F32, eps: float) -> F32:
     """rms_norm by the compiled kernel (x may be any view with contiguous rows)."""
     if x.dtype != np.float32 or x.ndim != 2 or x.strides[1] != 4:
@@ -206,7 +204,6 @@ class LlamaModel:
                                        softcap=c.attn_softcap)
                         if reaches_past else plan)
         scale = np.float32(c.attention_scale)
-        norm = rms_norm_compiled if self.fused_attention else rms_norm
         last = c.num_layers - 1
         rotation = self.rope.at(batch.positions)                                # [T, 1, rope_dim / 2] complex
         rotation_sliding = self.rope_sliding.at(batch.positions) if self.has_sliding else rotation
@@ -234,7 +231,7 @@ class LlamaModel:
                 pool.run_parts(functools.partial(self._block_outputs, layer, x, attn, matmul_unsplit), row_parts)
             else:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
-        x = norm(x, w.out_norm, c.rms_eps)                                      # [N, H]
+        x = self._norm(x, w.out_norm, c.rms_eps)                                # [N, H]
         logits = matmul(x, w.head)                                              # [N, V]
         if c.final_softcap:                                                     # gemma2
             softcap_(logits, c.final_softcap)

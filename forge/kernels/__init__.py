@@ -2,6 +2,11 @@
 
 Backends, chosen once at load (`--kernels`):
 
+    blocks       weights stay in the GGUF file's own blocks, read from its mapping (no copy), and
+                 are multiplied by forge's compiled kernel (forge.kernels.block_linear, qmatmul.c):
+                 every weight widened in registers exactly as the file means it, float32
+                 activations and accumulation, the same bits for a row whatever the batch. Every
+                 x86-64 CPU (AVX-512 or AVX2 code, chosen when the kernels are built for the host).
     numpy        the reference: every weight dequantized once to float32, products by numpy/BLAS
                  (forge.llama.linear). Runs everywhere; 5x the GGUF's memory for 4-bit files.
     onnxruntime  weights stay in their GGUF blocks' integer codes, as 4-bit planes
@@ -13,7 +18,8 @@ Backends, chosen once at load (`--kernels`):
                  file). Intel Sapphire Rapids and later, with Linux's permission.
     fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
                  faster at a few tokens per step, agrees with the reference to ~1e-2 relative.
-    auto         amx where the host has it, else onnxruntime when it is installed, else numpy.
+    auto         amx where the host has it, else blocks with the compiled kernels, else
+                 onnxruntime when it is installed, else numpy.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
 every backend. forge.kernels.blocks is the reference every kernel is tested against.
@@ -24,12 +30,12 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-KERNELS = ("auto", "amx", "onnxruntime", "fast", "numpy")
+KERNELS = ("auto", "blocks", "amx", "onnxruntime", "fast", "numpy")
 
 
 @dataclass(frozen=True, slots=True)
 class KernelChoice:
-    backend: str              # "onnxruntime" or "numpy"
+    backend: str              # "blocks", "onnxruntime" or "numpy"
     int8_activations: bool    # the `fast` mode
     reason: str               # why, for the start-up log line
     amx: bool = False         # big steps on the AMX tiles (the `amx` mode)
@@ -47,6 +53,10 @@ def choose_kernels(requested: str) -> KernelChoice:
     have_ort = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
     if requested == "numpy":
         return KernelChoice("numpy", False, "asked for the numpy reference")
+    if requested == "blocks":
+        if not _compiled_ready():
+            raise ValueError("--kernels blocks needs forge's compiled kernels, which cannot be built here")
+        return KernelChoice("blocks", False, "asked for products from the file's blocks")
     if requested in ("onnxruntime", "fast", "amx"):
         if not have_ort:
             raise ValueError(f"--kernels {requested} needs onnxruntime and onnx, which are not installed")
@@ -60,12 +70,20 @@ def choose_kernels(requested: str) -> KernelChoice:
         return KernelChoice("onnxruntime", False, "asked for onnxruntime")
     if have_ort and _amx_ready():
         return KernelChoice("onnxruntime", False, "quantized weights in memory; AMX tiles for big steps", amx=True)
+    if _compiled_ready():
+        return KernelChoice("blocks", False, "the file's blocks read in place, float32 arithmetic")
     if have_ort:
         return KernelChoice("onnxruntime", False, "quantized weights in memory, float32 arithmetic")
-    return KernelChoice("numpy", False, "onnxruntime is not installed")
+    return KernelChoice("numpy", False, "no compiled kernels and onnxruntime is not installed")
 
 
 def _amx_ready() -> bool:
     from forge.kernels import compiled
 
     return compiled.amx_ready()
+
+
+def _compiled_ready() -> bool:
+    from forge.kernels import compiled
+
+    return compiled.library() is not None

@@ -29,7 +29,7 @@ F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c", "amx_gemm.c",
-                                                         "elementwise.c", "prefill_attention.c")]
+                                                         "elementwise.c", "prefill_attention.c", "qmatmul.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("dot.h", "kv16.h")]
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
@@ -38,9 +38,16 @@ HEADERS = [Path(__file__).with_name(name) for name in ("dot.h", "kv16.h")]
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
 LDFLAGS = ["-shared"]
 
+# Instruction-set levels the kernels can be built for, as flags added to -march=native: "native"
+# is everything the host has (AVX-512 paths where it has AVX-512F); "avx2" and "baseline" take
+# the wider sets away, so a host can run (and the tests check) the code a smaller CPU would get.
+# FORGE_KERNEL_ISA picks the level the process runs (default native).
+ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"], "baseline": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]}
+
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _status = "not built yet"
+_other_levels: dict[str, ctypes.CDLL] = {}
 
 
 def library() -> ctypes.CDLL | None:
@@ -48,26 +55,39 @@ def library() -> ctypes.CDLL | None:
     global _library, _status
     with _lock:
         if _status == "not built yet":
+            isa = os.environ.get("FORGE_KERNEL_ISA", "native")
             try:
-                _library = _load()
-                _status = "compiled"
+                if isa not in ISA_FLAGS:
+                    raise RuntimeError(f"FORGE_KERNEL_ISA={isa!r} is not one of {', '.join(ISA_FLAGS)}")
+                _library = _load(isa)
+                _status = "compiled" if isa == "native" else f"compiled ({isa})"
             except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
                 _library, _status = None, f"unavailable ({exc})"
         return _library
+
+
+def library_at(isa: str) -> ctypes.CDLL:
+    """The kernels built for instruction-set level `isa` (ISA_FLAGS), beside the process's own:
+    for tests that check each level the host can run. Raises RuntimeError when it cannot be built."""
+    with _lock:
+        if isa not in _other_levels:
+            _other_levels[isa] = _load(isa)
+        return _other_levels[isa]
 
 
 def status() -> str:
     return _status
 
 
-def _load() -> ctypes.CDLL:
+def _load(isa: str = "native") -> ctypes.CDLL:
     if os.environ.get("FORGE_NO_COMPILED_KERNELS"):
         raise RuntimeError("FORGE_NO_COMPILED_KERNELS is set")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    flags = " ".join(CFLAGS + LDFLAGS).encode()
+    cflags = CFLAGS + ISA_FLAGS[isa]
+    flags = " ".join(cflags + LDFLAGS).encode()
     text = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
     key = hashlib.sha256(text + flags + version.encode() + _cpu_identity()).hexdigest()[:16]
     target = forge_home() / "kernels" / f"forge-kernels-{key}.so"
@@ -76,8 +96,8 @@ def _load() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             objects = [str(Path(tmp) / f"{s.stem}.o") for s in SOURCES]
             built = Path(tmp) / target.name
-            commands = [[compiler, *CFLAGS, "-c", "-o", obj, str(s)] for s, obj in zip(SOURCES, objects, strict=True)]
-            commands.append([compiler, *LDFLAGS, "-o", str(built), *objects, "-lm"])
+            commands = [[compiler, *cflags, "-c", "-o", obj, str(s)] for s, obj in zip(SOURCES, objects, strict=True)]
+            commands.append([compiler, *LDFLAGS, "-o", str(built), *objects, "-lm", "-lpthread"])
             for command in commands:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120)
                 if result.returncode != 0:
@@ -107,6 +127,16 @@ def _load() -> ctypes.CDLL:
     lib.forge_swiglu.restype = None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
+    lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64]
+    lib.forge_qmatmul.restype = ctypes.c_int
+    lib.forge_dequant_rows.argtypes = [p, i64, i64, p, i64, p]
+    lib.forge_dequant_rows.restype = ctypes.c_int
+    lib.forge_pool_threads.argtypes = [ctypes.c_int, i64]
+    lib.forge_pool_threads.restype = ctypes.c_int
+    lib.forge_parallel_copy.argtypes = [p, p, i64]
+    lib.forge_parallel_copy.restype = None
+    lib.forge_qmatmul_lanes.argtypes = []
+    lib.forge_qmatmul_lanes.restype = ctypes.c_int
     return lib
 
 
@@ -345,3 +375,84 @@ def _check(kernel: str, *pairs: object) -> None:
         assert isinstance(a, np.ndarray)
         if a.dtype != dtype or not a.flags.c_contiguous:
             raise ValueError(f"{kernel} needs C-contiguous {np.dtype(dtype).name} arrays")  # type: ignore[call-overload]
+
+
+# ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
+
+# The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
+QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30})
+
+
+class QPart(ctypes.Structure):
+    """One part of a stacked weight, as qmatmul.c's qpart: the file's rows of blocks."""
+    _fields_ = [("data", ctypes.c_void_p), ("rows", ctypes.c_int64), ("type", ctypes.c_int64)]
+
+
+def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart]:
+    """The ctypes descriptor of (blocks [rows, bytes per row], ggml type) parts, stacked along rows.
+    The arrays must outlive it (the caller keeps them)."""
+    for blocks, qtype in parts:
+        if blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous or qtype not in QMATMUL_TYPES:
+            raise ValueError("qmatmul parts must be C-contiguous uint8 [rows, bytes] of a type it reads")
+    return (QPart * len(parts))(*(QPart(_ptr(b), b.shape[0], int(t)) for b, t in parts))
+
+
+def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None) -> None:
+    """out [T, N] = x [T, k] @ W.T, W the parts of `descriptor` stacked (see qmatmul.c): float32
+    activations and accumulation, on the kernel pool's threads. x and out C-contiguous float32.
+    `lib`: another level's build (library_at), else the process's."""
+    lib = lib or library()
+    assert lib is not None, "qmatmul called without the compiled kernels"
+    _check("qmatmul", x, np.float32, out, np.float32)
+    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
+        raise ValueError(f"qmatmul: x {x.shape} or out {out.shape} disagree with K={k}")
+    rc = lib.forge_qmatmul(_ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), _ptr(out),
+                           out.shape[1])
+    if rc != 0:
+        raise ValueError(f"qmatmul: K={k} is not whole blocks of the parts' types, or too many parts")
+
+
+def dequant_rows(blocks: npt.NDArray[np.uint8], qtype: int, k: int, rows: I64) -> F32:
+    """Rows `rows` of a [R, k] matrix held as `blocks` (ggml type qtype), widened to float32 [n, k]
+    exactly as qmatmul reads them."""
+    lib = library()
+    assert lib is not None, "dequant_rows called without the compiled kernels"
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if blocks.dtype != np.uint8 or not blocks.flags.c_contiguous or (len(rows) and (
+            rows.min() < 0 or rows.max() >= blocks.shape[0])):
+        raise ValueError("dequant_rows: rows outside the matrix, or blocks not C-contiguous uint8")
+    out = np.empty((len(rows), k), dtype=np.float32)
+    if lib.forge_dequant_rows(_ptr(blocks), qtype, k, _ptr(rows), len(rows), _ptr(out)) != 0:
+        raise ValueError(f"dequant_rows: type {qtype} or K={k} not read by qmatmul")
+    return out
+
+
+# Pause loops a pool worker spins after a job before it sleeps (FORGE_POOL_SPIN overrides): the
+# next product of a step follows within microseconds, a futex wake-up costs tens of them.
+POOL_SPIN = 20000
+
+
+def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
+    """Size the compiled kernels' own thread pool (the calling thread counted); returns the count
+    in force (1 without the compiled kernels)."""
+    lib = lib or library()
+    if lib is None:
+        return 1
+    spin = int(os.environ.get("FORGE_POOL_SPIN", POOL_SPIN))
+    return int(lib.forge_pool_threads(num_threads, spin))
+
+
+def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> None:
+    """dst[...] = src on the kernel pool's threads (the benchmarks' memory-bandwidth probe)."""
+    lib = library()
+    assert lib is not None, "parallel_copy called without the compiled kernels"
+    _check("parallel_copy", dst, np.uint8, src, np.uint8)
+    if dst.shape != src.shape:
+        raise ValueError("parallel_copy: shapes differ")
+    lib.forge_parallel_copy(_ptr(dst), _ptr(src), src.size)
+
+
+def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
+    """The vector width qmatmul.c was built with on this host (16: AVX-512, 8: AVX2 or less)."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_lanes())

@@ -18,11 +18,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
 from forge.kernels import KernelChoice, compiled
+from forge.kernels.block_linear import BlockMatrix, as_blocks
 from forge.kernels.blocks import SUPPORTED, affine_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
@@ -59,8 +60,10 @@ Weight = F32 | LinearKernel     # what forge.llama.linear.matmul(x, w) multiplie
 class QuantEmbedding:
     """The token embedding [V, H] kept in its GGUF blocks; rows are dequantized when looked up."""
 
-    def __init__(self, data: npt.NDArray[np.uint8], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
-        self.data = np.array(data, dtype=np.uint8)        # [V, bytes per row], a copy: the file may close
+    def __init__(self, data: npt.NDArray[np.uint8], qtype: GGMLQuantizationType, shape: tuple[int, int],
+                 *, copy: bool = True) -> None:
+        # [V, bytes per row]: a copy when the file's mapping may close, else a view of it.
+        self.data = np.array(data, dtype=np.uint8) if copy else np.ascontiguousarray(data, dtype=np.uint8)
         self.qtype = qtype
         self.shape = shape
         self.nbytes = self.data.nbytes
@@ -116,8 +119,11 @@ class LlamaWeights:
             held += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
             held += [w for w in (layer.qkv_bias, layer.q_norm, layer.k_norm, layer.post_attn_norm,
                                  layer.post_ffn_norm) if w is not None]
-        if not (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
-                and np.shares_memory(self.head, self.embedding)):
+        tied_dense = (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
+                      and np.shares_memory(self.head, self.embedding))
+        tied_blocks = (isinstance(self.head, BlockMatrix) and isinstance(self.embedding, QuantEmbedding)
+                       and self.head.reads(self.embedding.data))
+        if not (tied_dense or tied_blocks):
             held.append(self.head)
         return sum(int(w.nbytes) for w in held)
 
@@ -128,8 +134,11 @@ class _TensorSource:
     def __init__(self, reader: GGUFFile, model_name: str, kernels: KernelChoice | None) -> None:
         self._tensors = reader.tensors
         self._model_name = model_name
-        self._kernels = kernels if kernels is not None and kernels.backend == "onnxruntime" else None
+        self._kernels = kernels if kernels is not None and kernels.backend in ("onnxruntime", "blocks") else None
+        self._blocks = self._kernels is not None and self._kernels.backend == "blocks"
         self._num_threads = _usable_cores()
+        if self._blocks:
+            compiled.pool_threads(self._num_threads)
 
     def matrix(self, names: list[str], shapes: list[tuple[int, int]], *, f_ordered: bool = False,
                row_orders: list[I64 | None] | None = None) -> Weight:
@@ -139,6 +148,9 @@ class _TensorSource:
         tensors'; row_orders[i], when given, picks and orders the rows taken from tensor i (the
         file's row row_orders[i][r] becomes row r: a reordering, or a part of a fused tensor)."""
         orders = row_orders or [None] * len(names)
+        if self._blocks and shapes[0][1] % 32 == 0 and all(
+                int(self._tensor(n).tensor_type) in compiled.QMATMUL_TYPES for n in names):
+            return self._block_matrix(names, shapes, orders)
         if self._kernels is not None and all(self._tensor(n).tensor_type in SUPPORTED for n in names):
             from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 
@@ -158,6 +170,27 @@ class _TensorSource:
             return self.owned(names[0], shapes[0]).T
         return self.fused(names, shapes, orders)
 
+    def _block_matrix(self, names: list[str], shapes: list[tuple[int, int]], orders: list[I64 | None]) -> BlockMatrix:
+        """The matrices as one BlockMatrix over the file's own bytes; rows a family reorders (or
+        picks out of a fused tensor) copied once, in their new order, instead of the original."""
+        parts = []
+        for name, shape, order in zip(names, shapes, orders, strict=True):
+            tensor = self._tensor(name)
+            try:
+                if tensor.data.shape[0] != shape[0]:
+                    raise ValueError(f"has {tensor.data.shape[0]} rows, expected {shape[0]}")
+                blocks = as_blocks(tensor.data, shape[0])
+                _, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+                block_elems = GGML_QUANT_SIZES[tensor.tensor_type][0]
+                if shape[1] % 32 or shape[1] % block_elems or blocks.shape[1] != shape[1] // block_elems * block_bytes:
+                    raise ValueError(f"is not a [{shape[0]}, {shape[1]}] matrix of whole blocks")
+            except ValueError as exc:
+                raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
+            if order is not None:
+                blocks = np.ascontiguousarray(blocks[order])
+            parts.append((blocks, int(tensor.tensor_type)))
+        return BlockMatrix(parts, shapes[0][1])
+
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype."""
         return self._kernels is not None and self._tensor(name).tensor_type == qtype
@@ -167,7 +200,7 @@ class _TensorSource:
         tensor = self._tensor(name)
         if self._kernels is not None and tensor.tensor_type in SUPPORTED:
             affine_blocks(tensor.data, tensor.tensor_type, shape)        # checks the shape, raises ValueError
-            return QuantEmbedding(tensor.data, tensor.tensor_type, shape)
+            return QuantEmbedding(tensor.data, tensor.tensor_type, shape, copy=not self._blocks)
         return self.owned(name, shape)
 
     def _tensor(self, name: str) -> Any:
@@ -175,6 +208,15 @@ class _TensorSource:
         if tensor is None:
             raise ModelLoadError(f"{self._model_name}: tensor {name!r} is missing")
         return tensor
+
+    @property
+    def blocks(self) -> bool:
+        """Whether the matrices are read from the file's blocks in place (the `blocks` backend)."""
+        return self._blocks
+
+    def keeps_any_blocks(self, name: str) -> bool:
+        """Whether the kernels keep this tensor in its blocks (any type they read)."""
+        return self._kernels is not None and self._tensor(name).tensor_type in SUPPORTED
 
     def has(self, name: str) -> bool:
         return name in self._tensors
@@ -286,7 +328,12 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         layers.append(layer)
     embedding: F32 | QuantEmbedding
     head: Weight
-    if c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
+    if c.tied_embeddings and src.blocks and src.keeps_any_blocks("token_embd.weight"):
+        # A tied head multiplies straight from the embedding's blocks, which the lookup reads too.
+        embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
+        assert isinstance(embedding, QuantEmbedding)
+        head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden)
+    elif c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
         # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
         from forge.llama.linear import Q8Matrix
 

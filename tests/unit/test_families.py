@@ -65,7 +65,7 @@ def _run(model: LlamaModel, ids: list[int], prefill: int) -> np.ndarray:
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("kernels", ["numpy", "auto"])
+@pytest.mark.parametrize("kernels", ["numpy", "auto", "blocks", "onnxruntime"])
 @pytest.mark.parametrize("prefill", [20, 3])
 def test_logits_match_transformers(family: tuple[str, Path], kernels: str, prefill: int) -> None:
     name, path = family

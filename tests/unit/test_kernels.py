@@ -146,10 +146,12 @@ def test_int8_activations_stay_within_their_documented_tolerance() -> None:
 
 def test_backends_are_chosen_by_name() -> None:
     assert choose_kernels("numpy").backend == "numpy"
-    assert choose_kernels("auto").backend == "onnxruntime"      # installed with forge
+    # auto: the AMX tiles where the host has them, else the file's blocks on the compiled kernels
+    assert choose_kernels("auto").backend == ("onnxruntime" if compiled.amx_ready() else "blocks")
+    assert choose_kernels("blocks").name == "blocks"
     fast = choose_kernels("fast")
     assert (fast.backend, fast.int8_activations, fast.name) == ("onnxruntime", True, "fast")
-    assert set(KERNELS) == {"auto", "amx", "onnxruntime", "fast", "numpy"}
+    assert set(KERNELS) == {"auto", "blocks", "amx", "onnxruntime", "fast", "numpy"}
     assert choose_kernels("auto").amx == compiled.amx_ready()      # amx wherever the host has it
     assert not choose_kernels("onnxruntime").amx and choose_kernels("onnxruntime").name == "onnxruntime"
     with pytest.raises(ValueError, match="kernels must be one of"):

@@ -185,7 +185,7 @@ KV_TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-1}
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernels", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("kernels", ["numpy", "onnxruntime", "blocks"])
 def test_half_precision_kv_prefill_then_decode(tiny_path: Path, reference: np.ndarray, kv_dtype: str,
                                                kernels: str) -> None:
     """The paged cache in half precision, through the numpy reference attention and through the

@@ -1,0 +1,65 @@
+"""y = x @ W.T with W in the GGUF file's own blocks: the `blocks` backend (forge.kernels).
+
+A BlockMatrix holds views of the file's mapping (or, for rows a family reorders, one reordered copy
+made instead of the original), nothing else: its weights are resident once, as the file's pages.
+The product is qmatmul.c: every weight widened to float32 in registers exactly as the file means
+it, float32 accumulation, on the compiled kernels' own threads. forge.kernels.blocks' dequantize()
+is the reference it is tested against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from forge.kernels import compiled
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+
+def as_blocks(data: npt.NDArray[np.generic], rows: int) -> U8:
+    """A tensor's data as uint8 [rows, bytes per row] without copying where it can (a plain-typed
+    tensor, F32 or F16, is viewed as its bytes)."""
+    raw = data if data.dtype == np.uint8 else data.view(np.uint8)
+    return np.ascontiguousarray(raw.reshape(rows, -1))
+
+
+class BlockMatrix:
+    """W [N, K]: the parts (blocks [rows_i, bytes], ggml type) stacked along N, multiplied as
+    x [T, K] @ W.T -> [T, N] (a fused q/k/v or gate/up is one BlockMatrix). Thread-safe."""
+
+    def __init__(self, parts: list[tuple[U8, int]], in_features: int) -> None:
+        self._parts = parts                                  # keeps the views (and so the mapping) alive
+        self._descriptor = compiled.qparts(parts)
+        self.in_features = in_features
+        self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
+        # Bytes of weights it reads: pages of the file's mapping (shared with the page cache), or
+        # of the one reordered copy.
+        self.nbytes = sum(int(blocks.nbytes) for blocks, _ in parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[in, out], as the dense weights the model multiplies by on the right."""
+        return self.in_features, self.out_features
+
+    @property
+    def types(self) -> list[int]:
+        return [int(qtype) for _, qtype in self._parts]
+
+    def matmul(self, x: F32) -> F32:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], self.out_features), dtype=np.float32)       # [T, N]
+        compiled.qmatmul(x, self.in_features, self._descriptor, out)
+        return out
+
+    def reads(self, array: npt.NDArray[np.generic]) -> bool:
+        """Whether `array`'s memory is (part of) what this matrix reads."""
+        return any(np.shares_memory(blocks, array) for blocks, _ in self._parts)
+
+    def rows(self, ids: npt.NDArray[np.int64]) -> F32:
+        """Rows `ids` of W as float32 [n, K] (the token embedding, when W is the tied head);
+        only for a single-part matrix."""
+        assert len(self._parts) == 1, "rows() of a stacked BlockMatrix"
+        blocks, qtype = self._parts[0]
+        return compiled.dequant_rows(blocks, qtype, self.in_features, ids)

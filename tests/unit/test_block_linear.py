@@ -1,0 +1,172 @@
+"""The blocks backend's product (forge/kernels/qmatmul.c) against the numpy reference
+(forge.kernels.blocks' dequantize(), then a float64 product), for every type it reads, at every
+instruction-set level this host can run; and batch invariance: a row's result is the same bits
+whatever else the step holds."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.kernels import compiled
+from forge.kernels.block_linear import BlockMatrix, as_blocks
+from forge.kernels.blocks import affine_blocks
+
+Q = GGMLQuantizationType
+QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+PLAIN = [Q.F32, Q.F16, Q.BF16]
+# Byte offsets of each block's float16 scales: random bytes there could be inf or NaN.
+F16_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2],
+          Q.Q6_K: [208]}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+FLAGS = _cpu_flags()
+# The levels this host can run (each is still built by test_every_level_builds).
+RUNNABLE = ["native", "baseline"] + (["avx2"] if {"avx2", "fma"} <= FLAGS and "avx512f" in FLAGS else [])
+
+
+def random_matrix(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, k: int) -> tuple[
+        npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+    """Random blocks [rows, bytes] of qtype and the float32 matrix they mean (the reference)."""
+    if qtype in PLAIN:
+        w = rng.standard_normal((rows, k)).astype(np.float32)
+        if qtype == Q.F16:
+            data = w.astype(np.float16)
+            return as_blocks(data, rows), data.astype(np.float32)
+        if qtype == Q.BF16:
+            bits = (w.view(np.uint32) >> 16).astype(np.uint16)
+            return as_blocks(bits, rows), (bits.astype(np.uint32) << 16).view(np.float32)
+        return as_blocks(w, rows), w
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    n = rows * k // elems
+    blocks = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+    for off in F16_AT[qtype]:
+        blocks[:, off:off + 2] = rng.uniform(0.001, 0.05, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    data = blocks.reshape(rows, -1)
+    return data, affine_blocks(data, qtype, (rows, k)).dequantize()
+
+
+def product(lib: ctypes.CDLL, x: npt.NDArray[np.float32], parts: list[tuple[npt.NDArray[np.uint8], int]],
+            k: int) -> npt.NDArray[np.float32]:
+    out = np.empty((x.shape[0], sum(p.shape[0] for p, _ in parts)), dtype=np.float32)
+    compiled.qmatmul(np.ascontiguousarray(x), k, compiled.qparts(parts), out, lib=lib)
+    return out
+
+
+def assert_matches_reference(got: npt.NDArray[np.float32], x: npt.NDArray[np.float32],
+                             w: npt.NDArray[np.float32]) -> None:
+    """Within float32 accumulation's error of the float64 product: relative to the sum of the
+    terms' magnitudes (what the rounding scales with), 1e-5 covers K up to thousands."""
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64) + 1e-30
+    assert np.all(np.abs(got - want) / scale < 1e-5)
+
+
+@pytest.fixture(scope="module", params=RUNNABLE)
+def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
+    built = compiled.library_at(request.param)
+    compiled.pool_threads(2, lib=built)
+    return built
+
+
+@settings(max_examples=25, deadline=None)
+@given(qtypes=st.lists(st.sampled_from(QUANTIZED + PLAIN), min_size=1, max_size=3),
+       rows=st.lists(st.integers(1, 23), min_size=3, max_size=3),
+       blocks_along_k=st.integers(1, 3), num_x=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_the_product_matches_the_reference_for_every_type(lib: ctypes.CDLL, qtypes: list[GGMLQuantizationType],
+                                                           rows: list[int], blocks_along_k: int, num_x: int,
+                                                           seed: int) -> None:
+    """Parts of mixed types stacked (as q/k/v are), odd row counts, K of 1-3 super-blocks, and
+    step sizes across the fused (1-16 rows) and tiled (17+, tiles of 64) paths."""
+    rng = np.random.default_rng(seed)
+    k = 256 * blocks_along_k
+    made = [random_matrix(rng, qtype, n, k) for qtype, n in zip(qtypes, rows, strict=False)]
+    x = rng.standard_normal((num_x, k)).astype(np.float32)
+    got = product(lib, x, [(blocks, int(qtype)) for (blocks, _), qtype in zip(made, qtypes, strict=False)], k)
+    assert_matches_reference(got, x, np.concatenate([w for _, w in made]))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *PLAIN], ids=lambda q: q.name)
+def test_k_of_whole_32_blocks_that_are_not_whole_chunks(lib: ctypes.CDLL, qtype: GGMLQuantizationType) -> None:
+    """K = 576 (the default model's width) and 32: chunks of 256 with a partial last one."""
+    rng = np.random.default_rng(3)
+    for k in (32, 576):
+        blocks, w = random_matrix(rng, qtype, 9, k)
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        assert_matches_reference(product(lib, x, [(blocks, int(qtype))], k), x, w)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+def test_a_rows_result_does_not_depend_on_the_rest_of_the_step(lib: ctypes.CDLL, qtype: GGMLQuantizationType) -> None:
+    """Batch invariance: row r of a step of T rows equals, bit for bit, the same row computed
+    alone, for T on both paths and past a tile of 64."""
+    rng = np.random.default_rng(int(qtype))
+    blocks, _ = random_matrix(rng, qtype, 37, 512)
+    x = rng.standard_normal((150, 512)).astype(np.float32)
+    alone = np.concatenate([product(lib, x[r:r + 1], [(blocks, int(qtype))], 512) for r in range(0, 150, 7)])
+    for num_rows in (3, 16, 17, 64, 150):
+        step = product(lib, x[:num_rows], [(blocks, int(qtype))], 512)
+        picked = list(range(0, num_rows, 7))
+        np.testing.assert_array_equal(step[picked], alone[:len(picked)])
+
+
+def test_one_thread_and_two_give_the_same_bits() -> None:
+    rng = np.random.default_rng(5)
+    blocks, _ = random_matrix(rng, Q.Q4_K, 100, 512)
+    x = rng.standard_normal((9, 512)).astype(np.float32)
+    lib = compiled.library_at("native")
+    compiled.pool_threads(1, lib=lib)
+    one = product(lib, x, [(blocks, int(Q.Q4_K))], 512)
+    compiled.pool_threads(2, lib=lib)
+    np.testing.assert_array_equal(product(lib, x, [(blocks, int(Q.Q4_K))], 512), one)
+
+
+def test_every_level_builds() -> None:
+    """Each level compiles here, whether or not this CPU can run it."""
+    for isa in compiled.ISA_FLAGS:
+        assert compiled.qmatmul_lanes(compiled.library_at(isa)) in (8, 16)
+
+
+def test_the_levels_have_their_vector_widths() -> None:
+    assert compiled.qmatmul_lanes(compiled.library_at("baseline")) == 8
+    assert compiled.qmatmul_lanes(compiled.library_at("avx2")) == 8
+    native = compiled.qmatmul_lanes(compiled.library_at("native"))
+    assert native == (16 if "avx512f" in FLAGS else 8)
+
+
+def test_bad_shapes_and_types_are_refused() -> None:
+    rng = np.random.default_rng(1)
+    blocks, _ = random_matrix(rng, Q.Q4_K, 4, 256)
+    with pytest.raises(ValueError, match="whole blocks"):
+        BlockMatrix([(blocks, int(Q.Q4_K))], 128).matmul(np.zeros((1, 128), np.float32))
+    with pytest.raises(ValueError, match="disagree"):
+        BlockMatrix([(blocks, int(Q.Q4_K))], 256).matmul(np.zeros((1, 255), np.float32))
+    with pytest.raises(ValueError, match="type it reads"):
+        compiled.qparts([(blocks, int(Q.Q2_K))])
+
+
+def test_the_block_matrix_multiplies_and_looks_rows_up() -> None:
+    rng = np.random.default_rng(2)
+    blocks, w = random_matrix(rng, Q.Q6_K, 12, 512)
+    matrix = BlockMatrix([(blocks, int(Q.Q6_K))], 512)
+    assert matrix.shape == (512, 12) and matrix.nbytes == blocks.nbytes and matrix.reads(blocks)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    assert_matches_reference(matrix.matmul(x), x, w)
+    np.testing.assert_allclose(matrix.rows(np.array([3, 0, 11])), w[[3, 0, 11]], rtol=1e-6, atol=1e-7)

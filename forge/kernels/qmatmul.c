@@ -2,18 +2,20 @@
  *
  * W [N, K] is one or more parts stacked along N (q, k and v of a layer; gate and up), each part
  * the file's own bytes (a view of its mapping: nothing is copied at load) in any of the types
- * below. Every weight is dequantized exactly as the file means it (w = scale * q + offset per
- * block, forge.kernels.blocks being the reference), in L1-sized pieces that are used at once:
+ * below. Every weight is widened exactly as the file means it (w = scale * q + offset per block,
+ * forge.kernels.blocks being the reference), in panels of NR rows of W that the threads take in
+ * contiguous runs:
  *
- *     for each panel of NR rows of W (the threads take contiguous runs of panels)
- *       for each tile of TB rows of x
- *         for each chunk of KC values along K: widen the panel's chunk to float32 (wbuf, in L1),
- *           then every row of the tile takes its dot products with it (MR rows at a time)
+ *   steps of up to 16 rows (decoding): each panel widened in registers, block by block, and
+ *     multiplied at once with FR rows of x at a time (the fused path; AVX-512), the weights
+ *     prefetched ahead, so a step reads each weight once at memory speed;
+ *   bigger steps (prefill): x in tiles of rows that stay in L2; for each tile and panel, the
+ *     panel's rows widened whole into a thread's buffer (L1/L2), then MR x NR register tiles of
+ *     dot products over all of K.
  *
- * so a decode step reads each weight once at memory speed, and a prefill step reads it
- * ceil(T / TB) times while the products run from L1/L2. Each out[t][n] is one VN-lane running sum
- * over K in order, its lanes added by one fixed tree at the end: the result for a row does not
- * depend on how many rows the step has, on MR or TB, nor on the thread split (batch invariance).
+ * Each out[t][n] is one VN-lane running sum over K in order, its lanes added by one fixed tree at
+ * the end (reduce_row): the result for a row does not depend on how many rows the step has, which
+ * path took it, nor on the thread split (batch invariance).
  *
  * Threads: a pool of its own (forge_pool_threads), the caller taking the first run of panels;
  * workers spin for a while after a job (the next matmul of a step comes within microseconds) and
@@ -51,8 +53,12 @@ typedef struct {
 #define MR 3
 #endif
 #define NR 4                /* rows of W widened together */
-#define KC 256              /* values of K per chunk: one K-quant super-block */
-#define TB 64               /* rows of x per tile (a tile of x stays in L2) */
+/* Steps of up to FUSED_MAX_ROWS rows take the fused path (AVX-512), FR rows at a time: measured
+ * faster than the tiled path up to 16 rows on a 2-core EPYC. */
+#define FR 4
+#ifndef FUSED_MAX_ROWS
+#define FUSED_MAX_ROWS 16
+#endif
 #define MAX_PARTS 8
 
 typedef float vf __attribute__((vector_size(VN * 4)));
@@ -261,10 +267,6 @@ static int dequant_avx512(int64_t type, const uint8_t *b, int64_t n, float *rest
 /* The fused path of steps of up to FR rows: each panel's weights widened in registers and
  * multiplied at once (no round trip through wbuf), every out[t][c] the same running sum as the
  * tiled path's. */
-#define FR 4
-/* Steps of up to this many rows take the fused path, FR rows at a time (measured faster than
- * the tiled path up to 16 rows on a 2-core EPYC). */
-#define FUSED_MAX_ROWS 16
 static int fused_type(int64_t type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K;
 }
@@ -274,14 +276,14 @@ static int fused_type(int64_t type) {
         acc[t][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x + t * ldx + (kpos)), (wv), acc[t][c]);
 
 #define FUSED(mr)                                                                                  \
-    static void fused##mr(const float *x, int64_t ldx, int64_t K, int64_t type,                   \
-                          const uint8_t *const *rows, float *acc_out) {                            \
+    static void fused##mr(const float *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,      \
+                          const uint8_t *const *rows, float *acc_io) {                             \
         __m512 acc[mr][NR], w[8];                                                                  \
         for (int t = 0; t < (mr); t++)                                                             \
-            for (int c = 0; c < NR; c++) acc[t][c] = _mm512_setzero_ps();                          \
+            for (int c = 0; c < NR; c++) acc[t][c] = _mm512_loadu_ps(acc_io + (t * NR + c) * VN);  \
         switch (type) {                                                                            \
         case T_Q4_K:                                                                               \
-            for (int64_t sb = 0; sb < K / 256; sb++) {                                             \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++) {                                     \
                 __m512 s[NR];                                                                      \
                 for (int c = 0; c < NR; c++) {                                                     \
                     PREFETCH(rows[c] + sb * 144 + PF_AHEAD);                                       \
@@ -297,7 +299,7 @@ static int fused_type(int64_t type) {
             }                                                                                      \
             break;                                                                                 \
         case T_Q6_K:                                                                               \
-            for (int64_t sb = 0; sb < K / 256; sb++)                                               \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++)                                       \
                 for (int c = 0; c < NR; c++) {                                                     \
                     const uint8_t *b = rows[c] + sb * 210;                                         \
                     for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
@@ -313,7 +315,7 @@ static int fused_type(int64_t type) {
         case T_Q4_1:                                                                               \
         case T_Q8_0: {                                                                             \
             const int64_t bb = block_bytes(type);                                                  \
-            for (int64_t blk = 0; blk < K / 32; blk++)                                             \
+            for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
                 for (int c = 0; c < NR; c++) {                                                     \
                     const uint8_t *b = rows[c] + blk * bb;                                         \
                     if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
@@ -332,20 +334,20 @@ static int fused_type(int64_t type) {
         }                                                                                          \
         }                                                                                          \
         for (int t = 0; t < (mr); t++)                                                             \
-            for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc_out + (t * NR + c) * VN, acc[t][c]); \
+            for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc_io + (t * NR + c) * VN, acc[t][c]);  \
     }
 FUSED(1)
 FUSED(2)
 FUSED(3)
 FUSED(4)
 
-static void fused_rows(int mr, const float *x, int64_t ldx, int64_t K, int64_t type, const uint8_t *const *rows,
-                       float *acc) {
+static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,
+                       const uint8_t *const *rows, float *acc) {
     switch (mr) {
-    case 1: fused1(x, ldx, K, type, rows, acc); break;
-    case 2: fused2(x, ldx, K, type, rows, acc); break;
-    case 3: fused3(x, ldx, K, type, rows, acc); break;
-    case 4: fused4(x, ldx, K, type, rows, acc); break;
+    case 1: fused1(x, ldx, k0, k1, type, rows, acc); break;
+    case 2: fused2(x, ldx, k0, k1, type, rows, acc); break;
+    case 3: fused3(x, ldx, k0, k1, type, rows, acc); break;
+    case 4: fused4(x, ldx, k0, k1, type, rows, acc); break;
     }
 }
 #endif
@@ -463,13 +465,13 @@ static void dequant(int64_t type, const uint8_t *row, int64_t k0, int64_t n, flo
 /* acc[r][c] += x[r][0..kc) * w[c][0..kc) lane-wise, for r < mr (compile-time), c < NR. */
 #define TILE(mr)                                                                                   \
     static inline void tile##mr(const float *restrict x, int64_t ldx, const float *restrict w,    \
-                                int64_t kc, float *restrict acc) {                                 \
+                                int64_t k, float *restrict acc) {                                  \
         vf a[mr][NR];                                                                              \
         for (int r = 0; r < mr; r++)                                                               \
-            for (int c = 0; c < NR; c++) a[r][c] = vload(acc + (r * NR + c) * VN);                 \
-        for (int64_t i = 0; i < kc; i += VN) {                                                     \
+            for (int c = 0; c < NR; c++) a[r][c] = (vf){0};                                        \
+        for (int64_t i = 0; i < k; i += VN) {                                                      \
             vf wv[NR];                                                                             \
-            for (int c = 0; c < NR; c++) wv[c] = vload(w + c * KC + i);                            \
+            for (int c = 0; c < NR; c++) wv[c] = vload(w + c * k + i);                             \
             for (int r = 0; r < mr; r++) {                                                         \
                 const vf xv = vload(x + r * ldx + i);                                              \
                 for (int c = 0; c < NR; c++) a[r][c] = FMA(xv, wv[c], a[r][c]);                    \
@@ -483,8 +485,6 @@ TILE(2)
 TILE(3)
 #if MR > 3
 TILE(4)
-TILE(5)
-TILE(6)
 #endif
 
 static inline void tile_rows(int mr, const float *x, int64_t ldx, const float *w, int64_t kc, float *acc) {
@@ -494,20 +494,44 @@ static inline void tile_rows(int mr, const float *x, int64_t ldx, const float *w
     case 3: tile3(x, ldx, w, kc, acc); break;
 #if MR > 3
     case 4: tile4(x, ldx, w, kc, acc); break;
-    case 5: tile5(x, ldx, w, kc, acc); break;
-    case 6: tile6(x, ldx, w, kc, acc); break;
 #endif
     }
 }
 
-/* The lanes of v added by one fixed tree. */
-static inline float hsum(const float *v) {
-    float t[VN];
-    memcpy(t, v, sizeof t);
-    for (int w = VN / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) t[l] += t[l + w];
-    return t[0];
+/* The NR running sums of one row of x (acc: NR vectors of VN lanes), each added across its lanes
+ * by one fixed tree, into dst[0 .. nr). Every path ends its outputs here, so the order is the same
+ * whichever path computed them. */
+#if defined(__AVX512F__)
+static inline __m128 fold(__m512 v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
+
+static inline void reduce_row(const float *acc, float *dst, int64_t nr) {
+    __m128 r0 = fold(_mm512_loadu_ps(acc)), r1 = fold(_mm512_loadu_ps(acc + VN)),
+           r2 = fold(_mm512_loadu_ps(acc + 2 * VN)), r3 = fold(_mm512_loadu_ps(acc + 3 * VN));
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    const __m128 sum = _mm_add_ps(_mm_add_ps(r0, r1), _mm_add_ps(r2, r3));
+    if (nr == NR) {
+        _mm_storeu_ps(dst, sum);
+    } else {
+        float t[4];
+        _mm_storeu_ps(t, sum);
+        for (int64_t c = 0; c < nr; c++) dst[c] = t[c];
+    }
+}
+#else
+static inline void reduce_row(const float *acc, float *dst, int64_t nr) {
+    for (int64_t c = 0; c < nr; c++) {
+        float t[VN];
+        memcpy(t, acc + c * VN, sizeof t);
+        for (int w = VN / 2; w >= 1; w /= 2)
+            for (int l = 0; l < w; l++) t[l] += t[l + w];
+        dst[c] = t[0];
+    }
+}
+#endif
 
 typedef struct {
     const float *x;
@@ -519,12 +543,39 @@ typedef struct {
     int64_t ldo;
 } job;
 
-/* Panels [p_lo, p_hi) of the whole (all parts) into out. */
+/* A thread's buffer for one panel's widened rows, grown as needed (never freed: one per pool
+ * thread, a few hundred KiB at most). */
+static float *panel_buffer(int64_t floats) {
+    static __thread float *buf = NULL;
+    static __thread int64_t size = 0;
+    if (floats > size) {
+        free(buf);
+        buf = aligned_alloc(64, (size_t)((floats * 4 + 63) / 64 * 64));
+        size = buf == NULL ? 0 : floats;
+    }
+    return buf;
+}
+
+static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
+
+/* Panels [p_lo, p_hi) of the whole (all parts) into out: small steps panel by panel; big ones in
+ * tiles of rows of x that stay in L2 (about 384 KiB), each tile over every panel. */
 static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
-    float wbuf[NR * KC] __attribute__((aligned(64)));
-    float acc[TB * NR * VN] __attribute__((aligned(64)));
+    if (jb->T <= FUSED_MAX_ROWS) {
+        for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, 0, jb->T);
+        return;
+    }
+    int64_t tb = 98304 / jb->K / MR * MR;
+    tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
+    for (int64_t t0 = 0; t0 < jb->T; t0 += tb)
+        for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
+}
+
+/* Panel p for rows [t_lo, t_hi) of x. */
+static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
+    float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
     const int64_t K = jb->K;
-    for (int64_t p = p_lo; p < p_hi; p++) {
+    {
         int64_t part = 0;
         while (jb->part_panels[part + 1] <= p) part++;
         const qpart *pt = &jb->parts[part];
@@ -533,38 +584,32 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         const int64_t r0 = (p - jb->part_panels[part]) * NR;
         const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
         const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
-        const int64_t step = block_values(pt->type) == 256 || KC % block_values(pt->type) == 0 ? KC : K;
 #if defined(__AVX512F__)
         if (jb->T <= FUSED_MAX_ROWS && fused_type(pt->type)) {
             const uint8_t *rows[NR];
             for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
             for (int64_t t0 = 0; t0 < jb->T; t0 += FR) {      /* the panel stays in L1 between groups */
                 const int mr = (int)(jb->T - t0 < FR ? jb->T - t0 : FR);
-                fused_rows(mr, jb->x + t0 * jb->ldx, jb->ldx, K, pt->type, rows, acc);
+                memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+                fused_rows(mr, jb->x + t0 * jb->ldx, jb->ldx, 0, K, pt->type, rows, acc);
                 for (int64_t t = 0; t < mr; t++)
-                    for (int64_t c = 0; c < nr; c++)
-                        jb->out[(t0 + t) * jb->ldo + col0 + r0 + c] = hsum(acc + (t * NR + c) * VN);
+                    reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
             }
-            continue;
+            return;
         }
 #endif
-        for (int64_t t0 = 0; t0 < jb->T; t0 += TB) {
-            const int64_t tb = jb->T - t0 < TB ? jb->T - t0 : TB;
-            memset(acc, 0, (size_t)tb * NR * VN * sizeof(float));
-            for (int64_t k0 = 0; k0 < K; k0 += step) {
-                const int64_t kc = K - k0 < step ? K - k0 : step;
-                for (int64_t c = 0; c < nr; c++)
-                    dequant(pt->type, pt->data + (r0 + c) * row_bytes, k0, kc, wbuf + c * KC);
-                for (int64_t c = nr; c < NR; c++) memset(wbuf + c * KC, 0, (size_t)kc * sizeof(float));
-                const float *xk = jb->x + t0 * jb->ldx + k0;
-                for (int64_t t = 0; t < tb; t += MR) {
-                    const int mr = (int)(tb - t < MR ? tb - t : MR);
-                    tile_rows(mr, xk + t * jb->ldx, jb->ldx, wbuf, kc, acc + t * NR * VN);
-                }
-            }
-            for (int64_t t = 0; t < tb; t++)
-                for (int64_t c = 0; c < nr; c++)
-                    jb->out[(t0 + t) * jb->ldo + col0 + r0 + c] = hsum(acc + (t * NR + c) * VN);
+        /* The tiled path: the panel's rows widened whole (NR x K floats, in L1 or L2), then
+         * every row of a tile of x takes its dot products with them, MR rows at a time, the
+         * sums in registers over all of K. */
+        float *wpanel = panel_buffer(NR * K);
+        if (wpanel == NULL) abort();            /* a few hundred KiB: the process is out of memory */
+        for (int64_t c = 0; c < nr; c++) dequant(pt->type, pt->data + (r0 + c) * row_bytes, 0, K, wpanel + c * K);
+        for (int64_t c = nr; c < NR; c++) memset(wpanel + c * K, 0, (size_t)K * sizeof(float));
+        for (int64_t t = 0; t < t_hi - t_lo; t += MR) {
+            const int mr = (int)(t_hi - t_lo - t < MR ? t_hi - t_lo - t : MR);
+            tile_rows(mr, jb->x + (t_lo + t) * jb->ldx, jb->ldx, wpanel, K, acc);
+            for (int r = 0; r < mr; r++)
+                reduce_row(acc + r * NR * VN, jb->out + (t_lo + t + r) * jb->ldo + col0 + r0, nr);
         }
     }
 }

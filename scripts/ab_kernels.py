@@ -8,6 +8,8 @@
                4-bit planes of the same blocks, per number of rows
     head-march the Q8_0 head kernel built for other CPUs (--march, e.g. x86-64-v3: AVX2 without
                AVX-512) and run here on one thread, the current source against --baseline REV's
+    bandwidth  one decoding row's products (all layers + head, --kernels' first backend) as a share
+               of the memory bandwidth, a 1 GiB copy on two threads measured alternately in the run
     int8       what the AMX path was measured against: int8 activations on the same tiles
                (onnxruntime's DynamicQuantizeMatMul over int8 weights, per tensor, or per row with
                each row scaled to 1 first), one layer's products per row count against onnxruntime's
@@ -22,6 +24,7 @@ Figures only.
     .venv/bin/python scripts/ab_kernels.py head
     .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
     .venv/bin/python scripts/ab_kernels.py int8
+    .venv/bin/python scripts/ab_kernels.py bandwidth --kernels blocks --model PATH
 """
 
 from __future__ import annotations
@@ -233,10 +236,37 @@ def cmd_int8(model: str | None, reps: int) -> None:
     OnnxLinear.matmul = original  # type: ignore[method-assign]
 
 
+def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
+    """One decoding row's products (all layers + the head) as a share of this host's memory
+    bandwidth, both measured in this run, alternating: the bandwidth as a 1 GiB copy on the
+    kernels' threads (bytes read per second), the products as the weights' bytes read per second."""
+    from forge.kernels import compiled
+
+    loaded = LoadedModel.load(model, kernels=kernels, progress=lambda _m: None)
+    weights = loaded.model.weights
+    compiled.pool_threads(2)
+    src = np.ones(1 << 30, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    copies, products = [], []
+    for _ in range(rounds):
+        compiled.parallel_copy(dst, src)
+        t0 = time.perf_counter()
+        compiled.parallel_copy(dst, src)
+        copies.append(src.size / (time.perf_counter() - t0))
+        s = matmul_seconds(weights, 1, num_head_rows=1, min_time_s=0.5, min_reps=3)
+        products.append(weights.nbytes / s)
+    bw, rate = statistics.median(copies), statistics.median(products)
+    print(f"model {loaded.model.config.name} ({kernels}): weights {weights.nbytes / 2**20:.0f} MiB")
+    print(f"memory bandwidth (1 GiB copy, 2 threads, bytes read): {bw / 1e9:.1f} GB/s "
+          f"(rounds: {', '.join(f'{c / 1e9:.1f}' for c in copies)})")
+    print(f"one decoding row's products: {rate / 1e9:.1f} GB/s of weights = {rate / bw:.0%} of the bandwidth, "
+          f"{weights.nbytes / rate * 1e3:.1f} ms a token (rounds: {', '.join(f'{p / 1e9:.1f}' for p in products)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", nargs="?", default="products",
-                        choices=["products", "attention", "head", "head-march", "int8"])
+                        choices=["products", "attention", "head", "head-march", "int8", "bandwidth"])
     parser.add_argument("--march", default="x86-64-v3,native", help="head-march: -march values, comma-separated")
     parser.add_argument("--baseline", default="257b046", help="head-march: the revision to compare with")
     parser.add_argument("--reps", type=int, default=20, help="attention, head: timed calls per figure")
@@ -256,6 +286,9 @@ def main() -> None:
         return
     if args.case == "int8":
         cmd_int8(args.model, args.reps)
+        return
+    if args.case == "bandwidth":
+        cmd_bandwidth(args.model, args.kernels.split(",")[0], args.rounds)
         return
     if args.case == "head-march":
         cmd_head_march(args.model, args.reps, args.march.split(","), args.baseline)

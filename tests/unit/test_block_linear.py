@@ -170,3 +170,26 @@ def test_the_block_matrix_multiplies_and_looks_rows_up() -> None:
     x = rng.standard_normal((3, 512)).astype(np.float32)
     assert_matches_reference(matrix.matmul(x), x, w)
     np.testing.assert_allclose(matrix.rows(np.array([3, 0, 11])), w[[3, 0, 11]], rtol=1e-6, atol=1e-7)
+
+
+def _mapped(array: npt.NDArray[np.generic]) -> bool:
+    """Whether array is a view (however deep) of a file mapping."""
+    base = array
+    while base is not None and not isinstance(base, np.memmap):
+        base = base.base  # type: ignore[assignment]
+    return isinstance(base, np.memmap)
+
+
+def test_the_default_model_is_multiplied_from_its_files_pages(default_model_path: Path) -> None:
+    """Weights once in memory: every matrix (and the tied head) reads the file's mapping in place,
+    no copy; what the weights hold is at most the file's size."""
+    from forge.kernels import choose_kernels
+    from forge.llama.model import LlamaModel
+
+    model = LlamaModel.load(default_model_path, choose_kernels("blocks"))
+    w = model.weights
+    matrices = [m for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)] + [w.head]
+    assert all(isinstance(m, BlockMatrix) for m in matrices)
+    assert all(_mapped(blocks) for m in matrices for blocks, _ in m._parts)  # type: ignore[union-attr]
+    assert w.nbytes <= default_model_path.stat().st_size
+    assert model.forward_context([1, 504, 3458, 282]).shape == (model.vocab_size,)

@@ -18,8 +18,9 @@ Backends, chosen once at load (`--kernels`):
                  file). Intel Sapphire Rapids and later, with Linux's permission.
     fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
                  faster at a few tokens per step, agrees with the reference to ~1e-2 relative.
-    auto         amx where the host has it, else blocks with the compiled kernels, else
-                 onnxruntime when it is installed, else numpy.
+    auto         amx where the host has it, else blocks where the compiled kernels have AVX-512,
+                 else onnxruntime when it is installed (blocks' AVX2 code is slower than it:
+                 docs/benchmarks.md), else blocks, else numpy.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
 every backend. forge.kernels.blocks is the reference every kernel is tested against.
@@ -70,7 +71,7 @@ def choose_kernels(requested: str) -> KernelChoice:
         return KernelChoice("onnxruntime", False, "asked for onnxruntime")
     if have_ort and _amx_ready():
         return KernelChoice("onnxruntime", False, "quantized weights in memory; AMX tiles for big steps", amx=True)
-    if _compiled_ready():
+    if _compiled_ready() and (_wide_vectors() or not have_ort):
         return KernelChoice("blocks", False, "the file's blocks read in place, float32 arithmetic")
     if have_ort:
         return KernelChoice("onnxruntime", False, "quantized weights in memory, float32 arithmetic")
@@ -87,3 +88,10 @@ def _compiled_ready() -> bool:
     from forge.kernels import compiled
 
     return compiled.library() is not None
+
+
+def _wide_vectors() -> bool:
+    """Whether the compiled products run 16-float (AVX-512) vectors here."""
+    from forge.kernels import compiled
+
+    return compiled.qmatmul_lanes() == 16

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from actors.supervisor import running_daemon
-from forge.kernels import compiled
+from forge.kernels import choose_kernels
 from tests.integration.harness import (
     HANG_GUARD_S,
     PROMPT,
@@ -137,7 +137,7 @@ async def test_metrics_grow_after_a_request(make_daemon: MakeDaemon) -> None:
     assert a["forge:time_to_first_token_seconds_count"] == 1 + b["forge:time_to_first_token_seconds_count"]
     assert a["forge:e2e_request_latency_seconds_count"] == 1
     assert a["forge:num_requests_running"] == 0 and a["forge:kv_cache_usage_perc"] == 0
-    default = "amx" if compiled.amx_ready() else "blocks"                           # what auto picks here
+    default = choose_kernels("auto").name                                           # what auto picks here
     assert a[f'forge:kernels_info{{attention="compiled",backend="{default}"}}'] == 1
     # 3 tokens: one step computes the prompt and samples the first, two decode steps the others
     steps = a["forge:iteration_tokens_total_count"] - b.get("forge:iteration_tokens_total_count", 0)

@@ -146,8 +146,10 @@ def test_int8_activations_stay_within_their_documented_tolerance() -> None:
 
 def test_backends_are_chosen_by_name() -> None:
     assert choose_kernels("numpy").backend == "numpy"
-    # auto: the AMX tiles where the host has them, else the file's blocks on the compiled kernels
-    assert choose_kernels("auto").backend == ("onnxruntime" if compiled.amx_ready() else "blocks")
+    # auto: the AMX tiles where the host has them, else the file's blocks where the compiled
+    # kernels have AVX-512, else onnxruntime (installed with forge)
+    wide = compiled.qmatmul_lanes() == 16
+    assert choose_kernels("auto").backend == ("onnxruntime" if compiled.amx_ready() or not wide else "blocks")
     assert choose_kernels("blocks").name == "blocks"
     fast = choose_kernels("fast")
     assert (fast.backend, fast.int8_activations, fast.name) == ("onnxruntime", True, "fast")

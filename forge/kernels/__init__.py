@@ -19,8 +19,8 @@ Backends, chosen once at load (`--kernels`):
     fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
                  faster at a few tokens per step, agrees with the reference to ~1e-2 relative.
     auto         amx where the host has it, else blocks where the compiled kernels have AVX-512,
-                 else onnxruntime when it is installed (blocks' AVX2 code is slower than it:
-                 docs/benchmarks.md), else blocks, else numpy.
+                 else onnxruntime when it is installed (with AVX2 alone blocks decodes faster
+                 but prefills slower: docs/benchmarks.md), else blocks, else numpy.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
 every backend. forge.kernels.blocks is the reference every kernel is tested against.

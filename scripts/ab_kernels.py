@@ -8,6 +8,8 @@
                4-bit planes of the same blocks, per number of rows
     head-march the Q8_0 head kernel built for other CPUs (--march, e.g. x86-64-v3: AVX2 without
                AVX-512) and run here on one thread, the current source against --baseline REV's
+    layers     the blocks kernel alone on eight random layers of the 1.7B model's shapes, per step
+               size (--tokens), on 1 and 2 threads, beside a 1 GiB copy: weights read per second
     bandwidth  one decoding row's products (all layers + head, --kernels' first backend) as a share
                of the memory bandwidth, a 1 GiB copy on two threads measured alternately in the run
     int8       what the AMX path was measured against: int8 activations on the same tiles
@@ -25,6 +27,7 @@ Figures only.
     .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
     .venv/bin/python scripts/ab_kernels.py int8
     .venv/bin/python scripts/ab_kernels.py bandwidth --kernels blocks --model PATH
+    .venv/bin/python scripts/ab_kernels.py layers --tokens 1,2,4,8,16,32 --rounds 3
 """
 
 from __future__ import annotations
@@ -236,6 +239,48 @@ def cmd_int8(model: str | None, reps: int) -> None:
     OnnxLinear.matmul = original  # type: ignore[method-assign]
 
 
+def cmd_layers(tokens: list[int], rounds: int) -> None:
+    """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
+    gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size, on 1 and 2 threads, beside a
+    1 GiB copy on the same threads: bytes of weights read per second, and rows x that."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from forge.kernels import compiled
+
+    rng = np.random.default_rng(0)
+
+    def blocks(qtype: GGMLQuantizationType, rows: int, k: int) -> np.ndarray:
+        elems, nbytes = GGML_QUANT_SIZES[qtype]
+        data = rng.integers(0, 256, size=(rows * k // elems, nbytes), dtype=np.uint8)
+        for off in ([0, 2] if qtype == GGMLQuantizationType.Q4_K else [208]):   # sane float16 scales
+            data[:, off:off + 2] = rng.uniform(0.001, 0.02, len(data)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        return data.reshape(rows, -1)
+
+    q4k, q6k = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+    layers = [(compiled.qparts([(b, int(t))]), b, k) for _ in range(8)
+              for b, t, k in ((blocks(q4k, 6144, 2048), q4k, 2048), (blocks(q4k, 2048, 2048), q4k, 2048),
+                              (blocks(q4k, 16384, 2048), q4k, 2048), (blocks(q6k, 2048, 8192), q6k, 8192))]
+    total = sum(b.nbytes for _, b, _ in layers)
+    src = np.ones(1 << 30, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    for threads in (1, 2):
+        compiled.pool_threads(threads)
+        compiled.parallel_copy(dst, src)
+        t0 = time.perf_counter()
+        compiled.parallel_copy(dst, src)
+        print(f"threads={threads}: 1 GiB copy reads {src.size / (time.perf_counter() - t0) / 1e9:.1f} GB/s")
+        for t in tokens:
+            xs = {k: rng.standard_normal((t, k)).astype(np.float32) for k in (2048, 8192)}
+            best = float("inf")
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for desc, b, k in layers:
+                    compiled.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32))
+                best = min(best, time.perf_counter() - t0)
+            print(f"threads={threads} rows={t:4d}: {best * 1e3:7.1f} ms for {total / 1e6:.0f} MB of weights, "
+                  f"{total / best / 1e9:5.1f} GB/s, x rows {t * total / best / 1e9:6.1f} GB/s")
+
+
 def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
     """One decoding row's products (all layers + the head) as a share of this host's memory
     bandwidth, both measured in this run, alternating: the bandwidth as a 1 GiB copy on the
@@ -266,7 +311,7 @@ def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", nargs="?", default="products",
-                        choices=["products", "attention", "head", "head-march", "int8", "bandwidth"])
+                        choices=["products", "attention", "head", "head-march", "int8", "bandwidth", "layers"])
     parser.add_argument("--march", default="x86-64-v3,native", help="head-march: -march values, comma-separated")
     parser.add_argument("--baseline", default="257b046", help="head-march: the revision to compare with")
     parser.add_argument("--reps", type=int, default=20, help="attention, head: timed calls per figure")
@@ -286,6 +331,9 @@ def main() -> None:
         return
     if args.case == "int8":
         cmd_int8(args.model, args.reps)
+        return
+    if args.case == "layers":
+        cmd_layers([int(t) for t in args.tokens.split(",")], args.rounds)
         return
     if args.case == "bandwidth":
         cmd_bandwidth(args.model, args.kernels.split(",")[0], args.rounds)

@@ -47,7 +47,7 @@ typedef struct {
 
 #if defined(__AVX512F__)
 #define VN 16
-#define MR 4                /* measured against 5 and 6: fewer spills, 15-40% faster at 8-32 rows */
+#define MR 4                /* against 5 and 6: 15-40% faster at 8-32 rows (docs/benchmarks.md) */
 #else
 #define VN 8
 #define MR 3
@@ -131,7 +131,7 @@ static inline void k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn
 #if defined(__AVX512F__)
 /* Weights are read this many bytes ahead of their use (software prefetch: each thread streams
  * NR rows at once, more than the hardware prefetcher follows at full speed; measured on a 2-core
- * EPYC, one decoding row: 9 GB/s without, 20 GB/s with 16 KiB). */
+ * EPYC, one decoding row: 9 GB/s without, 20 GB/s with 16 KiB; docs/benchmarks.md). */
 #ifndef PF_AHEAD
 #define PF_AHEAD 16384
 #endif

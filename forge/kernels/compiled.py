@@ -133,8 +133,6 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_dequant_rows.restype = ctypes.c_int
     lib.forge_pool_threads.argtypes = [ctypes.c_int, i64]
     lib.forge_pool_threads.restype = ctypes.c_int
-    lib.forge_pool_park.argtypes = []
-    lib.forge_pool_park.restype = None
     lib.forge_parallel_copy.argtypes = [p, p, i64]
     lib.forge_parallel_copy.restype = None
     lib.forge_qmatmul_lanes.argtypes = []
@@ -442,13 +440,6 @@ def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
         return 1
     spin = int(os.environ.get("FORGE_POOL_SPIN", POOL_SPIN))
     return int(lib.forge_pool_threads(num_threads, spin))
-
-
-def pool_park() -> None:
-    """Let the kernel pool's idle workers sleep now instead of spinning (before other threads take
-    the cores); a no-op without the compiled kernels or before they are built."""
-    if _library is not None:
-        _library.forge_pool_park()
 
 
 def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> None:

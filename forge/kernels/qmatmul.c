@@ -268,9 +268,9 @@ static int dequant_avx512(int64_t type, const uint8_t *b, int64_t n, float *rest
     }
 }
 
-/* The fused path of steps of up to FR rows: each panel's weights widened in registers and
- * multiplied at once (no round trip through wbuf), every out[t][c] the same running sum as the
- * tiled path's. */
+/* The fused path (steps of up to FUSED_MAX_ROWS rows, FR at a time): each panel's weights widened
+ * in registers and multiplied at once (no round trip through a buffer), every out[t][c] the same
+ * running sum as the tiled path's. */
 static int fused_type(int64_t type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K;
 }
@@ -798,7 +798,6 @@ static struct {
     const void *ctx;
     int64_t spin;                         /* pause loops a worker spins before it sleeps */
     uint32_t created_at;                  /* the generation new workers start from */
-    _Atomic int parked;                   /* set: idle workers sleep at once instead of spinning */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .num_threads = 1, .spin = 20000};
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t value) {
@@ -835,7 +834,7 @@ static void *worker_main(void *arg) {
         uint32_t now;
         int64_t spins = 0;
         while ((now = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
-            if (spins++ < pool.spin && !atomic_load_explicit(&pool.parked, memory_order_relaxed)) cpu_relax();
+            if (spins++ < pool.spin) cpu_relax();
             else futex_wait(&pool.generation, seen);
         }
         seen = now;
@@ -878,7 +877,6 @@ static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, in
         if (n > 1) {
             pool.fn = fn;
             pool.ctx = ctx;
-            atomic_store_explicit(&pool.parked, 0, memory_order_relaxed);
             atomic_store_explicit(&pool.pending, n - 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
             futex_wake_all(&pool.generation);
@@ -892,10 +890,6 @@ static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, in
     }
     fn(ctx, 0, 1);
 }
-
-/* Idle workers stop spinning and sleep until the next job: called before other threads (the
- * engine's Python pool) take the cores, so that a spinning worker does not hold one of them. */
-void forge_pool_park(void) { atomic_store_explicit(&pool.parked, 1, memory_order_relaxed); }
 
 typedef struct { uint8_t *dst; const uint8_t *src; int64_t n; } copy_job;
 

@@ -197,9 +197,6 @@ class MatmulPool:
             for part in parts:
                 fn(part)
             return
-        # The compiled products' own workers spin for a while after each product: let them sleep
-        # now, so that none holds a core this pool's thread is about to need.
-        compiled.pool_park()
         workers.run(fn, parts)
 
     def close(self) -> None:

@@ -180,9 +180,8 @@ class _TensorSource:
                 if tensor.data.shape[0] != shape[0]:
                     raise ValueError(f"has {tensor.data.shape[0]} rows, expected {shape[0]}")
                 blocks = as_blocks(tensor.data, shape[0])
-                _, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
-                block_elems = GGML_QUANT_SIZES[tensor.tensor_type][0]
-                if shape[1] % 32 or shape[1] % block_elems or blocks.shape[1] != shape[1] // block_elems * block_bytes:
+                block_elems, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+                if shape[1] % block_elems or blocks.shape[1] != shape[1] // block_elems * block_bytes:
                     raise ValueError(f"is not a [{shape[0]}, {shape[1]}] matrix of whole blocks")
             except ValueError as exc:
                 raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
@@ -191,9 +190,11 @@ class _TensorSource:
             parts.append((blocks, int(tensor.tensor_type)))
         return BlockMatrix(parts, shapes[0][1])
 
-    def keeps_blocks(self, name: str, qtype: GGMLQuantizationType) -> bool:
-        """Whether the kernels keep this tensor in its blocks, and it is of type qtype."""
-        return self._kernels is not None and self._tensor(name).tensor_type == qtype
+    def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
+        """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any
+        type they keep)."""
+        kind = self._tensor(name).tensor_type if self._kernels is not None else None
+        return kind is not None and (kind == qtype if qtype is not None else kind in SUPPORTED)
 
     def embedding(self, name: str, shape: tuple[int, int]) -> F32 | QuantEmbedding:
         """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
@@ -213,10 +214,6 @@ class _TensorSource:
     def blocks(self) -> bool:
         """Whether the matrices are read from the file's blocks in place (the `blocks` backend)."""
         return self._blocks
-
-    def keeps_any_blocks(self, name: str) -> bool:
-        """Whether the kernels keep this tensor in its blocks (any type they read)."""
-        return self._kernels is not None and self._tensor(name).tensor_type in SUPPORTED
 
     def has(self, name: str) -> bool:
         return name in self._tensors
@@ -328,7 +325,7 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         layers.append(layer)
     embedding: F32 | QuantEmbedding
     head: Weight
-    if c.tied_embeddings and src.blocks and src.keeps_any_blocks("token_embd.weight"):
+    if c.tied_embeddings and src.blocks and src.keeps_blocks("token_embd.weight"):
         # A tied head multiplies straight from the embedding's blocks, which the lookup reads too.
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)

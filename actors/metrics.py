@@ -97,8 +97,9 @@ class Metrics:
         self.spec_accepted_per_pos = Counter("forge:spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by their position in the draft.",
                                              ["position"], registry=r)
-        self.kernels = Gauge("forge:kernels_info", "The kernels in use: the weights' backend, the decode attention.",
-                             ["backend", "attention"], registry=r)
+        self.kernels = Gauge("forge:kernels_info",
+                             "The kernels in use: the weights' backend, its numerics, the decode attention.",
+                             ["backend", "numerics", "attention"], registry=r)
         # the dashboard's recent latencies (GET /stats), recorded beside the histograms above
         self.recent_ttft = LatencyWindow()
         self.recent_itl = LatencyWindow()

@@ -100,7 +100,8 @@ class Daemon:
         """Load the model (off the loop), wire the five actors, serve until the channels close."""
         if self.loaded is None:
             self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(
-                self.config.model, kernels=self.config.engine.kernels, progress=_progress))
+                self.config.model, kernels=self.config.engine.kernels, numerics=self.config.engine.numerics,
+                progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
         draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
         draft_model = draft.model if draft is not None else None
@@ -148,7 +149,8 @@ class Daemon:
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
                     grammars=edge_grammars, step_age=scheduler.step_age)
                 attention = "compiled" if loaded.model.fused_attention else "numpy"
-                self.metrics.kernels.labels(backend=loaded.kernels.name, attention=attention).set(1)
+                self.metrics.kernels.labels(backend=loaded.kernels.name, numerics=loaded.kernels.numerics,
+                                            attention=attention).set(1)
                 allocator = self.allocator
                 self.gateway.stats.sources = Sources(
                     scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
@@ -157,7 +159,7 @@ class Daemon:
                 tg.start_soon(self.gateway.stats.run_sampler)
                 log.info("ready", model=loaded.path, architecture=loaded.model.config.arch.name,
                          tokenizer=loaded.tokenizer.kind, kernels=loaded.kernels.name,
-                         kernels_reason=loaded.kernels.reason,
+                         numerics=loaded.kernels.numerics, kernels_reason=loaded.kernels.reason,
                          attention=attention,
                          compiled_kernels=compiled.status(),
                          weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
@@ -188,7 +190,7 @@ class Daemon:
             "served_model_name": self.config.gateway.served_model_name, "model_file": Path(loaded.path).name,
             "layers": loaded.model.config.num_layers,
             "weights_mib": round(loaded.model.weights.nbytes / 2**20, 1), "kernels": loaded.kernels.name,
-            "attention": attention, "kv_cache_dtype": cfg.kv_cache_dtype,
+            "numerics": loaded.kernels.numerics, "attention": attention, "kv_cache_dtype": cfg.kv_cache_dtype,
             "kv_blocks": num_blocks, "block_size": cfg.block_size, "kv_tokens": num_blocks * cfg.block_size,
             "max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,

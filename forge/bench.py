@@ -115,7 +115,7 @@ def _chunks(num_tokens: int, budget: int) -> list[int]:
 def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[int] = (1, 8, 32, 64),
                 prompt_len: int = 200, max_new: int = 128, prefill_len: int = 1000,
                 max_num_batched_tokens: int = 512, blas_threads: int | None = None, block_size: int = 16,
-                seed: int = 0, kernels: str = "auto", kv_cache_dtype: str = "float32",
+                seed: int = 0, kernels: str = "auto", numerics: str = "reference", kv_cache_dtype: str = "float32",
                 progress: Progress = _quiet) -> dict[str, Any]:
     """Throughput of the real model: `concurrency` sequences at once (random prompts of prompt_len
     ids, max_new greedy tokens, ignore_eos), a prefill of prefill_len tokens, load time, peak RSS,
@@ -125,7 +125,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         raise ValueError("concurrency, prompt_len, max_new and prefill_len must be positive")
     configure_matmul("split", blas_threads)
     t0 = time.perf_counter()
-    loaded = LoadedModel.load(model, kernels=kernels, progress=progress)
+    loaded = LoadedModel.load(model, kernels=kernels, numerics=numerics, progress=progress)
     load_s = time.perf_counter() - t0
     rss_after_load = _peak_rss_mib()
     mc = loaded.model.config
@@ -138,7 +138,8 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         return LLMEngine(loaded, EngineConfig(
             block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=False, blas_threads=blas_threads, kernels=kernels, kv_cache_dtype=kv_cache_dtype))
+            enable_prefix_caching=False, blas_threads=blas_threads, kernels=kernels, numerics=numerics,
+            kv_cache_dtype=kv_cache_dtype))
 
     rng = random.Random(seed)
     greedy = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
@@ -165,7 +166,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
     return {
         "mode": "model",
         "model": loaded.name,
-        "kernels": loaded.kernels.name,
+        "kernels": loaded.kernels.name, "numerics": loaded.kernels.numerics,
         "attention": "compiled" if loaded.model.fused_attention else "numpy",
         "kv_cache_dtype": kv_cache_dtype,
         "blas": _blas_info(),
@@ -198,7 +199,8 @@ def _blas_info() -> list[dict[str, Any]]:
 def format_model(result: dict[str, Any]) -> str:
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in result["blas"])
     lines = [
-        f"model bench: {result['model']}  kernels {result['kernels']} (attention {result['attention']}, "
+        f"model bench: {result['model']}  kernels {result['kernels']}, {result['numerics']} numerics "
+        f"(attention {result['attention']}, "
         f"KV {result['kv_cache_dtype']})  "
         f"load {result['load_s']} s  "
         f"weights {result['weights_mib']} MiB  "

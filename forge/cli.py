@@ -15,7 +15,7 @@ from typing import Any, overload
 
 from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
-from forge.kernels import KERNELS
+from forge.kernels import KERNELS, NUMERICS
 from forge.speculative import SPECULATIVE_METHODS
 
 
@@ -43,7 +43,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
                             blas_threads=args.blas_threads, matmul_strategy=args.matmul_strategy,
-                            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
+                            kernels=args.kernels, numerics=args.numerics, kv_cache_dtype=args.kv_cache_dtype,
                             kv_cache_commit=args.kv_cache_commit == "on", max_step_ms=args.max_step_ms,
                             scheduling_policy=args.scheduling_policy, speculative=speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
@@ -106,11 +106,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "(the default; BLAS pinned to 1), or BLAS's own under 'blas' "
                         "[FORGE_BLAS_THREADS; the number of cores]")
     g.add_argument("--kernels", choices=list(KERNELS), default=env("FORGE_KERNELS", "auto"),
-                   help="who holds and multiplies the weights: onnxruntime (quantized in memory, float32 "
-                        "arithmetic), amx (onnxruntime, and prefill-sized steps on the CPU's AMX tiles "
-                        "in bfloat16x3), fast (onnxruntime with int8 activations), numpy (the float32 "
-                        "reference), auto (amx where the CPU has it, else onnxruntime when installed) "
-                        "[FORGE_KERNELS; auto]")
+                   help="who holds and multiplies the weights: blocks (the file's blocks read in place by "
+                        "forge's compiled kernel), onnxruntime (quantized in memory), amx (onnxruntime, and "
+                        "prefill-sized steps on the CPU's AMX tiles in bfloat16x3), fast (onnxruntime with "
+                        "int8 activations), numpy (the float32 reference), auto (amx where the CPU has it, "
+                        "else blocks with AVX-512, else onnxruntime) [FORGE_KERNELS; auto]")
+    g.add_argument("--numerics", choices=list(NUMERICS), default=env("FORGE_NUMERICS", "reference"),
+                   help="how exactly the weights multiply: reference (float32 over the file's values; "
+                        "the same bits for a row whatever the batch) or fast (bfloat16 products on "
+                        "blocks, int8 activations on onnxruntime: about twice the prefill speed, a few "
+                        "1e-3 relative; docs/design.md) [FORGE_NUMERICS; reference]")
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float32"),
                    help="how the K/V cache stores values; float16 and bfloat16 hold twice the tokens in "
                         "--kv-cache-memory (attention computes in float32 either way) [FORGE_KV_CACHE_DTYPE; float32]")
@@ -187,7 +192,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             None if args.model == "default" else args.model, concurrency=concurrency,
             prompt_len=args.prompt_len or 200, max_new=args.max_new or 128, prefill_len=args.prefill_len,
             max_num_batched_tokens=args.max_num_batched_tokens, blas_threads=args.blas_threads,
-            kernels=args.kernels, kv_cache_dtype=args.kv_cache_dtype,
+            kernels=args.kernels, numerics=args.numerics, kv_cache_dtype=args.kv_cache_dtype,
             block_size=args.block_size, seed=args.seed, progress=_progress)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
@@ -226,6 +231,8 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
     bench.add_argument("--concurrency", default="1,8,32,64",
                        help="model: comma-separated numbers of sequences run at once [1,8,32,64]")
     bench.add_argument("--kernels", choices=list(KERNELS), default="auto", help="model: the kernel backend [auto]")
+    bench.add_argument("--numerics", choices=list(NUMERICS), default="reference",
+                       help="model: reference or fast numerics [reference]")
     bench.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="float32",
                        help="model: how the K/V cache stores values [float32]")
     bench.add_argument("--blas-threads", type=int, default=None,

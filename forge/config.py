@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from forge.kernels import KERNELS
+from forge.kernels import KERNELS, NUMERICS
 from forge.speculative import SpeculativeConfig
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
@@ -49,9 +49,13 @@ class EngineConfig:
     # "shortest-first" lowers time to first token under load: a short prompt is not queued behind
     # long ones (a sequence that has waited forge.scheduler.AGING_STEPS steps goes first anyway).
     scheduling_policy: str = "shortest-first"
-    # Who holds and multiplies the weight matrices (forge.kernels.KERNELS): "auto" keeps them
-    # quantized under onnxruntime when it is installed; "numpy" is the float32 reference.
+    # Who holds and multiplies the weight matrices (forge.kernels.KERNELS): "auto" picks by the CPU;
+    # "numpy" is the float32 reference.
     kernels: str = "auto"
+    # How exactly they multiply (forge.kernels.NUMERICS): "reference" is float32 over the file's
+    # values (the greedy reference tests hold); "fast" rounds the products' inputs (bfloat16 on the
+    # blocks backend, int8 activations on onnxruntime's) for about twice the prefill speed.
+    numerics: str = "reference"
     # How the K/V cache stores values (forge.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
     # float32 whatever the storage. Half precision holds twice the tokens in kv_cache_memory.
     kv_cache_dtype: str = "float32"
@@ -90,6 +94,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         SpeculativeConfig(self.speculative, self.num_speculative_tokens, max_batch=self.speculative_max_batch)

@@ -51,11 +51,12 @@ class LoadedModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, *, kernels: str = "auto",
-             progress: Progress = _stderr) -> LoadedModel:
+             numerics: str = "reference", progress: Progress = _stderr) -> LoadedModel:
         """The model, its tokenizer and chat template; its matrices held by the `kernels` backend
-        (forge.kernels.KERNELS). Raises ConfigError for kernels that cannot be had here."""
+        (forge.kernels.KERNELS) in `numerics` (NUMERICS). Raises ConfigError for kernels that
+        cannot be had here."""
         try:
-            choice = choose_kernels(kernels)
+            choice = choose_kernels(kernels, numerics)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         resolved = resolve_model(path, progress)
@@ -92,7 +93,7 @@ def load_draft(target: LoadedModel, config: EngineConfig, progress: Progress = _
     the target's vocabulary (ConfigError otherwise)."""
     if config.speculative != "draft" or config.draft_model is None:
         return None
-    draft = LoadedModel.load(config.draft_model, kernels=config.kernels, progress=progress)
+    draft = LoadedModel.load(config.draft_model, kernels=config.kernels, numerics=config.numerics, progress=progress)
     check_draft(target, draft)
     return draft
 
@@ -203,7 +204,7 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike[str] | None = None, config: EngineConfig = EngineConfig(),
                  *, progress: Progress = _stderr) -> None:
-        self.loaded = LoadedModel.load(model, kernels=config.kernels, progress=progress)
+        self.loaded = LoadedModel.load(model, kernels=config.kernels, numerics=config.numerics, progress=progress)
         self.engine = LLMEngine(self.loaded, config)
         self.tokenizer = self.loaded.tokenizer
 

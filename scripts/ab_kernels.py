@@ -239,10 +239,11 @@ def cmd_int8(model: str | None, reps: int) -> None:
     OnnxLinear.matmul = original  # type: ignore[method-assign]
 
 
-def cmd_layers(tokens: list[int], rounds: int) -> None:
+def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int]) -> None:
     """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
-    gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size, on 1 and 2 threads, beside a
-    1 GiB copy on the same threads: bytes of weights read per second, and rows x that."""
+    gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size and numerics (reference:
+    float32; fast: bfloat16 products), on 1 and 2 threads, beside a 1 GiB copy on the same threads:
+    bytes of weights read per second, rows x that, and the multiply-adds per second."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from forge.kernels import compiled
@@ -263,7 +264,8 @@ def cmd_layers(tokens: list[int], rounds: int) -> None:
     total = sum(b.nbytes for _, b, _ in layers)
     src = np.ones(1 << 30, dtype=np.uint8)
     dst = np.zeros_like(src)
-    for threads in (1, 2):
+    macs = sum(b.shape[0] * k for _, b, k in layers)
+    for threads in threads_list:
         compiled.pool_threads(threads)
         compiled.parallel_copy(dst, src)
         t0 = time.perf_counter()
@@ -271,14 +273,18 @@ def cmd_layers(tokens: list[int], rounds: int) -> None:
         print(f"threads={threads}: 1 GiB copy reads {src.size / (time.perf_counter() - t0) / 1e9:.1f} GB/s")
         for t in tokens:
             xs = {k: rng.standard_normal((t, k)).astype(np.float32) for k in (2048, 8192)}
-            best = float("inf")
+            best = {mode: float("inf") for mode in numerics}
             for _ in range(rounds):
-                t0 = time.perf_counter()
-                for desc, b, k in layers:
-                    compiled.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32))
-                best = min(best, time.perf_counter() - t0)
-            print(f"threads={threads} rows={t:4d}: {best * 1e3:7.1f} ms for {total / 1e6:.0f} MB of weights, "
-                  f"{total / best / 1e9:5.1f} GB/s, x rows {t * total / best / 1e9:6.1f} GB/s")
+                for mode in numerics:                    # alternating, so drift hits both alike
+                    t0 = time.perf_counter()
+                    for desc, b, k in layers:
+                        compiled.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32),
+                                         fast=mode == "fast")
+                    best[mode] = min(best[mode], time.perf_counter() - t0)
+            for mode, s in best.items():
+                print(f"threads={threads} rows={t:4d} {mode:9s}: {s * 1e3:7.1f} ms for {total / 1e6:.0f} MB of "
+                      f"weights, {total / s / 1e9:5.1f} GB/s, x rows {t * total / s / 1e9:6.1f} GB/s, "
+                      f"{2 * t * macs / s / 1e9:6.1f} GFLOP/s")
 
 
 def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
@@ -322,6 +328,9 @@ def main() -> None:
     parser.add_argument("--head-rows", type=int, default=None,
                         help="products: rows through the head per step (default: all; a prefill step samples 1)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--numerics", default="reference",
+                        help="layers: reference,fast (the blocks kernel's float32 or bfloat16 products)")
+    parser.add_argument("--layer-threads", default="1,2", help="layers: thread counts, comma-separated")
     args = parser.parse_args()
     if args.case == "attention":
         cmd_attention(args.reps)
@@ -333,7 +342,8 @@ def main() -> None:
         cmd_int8(args.model, args.reps)
         return
     if args.case == "layers":
-        cmd_layers([int(t) for t in args.tokens.split(",")], args.rounds)
+        cmd_layers([int(t) for t in args.tokens.split(",")], args.rounds, args.numerics.split(","),
+                   [int(t) for t in args.layer_threads.split(",")])
         return
     if args.case == "bandwidth":
         cmd_bandwidth(args.model, args.kernels.split(",")[0], args.rounds)

@@ -17,10 +17,20 @@ Backends, chosen once at load (`--kernels`):
                  relative to the float32 product; the planes are kept once more for it (~0.6x the
                  file). Intel Sapphire Rapids and later, with Linux's permission.
     fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
-                 faster at a few tokens per step, agrees with the reference to ~1e-2 relative.
+                 faster at a few tokens per step, agrees with the reference to ~1e-2 relative
+                 (the same as --kernels onnxruntime --numerics fast).
     auto         amx where the host has it, else blocks where the compiled kernels have AVX-512,
                  else onnxruntime when it is installed (with AVX2 alone blocks decodes faster
                  but prefills slower: docs/benchmarks.md), else blocks, else numpy.
+
+Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
+
+    reference    float32 activations and accumulation over exactly the file's weights (the
+                 default: the greedy reference tests hold, a row's bits do not depend on the batch).
+    fast         blocks: x and the widened weights rounded to bfloat16, float32 accumulation
+                 (AVX-512 BF16's pair dot products: about twice the reference's prefill, a few
+                 1e-3 relative); onnxruntime: int8 activations per block. auto picks blocks where
+                 the CPU has AVX-512 BF16, else onnxruntime's.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
 every backend. forge.kernels.blocks is the reference every kernel is tested against.
@@ -29,9 +39,10 @@ every backend. forge.kernels.blocks is the reference every kernel is tested agai
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KERNELS = ("auto", "blocks", "amx", "onnxruntime", "fast", "numpy")
+NUMERICS = ("reference", "fast")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +51,39 @@ class KernelChoice:
     int8_activations: bool    # the `fast` mode
     reason: str               # why, for the start-up log line
     amx: bool = False         # big steps on the AMX tiles (the `amx` mode)
+    bf16: bool = False        # the blocks backend's fast numerics: bfloat16 products
 
     @property
     def name(self) -> str:
         return "fast" if self.int8_activations else "amx" if self.amx else self.backend
 
+    @property
+    def numerics(self) -> str:
+        return "fast" if self.int8_activations or self.bf16 else "reference"
 
-def choose_kernels(requested: str) -> KernelChoice:
-    """The backend for `requested` (one of KERNELS). Raises ValueError for an unknown name, or
-    when onnxruntime is asked for by name and is not installed."""
+
+def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
+    """The backend for `requested` (one of KERNELS) in `numerics` (one of NUMERICS). Raises
+    ValueError for an unknown name, when onnxruntime is asked for by name and is not installed,
+    or when the backend has no such numerics here."""
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    choice = _choose_backend(requested)
+    if numerics == "reference" or choice.numerics == "fast":
+        return choice
+    if choice.backend == "blocks" or (requested == "auto" and _compiled_ready() and _bf16_products()):
+        if not _compiled_ready() or not _bf16_products():
+            raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16); "
+                             "this host has not (--kernels onnxruntime --numerics fast: int8 activations)")
+        return replace(choice, backend="blocks", amx=False, bf16=True,
+                       reason="the file's blocks read in place, bfloat16 products (fast numerics)")
+    if choice.backend == "onnxruntime" and not (requested == "amx"):
+        return replace(choice, amx=False, int8_activations=True, reason="int8 activations (fast numerics)")
+    raise ValueError(f"--kernels {requested} has no fast numerics (the numpy reference and amx compute in "
+                     "float32 or bfloat16x3 only): use --kernels blocks or onnxruntime with --numerics fast")
+
+
+def _choose_backend(requested: str) -> KernelChoice:
     if requested not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {requested!r}")
     have_ort = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
@@ -88,6 +123,13 @@ def _compiled_ready() -> bool:
     from forge.kernels import compiled
 
     return compiled.library() is not None
+
+
+def _bf16_products() -> bool:
+    """Whether the compiled products have the fast numerics here (AVX-512 BF16)."""
+    from forge.kernels import compiled
+
+    return compiled.qmatmul_fast()
 
 
 def _wide_vectors() -> bool:

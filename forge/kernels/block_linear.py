@@ -3,7 +3,8 @@
 A BlockMatrix holds views of the file's mapping (or, for rows a family reorders, one reordered copy
 made instead of the original), nothing else: its weights are resident once, as the file's pages.
 The product is qmatmul.c: every weight widened to float32 in registers exactly as the file means
-it, float32 accumulation, on the compiled kernels' own threads. forge.kernels.blocks' dequantize()
+it, float32 accumulation (or, in the fast numerics, x and the weights rounded to bfloat16 and
+multiplied in pairs), on the compiled kernels' own threads. forge.kernels.blocks' dequantize()
 is the reference it is tested against.
 """
 
@@ -27,11 +28,13 @@ def as_blocks(data: npt.NDArray[np.generic], rows: int) -> U8:
 
 class BlockMatrix:
     """W [N, K]: the parts (blocks [rows_i, bytes], ggml type) stacked along N, multiplied as
-    x [T, K] @ W.T -> [T, N] (a fused q/k/v or gate/up is one BlockMatrix). Thread-safe."""
+    x [T, K] @ W.T -> [T, N] (a fused q/k/v or gate/up is one BlockMatrix). `fast`: the products
+    in bfloat16 (forge.kernels' fast numerics; the CPU must have AVX-512 BF16). Thread-safe."""
 
-    def __init__(self, parts: list[tuple[U8, int]], in_features: int) -> None:
+    def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False) -> None:
         self._parts = parts                                  # keeps the views (and so the mapping) alive
         self._descriptor = compiled.qparts(parts)
+        self.fast = fast
         self.in_features = in_features
         self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
         # Bytes of weights it reads: pages of the file's mapping (shared with the page cache), or
@@ -50,7 +53,7 @@ class BlockMatrix:
     def matmul(self, x: F32) -> F32:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.out_features), dtype=np.float32)       # [T, N]
-        compiled.qmatmul(x, self.in_features, self._descriptor, out)
+        compiled.qmatmul(x, self.in_features, self._descriptor, out, fast=self.fast)
         return out
 
     def reads(self, array: npt.NDArray[np.generic]) -> bool:

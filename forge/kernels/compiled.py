@@ -127,7 +127,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_swiglu.restype = None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
-    lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64]
+    lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64, i64]
     lib.forge_qmatmul.restype = ctypes.c_int
     lib.forge_dequant_rows.argtypes = [p, i64, i64, p, i64, p]
     lib.forge_dequant_rows.restype = ctypes.c_int
@@ -137,6 +137,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_parallel_copy.restype = None
     lib.forge_qmatmul_lanes.argtypes = []
     lib.forge_qmatmul_lanes.restype = ctypes.c_int
+    lib.forge_qmatmul_fast.argtypes = []
+    lib.forge_qmatmul_fast.restype = ctypes.c_int
     return lib
 
 
@@ -397,17 +399,23 @@ def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart
     return (QPart * len(parts))(*(QPart(_ptr(b), b.shape[0], int(t)) for b, t in parts))
 
 
-def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None) -> None:
+def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None,
+            fast: bool = False) -> None:
     """out [T, N] = x [T, k] @ W.T, W the parts of `descriptor` stacked (see qmatmul.c): float32
-    activations and accumulation, on the kernel pool's threads. x and out C-contiguous float32.
-    `lib`: another level's build (library_at), else the process's."""
+    activations and accumulation (`fast`: x and the weights rounded to bfloat16, float32
+    accumulation; only where qmatmul_fast() is true), on the kernel pool's threads. x and out
+    C-contiguous float32. `lib`: another level's build (library_at), else the process's."""
     lib = lib or library()
     assert lib is not None, "qmatmul called without the compiled kernels"
     _check("qmatmul", x, np.float32, out, np.float32)
     if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
         raise ValueError(f"qmatmul: x {x.shape} or out {out.shape} disagree with K={k}")
     rc = lib.forge_qmatmul(_ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), _ptr(out),
-                           out.shape[1])
+                           out.shape[1], int(fast))
+    if rc == -2:
+        raise ValueError("qmatmul: this build has no fast numerics (AVX-512 BF16)")
+    if rc == -3:
+        raise MemoryError("qmatmul: no memory to round x to bfloat16")
     if rc != 0:
         raise ValueError(f"qmatmul: K={k} is not whole blocks of the parts' types, or too many parts")
 
@@ -450,6 +458,12 @@ def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> Non
     if dst.shape != src.shape:
         raise ValueError("parallel_copy: shapes differ")
     lib.forge_parallel_copy(_ptr(dst), _ptr(src), src.size)
+
+
+def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether qmatmul has the `fast` numerics here (built with AVX-512 BF16: the CPU has it)."""
+    lib = lib or library()
+    return lib is not None and bool(lib.forge_qmatmul_fast())
 
 
 def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:

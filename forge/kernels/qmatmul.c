@@ -354,6 +354,141 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
     case 4: fused4(x, ldx, k0, k1, type, rows, acc); break;
     }
 }
+
+#if defined(__AVX512BF16__)
+/* The `fast` numerics (forge_qmatmul's bf16 flag): x and the widened weights rounded to bfloat16
+ * (round to nearest even), each pair of products added into a float32 lane by one VDPBF16PS,
+ * twice the multiplies of an FMA. Every weight is widened exactly as above first, then rounded,
+ * the same in both paths; lane l of a 32-value group sums values 2 l and 2 l + 1, the lanes
+ * added by reduce_row's tree: still the same bits for a row whatever the batch. */
+#define HAVE_BF16 1
+#ifndef FUSED_MAX_ROWS_BF16
+#define FUSED_MAX_ROWS_BF16 4
+#endif
+typedef uint16_t bf16_t;
+
+static inline __m512bh bh_load(const bf16_t *p) { return (__m512bh)_mm512_loadu_si512((const void *)p); }
+static inline __m512bh bh_pair(__m512 lo, __m512 hi) { return _mm512_cvtne2ps_pbh(hi, lo); }
+
+#define DP_ROWS(mr, c, kpos, wv)                                                                   \
+    for (int t = 0; t < (mr); t++) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], bh_load(x + t * ldx + (kpos)), (wv));
+
+#define FUSED_BF16(mr)                                                                             \
+    static void fusedb##mr(const bf16_t *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,    \
+                           const uint8_t *const *rows, float *acc_io) {                            \
+        __m512 acc[mr][NR], w[8];                                                                  \
+        for (int t = 0; t < (mr); t++)                                                             \
+            for (int c = 0; c < NR; c++) acc[t][c] = _mm512_loadu_ps(acc_io + (t * NR + c) * VN);  \
+        switch (type) {                                                                            \
+        case T_Q4_K:                                                                               \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++) {                                     \
+                __m512 s[NR];                                                                      \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD);                                       \
+                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD + 64);                                  \
+                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD + 128);                                 \
+                    s[c] = q4k_scales(rows[c] + sb * 144);                                         \
+                }                                                                                  \
+                for (int j = 0; j < 4; j++)                                                        \
+                    for (int c = 0; c < NR; c++) {                                                 \
+                        q4k_pair(rows[c] + sb * 144 + 16 + 32 * j, s[c], j, w);                    \
+                        DP_ROWS(mr, c, sb * 256 + 64 * j, bh_pair(w[0], w[1]))                     \
+                        DP_ROWS(mr, c, sb * 256 + 64 * j + 32, bh_pair(w[2], w[3]))                \
+                    }                                                                              \
+            }                                                                                      \
+            break;                                                                                 \
+        case T_Q6_K:                                                                               \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++)                                       \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + sb * 210;                                         \
+                    for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
+                    float a[16];                                                                   \
+                    q6k_scales(b, a);                                                              \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        q6k_half(b, a, h, w);                                                      \
+                        for (int v = 0; v < 8; v += 2) {                                           \
+                            DP_ROWS(mr, c, sb * 256 + 128 * h + 16 * v, bh_pair(w[v], w[v + 1])) \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        case T_Q4_0:                                                                               \
+        case T_Q4_1:                                                                               \
+        case T_Q8_0: {                                                                             \
+            const int64_t bb = block_bytes(type);                                                  \
+            for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk * bb;                                         \
+                    if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
+                    if (type == T_Q4_0) {                                                          \
+                        const float d = f16(b);                                                    \
+                        nibbles16(b + 2, table(d, -8.0f * d), w);                                  \
+                    } else if (type == T_Q4_1) {                                                   \
+                        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);                            \
+                    } else {                                                                       \
+                        q8_0_block(b, w);                                                          \
+                    }                                                                              \
+                    DP_ROWS(mr, c, blk * 32, bh_pair(w[0], w[1]))                                  \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        }                                                                                          \
+        for (int t = 0; t < (mr); t++)                                                             \
+            for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc_io + (t * NR + c) * VN, acc[t][c]);  \
+    }
+FUSED_BF16(1)
+FUSED_BF16(2)
+FUSED_BF16(3)
+FUSED_BF16(4)
+
+static void fused_rows_bf16(int mr, const bf16_t *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,
+                            const uint8_t *const *rows, float *acc) {
+    switch (mr) {
+    case 1: fusedb1(x, ldx, k0, k1, type, rows, acc); break;
+    case 2: fusedb2(x, ldx, k0, k1, type, rows, acc); break;
+    case 3: fusedb3(x, ldx, k0, k1, type, rows, acc); break;
+    case 4: fusedb4(x, ldx, k0, k1, type, rows, acc); break;
+    }
+}
+
+/* acc[r][c] += the bf16 dot products of x's rows r < mr with the bf16 panel's rows c < NR. */
+#define TILE_BF16(mr)                                                                              \
+    static inline void tileb##mr(const bf16_t *restrict x, int64_t ldx, const bf16_t *restrict w, \
+                                 int64_t k, float *restrict acc) {                                 \
+        __m512 a[mr][NR];                                                                          \
+        for (int r = 0; r < mr; r++)                                                               \
+            for (int c = 0; c < NR; c++) a[r][c] = _mm512_setzero_ps();                            \
+        for (int64_t i = 0; i < k; i += 32) {                                                      \
+            __m512bh wv[NR];                                                                       \
+            for (int c = 0; c < NR; c++) wv[c] = bh_load(w + c * k + i);                           \
+            for (int r = 0; r < mr; r++) {                                                         \
+                const __m512bh xv = bh_load(x + r * ldx + i);                                      \
+                for (int c = 0; c < NR; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, wv[c]);       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < mr; r++)                                                               \
+            for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc + (r * NR + c) * VN, a[r][c]);       \
+    }
+TILE_BF16(1)
+TILE_BF16(2)
+TILE_BF16(3)
+TILE_BF16(4)
+
+static inline void tile_rows_bf16(int mr, const bf16_t *x, int64_t ldx, const bf16_t *w, int64_t kc, float *acc) {
+    switch (mr) {
+    case 1: tileb1(x, ldx, w, kc, acc); break;
+    case 2: tileb2(x, ldx, w, kc, acc); break;
+    case 3: tileb3(x, ldx, w, kc, acc); break;
+    case 4: tileb4(x, ldx, w, kc, acc); break;
+    }
+}
+
+/* n floats (n a multiple of 32) rounded to bfloat16, in order. */
+static void to_bf16(const float *src, int64_t n, bf16_t *dst) {
+    for (int64_t i = 0; i < n; i += 32)
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)bh_pair(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16)));
+}
+#endif
 #endif
 
 #if defined(__AVX512F__)
@@ -712,6 +847,7 @@ typedef struct {
     int64_t part_panels[MAX_PARTS + 1];   /* prefix sums of each part's panels */
     float *out;
     int64_t ldo;
+    const uint16_t *xb;                   /* x rounded to bfloat16 [T, K]: the `fast` numerics; else NULL */
 } job;
 
 /* A thread's buffer for one panel's widened rows, grown as needed (never freed: one per pool
@@ -742,6 +878,43 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
 }
 
+#if defined(HAVE_BF16)
+/* run_panel in the `fast` numerics: the same two paths on x and the weights in bfloat16. */
+static void run_panel_bf16(const job *jb, const qpart *pt, int64_t r0, int64_t nr, int64_t row_bytes, int64_t col0,
+                           int64_t t_lo, int64_t t_hi) {
+    float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
+    const int64_t K = jb->K;
+    if (jb->T <= FUSED_MAX_ROWS_BF16 && fused_type(pt->type)) {
+        const uint8_t *rows[NR];
+        for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
+        for (int64_t t0 = 0; t0 < jb->T; t0 += FR) {
+            const int mr = (int)(jb->T - t0 < FR ? jb->T - t0 : FR);
+            memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+            fused_rows_bf16(mr, jb->xb + t0 * K, K, 0, K, pt->type, rows, acc);
+            for (int64_t t = 0; t < mr; t++)
+                reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
+        }
+        return;
+    }
+    /* The panel widened a row at a time into float scratch, rounded into the bf16 panel. */
+    float *buf = panel_buffer(NR * K / 2 + K);
+    if (buf == NULL) abort();
+    bf16_t *wpanel = (bf16_t *)buf;
+    float *row = buf + NR * K / 2;
+    for (int64_t c = 0; c < NR; c++) {
+        if (c < nr) dequant(pt->type, pt->data + (r0 + c) * row_bytes, 0, K, row);
+        else memset(row, 0, (size_t)K * sizeof(float));
+        to_bf16(row, K, wpanel + c * K);
+    }
+    for (int64_t t = 0; t < t_hi - t_lo; t += MR) {
+        const int mr = (int)(t_hi - t_lo - t < MR ? t_hi - t_lo - t : MR);
+        tile_rows_bf16(mr, jb->xb + (t_lo + t) * K, K, wpanel, K, acc);
+        for (int r = 0; r < mr; r++)
+            reduce_row(acc + r * NR * VN, jb->out + (t_lo + t + r) * jb->ldo + col0 + r0, nr);
+    }
+}
+#endif
+
 /* Panel p for rows [t_lo, t_hi) of x. */
 static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
@@ -755,6 +928,12 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
         const int64_t r0 = (p - jb->part_panels[part]) * NR;
         const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
         const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
+#if defined(HAVE_BF16)
+        if (jb->xb != NULL) {
+            run_panel_bf16(jb, pt, r0, nr, row_bytes, col0, t_lo, t_hi);
+            return;
+        }
+#endif
 #if defined(HAVE_FUSED)
         if (jb->T <= FUSED_MAX_ROWS && fused_type(pt->type)) {
             const uint8_t *rows[NR];
@@ -909,9 +1088,13 @@ void forge_parallel_copy(uint8_t *dst, const uint8_t *src, int64_t n) {
  * x [T, ldx] float32 (the first K used), out [T, ldo] float32. Returns 0, or -1 for a type this
  * kernel does not read, K not whole blocks, or too many parts. */
 int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart *parts, int64_t num_parts,
-                  float *out, int64_t ldo) {
+                  float *out, int64_t ldo, int64_t fast) {
     if (num_parts < 1 || num_parts > MAX_PARTS || K <= 0 || K % 32) return -1;
-    job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo};
+#if !defined(HAVE_BF16)
+    if (fast) return -2;
+#endif
+    job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo,
+              .xb = NULL};
     jb.part_panels[0] = 0;
     for (int64_t i = 0; i < num_parts; i++) {
         const int64_t bv = block_values(parts[i].type);
@@ -919,8 +1102,31 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         jb.part_panels[i + 1] = jb.part_panels[i] + (parts[i].rows + NR - 1) / NR;
     }
     if (T <= 0) return 0;
+#if defined(HAVE_BF16)
+    if (fast) {                           /* x rounded once, on the caller's thread */
+        static __thread bf16_t *xb = NULL;
+        static __thread int64_t size = 0;
+        if (T * K > size) {
+            free(xb);
+            xb = aligned_alloc(64, (size_t)((T * K * 2 + 63) / 64 * 64));
+            size = xb == NULL ? 0 : T * K;
+            if (xb == NULL) return -3;
+        }
+        for (int64_t t = 0; t < T; t++) to_bf16(x + t * ldx, K, xb + t * K);
+        jb.xb = xb;
+    }
+#endif
     run_parallel(qmatmul_part, &jb, jb.part_panels[num_parts] > 1);
     return 0;
+}
+
+/* Whether this build has the `fast` numerics (AVX-512 BF16). */
+int forge_qmatmul_fast(void) {
+#if defined(HAVE_BF16)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* Rows of one part dequantized into dst [n, K] float32 (for tests and the embedding lookup). */

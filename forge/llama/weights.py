@@ -136,6 +136,7 @@ class _TensorSource:
         self._model_name = model_name
         self._kernels = kernels if kernels is not None and kernels.backend in ("onnxruntime", "blocks") else None
         self._blocks = self._kernels is not None and self._kernels.backend == "blocks"
+        self.fast = self._blocks and self._kernels is not None and self._kernels.bf16   # bfloat16 products
         self._num_threads = _usable_cores()
         if self._blocks:
             compiled.pool_threads(self._num_threads)
@@ -188,7 +189,7 @@ class _TensorSource:
             if order is not None:
                 blocks = np.ascontiguousarray(blocks[order])
             parts.append((blocks, int(tensor.tensor_type)))
-        return BlockMatrix(parts, shapes[0][1])
+        return BlockMatrix(parts, shapes[0][1], fast=self.fast)
 
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any
@@ -329,7 +330,7 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         # A tied head multiplies straight from the embedding's blocks, which the lookup reads too.
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)
-        head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden)
+        head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden, fast=src.fast)
     elif c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
         # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
         from forge.llama.linear import Q8Matrix

@@ -138,7 +138,7 @@ async def test_metrics_grow_after_a_request(make_daemon: MakeDaemon) -> None:
     assert a["forge:e2e_request_latency_seconds_count"] == 1
     assert a["forge:num_requests_running"] == 0 and a["forge:kv_cache_usage_perc"] == 0
     default = choose_kernels("auto").name                                           # what auto picks here
-    assert a[f'forge:kernels_info{{attention="compiled",backend="{default}"}}'] == 1
+    assert a[f'forge:kernels_info{{attention="compiled",backend="{default}",numerics="reference"}}'] == 1
     # 3 tokens: one step computes the prompt and samples the first, two decode steps the others
     steps = a["forge:iteration_tokens_total_count"] - b.get("forge:iteration_tokens_total_count", 0)
     assert steps == 3 == a["forge:step_duration_seconds_count"] - b.get("forge:step_duration_seconds_count", 0)

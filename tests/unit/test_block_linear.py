@@ -193,3 +193,98 @@ def test_the_default_model_is_multiplied_from_its_files_pages(default_model_path
     assert all(_mapped(blocks) for m in matrices for blocks, _ in m._parts)  # type: ignore[union-attr]
     assert w.nbytes <= default_model_path.stat().st_size
     assert model.forward_context([1, 504, 3458, 282]).shape == (model.vocab_size,)
+
+
+# ---- the fast numerics: bfloat16 products (AVX-512 BF16) ---------------------------------------
+
+FAST = compiled.qmatmul_fast(compiled.library_at("native"))
+
+
+def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as VCVTNE2PS2BF16 does."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def fast_product(x: npt.NDArray[np.float32], parts: list[tuple[npt.NDArray[np.uint8], int]],
+                 k: int) -> npt.NDArray[np.float32]:
+    out = np.empty((x.shape[0], sum(p.shape[0] for p, _ in parts)), dtype=np.float32)
+    compiled.qmatmul(np.ascontiguousarray(x), k, compiled.qparts(parts), out, lib=compiled.library_at("native"),
+                     fast=True)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(qtypes=st.lists(st.sampled_from(QUANTIZED + PLAIN), min_size=1, max_size=3),
+       rows=st.lists(st.integers(1, 23), min_size=3, max_size=3),
+       blocks_along_k=st.integers(1, 3), num_x=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_fast_numerics_are_the_product_of_the_bfloat16_rounded_values(
+        qtypes: list[GGMLQuantizationType], rows: list[int], blocks_along_k: int, num_x: int, seed: int) -> None:
+    """x and every widened weight rounded to bfloat16, their products exact, summed in float32:
+    within float32 accumulation's error of that product in float64, on both paths. Where the CPU
+    has no AVX-512 BF16, asking for it is refused instead."""
+    rng = np.random.default_rng(seed)
+    k = 256 * blocks_along_k
+    made = [random_matrix(rng, qtype, n, k) for qtype, n in zip(qtypes, rows, strict=False)]
+    parts = [(blocks, int(qtype)) for (blocks, _), qtype in zip(made, qtypes, strict=False)]
+    x = rng.standard_normal((num_x, k)).astype(np.float32)
+    if not FAST:
+        with pytest.raises(ValueError, match="no fast numerics"):
+            fast_product(x, parts, k)
+        return
+    got = fast_product(x, parts, k)
+    assert_matches_reference(got, bf16_round(x), bf16_round(np.concatenate([w for _, w in made])))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+def test_fast_numerics_keep_a_rows_result_independent_of_the_step(qtype: GGMLQuantizationType) -> None:
+    """Batch invariance holds in the fast numerics too: the fused path (up to 4 rows) and the
+    tiled path round and add in the same order."""
+    rng = np.random.default_rng(100 + int(qtype))
+    blocks, _ = random_matrix(rng, qtype, 37, 512)
+    x = rng.standard_normal((150, 512)).astype(np.float32)
+    if not FAST:
+        with pytest.raises(ValueError, match="no fast numerics"):
+            fast_product(x[:1], [(blocks, int(qtype))], 512)
+        return
+    alone = np.concatenate([fast_product(x[r:r + 1], [(blocks, int(qtype))], 512) for r in range(0, 150, 7)])
+    for num_rows in (3, 4, 5, 16, 17, 64, 150):
+        step = fast_product(x[:num_rows], [(blocks, int(qtype))], 512)
+        picked = list(range(0, num_rows, 7))
+        np.testing.assert_array_equal(step[picked], alone[:len(picked)])
+
+
+def test_the_other_levels_have_no_fast_numerics() -> None:
+    """bfloat16 products are AVX-512 BF16 code: the avx2 and baseline builds refuse them."""
+    for isa in ("avx2", "baseline"):
+        assert not compiled.qmatmul_fast(compiled.library_at(isa))
+    assert FAST == ("avx512_bf16" in FLAGS)
+
+
+def test_the_default_model_in_fast_numerics_stays_close_to_the_reference(default_model_path: Path) -> None:
+    """The flag reaches every matrix, and the model's next-token distribution moves by bfloat16's
+    rounding only: same top token, log-probabilities within a few hundredths."""
+    from forge.kernels import choose_kernels
+    from forge.llama.model import LlamaModel
+
+    if not FAST:
+        with pytest.raises(ValueError, match="AVX-512 BF16"):
+            choose_kernels("blocks", "fast")
+        return
+    fast = LlamaModel.load(default_model_path, choose_kernels("blocks", "fast"))
+    reference = LlamaModel.load(default_model_path, choose_kernels("blocks"))
+    w = fast.weights
+    matrices = [m for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)] + [w.head]
+    assert all(isinstance(m, BlockMatrix) and m.fast for m in matrices)
+    prompt = [1, 504, 3458, 282, 4649, 314, 253]
+    got, want = fast.forward_context(prompt), reference.forward_context(prompt)
+
+    def log_softmax(v: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        v64 = v.astype(np.float64)
+        return v64 - v64.max() - np.log(np.exp(v64 - v64.max()).sum())
+
+    assert int(got.argmax()) == int(want.argmax())
+    top = np.argsort(want)[-20:]
+    assert np.abs(log_softmax(got)[top] - log_softmax(want)[top]).max() < 0.1
+    assert not np.array_equal(got, want)                       # it did take the other numerics

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from forge.batch import ForwardBatch
 from forge.config import KV_CACHE_DTYPES
-from forge.kernels import KERNELS, choose_kernels, compiled
+from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 from forge.llama import linear as linear_mod
@@ -158,6 +158,30 @@ def test_backends_are_chosen_by_name() -> None:
     assert not choose_kernels("onnxruntime").amx and choose_kernels("onnxruntime").name == "onnxruntime"
     with pytest.raises(ValueError, match="kernels must be one of"):
         choose_kernels("cuda")
+
+
+
+def test_numerics_are_chosen_apart_from_the_backend() -> None:
+    """reference everywhere by default; fast is bfloat16 on blocks (where the CPU has AVX-512
+    BF16), int8 activations on onnxruntime, and refused where a backend has no such numerics."""
+    assert set(NUMERICS) == {"reference", "fast"}
+    for name in ("auto", "blocks", "onnxruntime", "numpy"):
+        assert choose_kernels(name).numerics == "reference"
+    assert choose_kernels("fast").numerics == "fast"                    # the named backend keeps its meaning
+    onnx = choose_kernels("onnxruntime", "fast")
+    assert (onnx.backend, onnx.int8_activations, onnx.numerics) == ("onnxruntime", True, "fast")
+    with pytest.raises(ValueError, match="no fast numerics"):
+        choose_kernels("numpy", "fast")
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        choose_kernels("auto", "exact")
+    if compiled.qmatmul_fast():
+        for name in ("auto", "blocks"):
+            chosen = choose_kernels(name, "fast")
+            assert (chosen.backend, chosen.bf16, chosen.amx, chosen.numerics) == ("blocks", True, False, "fast")
+    else:
+        with pytest.raises(ValueError, match="AVX-512 BF16"):
+            choose_kernels("blocks", "fast")
+        assert choose_kernels("auto", "fast").int8_activations           # onnxruntime's fast numerics instead
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0", "Q5_1"])

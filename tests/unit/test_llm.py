@@ -327,7 +327,8 @@ def test_seeded_sampling_is_batch_independent(real: LoadedModel, mixed_ids: list
 @pytest.fixture
 def llm(real: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[LLM]:
     """An LLM around the module's loaded model (LLM() would load the file again)."""
-    monkeypatch.setattr(LoadedModel, "load", classmethod(lambda cls, path=None, *, kernels="auto", progress=None: real))
+    monkeypatch.setattr(LoadedModel, "load", classmethod(lambda cls, path=None, *, kernels="auto", numerics="reference",
+                                                            progress=None: real))
     yield LLM(None, EngineConfig(block_size=4, kv_cache_memory=64 * 2**20, max_model_len=256))
 
 

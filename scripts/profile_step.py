@@ -272,6 +272,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--kv-cache-dtype", default="float32", help="how the K/V cache stores values")
     ap.add_argument("--kernels", default="auto", help="the kernel backend (forge.kernels.KERNELS)")
+    ap.add_argument("--numerics", default="reference", help="reference or fast (forge.kernels.NUMERICS)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--kv-cache-commit", action="store_true",
                     help="write every page of each case's K/V cache before timing (as forge serve does), so "
@@ -281,7 +282,7 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     modes = [(m.split(":")[0], int(m.split(":")[1])) for m in args.matmul]
-    loaded = LoadedModel.load(args.model, kernels=args.kernels, progress=lambda _m: None)
+    loaded = LoadedModel.load(args.model, kernels=args.kernels, numerics=args.numerics, progress=lambda _m: None)
     global KV_DTYPE, KV_COMMIT
     KV_DTYPE, KV_COMMIT = args.kv_cache_dtype, args.kv_cache_commit
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]

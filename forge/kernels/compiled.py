@@ -106,7 +106,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
-    for name in _DECODE_BY_STORAGE.values():
+    for name in [*_DECODE_BY_STORAGE.values(), *(n.replace("attention_", "attention_pool_")
+                                                  for n in _DECODE_BY_STORAGE.values())]:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
         fn.restype = ctypes.c_int
@@ -165,10 +166,12 @@ def _ptr(a: npt.NDArray[np.generic]) -> int:
 def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                            rows: I64, block_tables: I64,
                            context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None,
-                           softcap: float = 0.0) -> None:
+                           softcap: float = 0.0, on_pool: bool = False) -> None:
     """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c. With
     first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window);
-    with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first.
+    with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first. `on_pool`:
+    the (row, KV head) pairs split over the compiled products' threads (pool_threads), each on
+    its own scores buffer (scratch unused), so one sequence's heads run in parallel too.
 
     q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16
     or bfloat16 (uint16 bits); rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
@@ -186,15 +189,19 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    if len(rows) and scratch.size < group * int(context_lens.max()):
+    if not on_pool and len(rows) and scratch.size < group * int(context_lens.max()):
         raise ValueError("scratch too small for the longest context")
     if first_keys is not None and (first_keys.shape != rows.shape or np.any(first_keys < 0)
                                    or np.any(first_keys >= context_lens)):
         raise ValueError("first_keys must give each row a first key in [0, its context length)")
+    if on_pool:
+        kernel = kernel.replace("attention_", "attention_pool_")
     rc = getattr(lib, kernel)(
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
         _ptr(context_lens), None if first_keys is None else _ptr(first_keys), len(rows),
         num_heads, num_kv_heads, head_dim, block_size, softcap, _ptr(scratch), _ptr(out))
+    if rc == -2:
+        raise MemoryError("paged_decode_attention: no memory for a thread's scores")
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")

@@ -22,6 +22,7 @@
 #ifndef KV_NAME
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __F16C__
 #include <immintrin.h>
@@ -31,6 +32,21 @@
 
 #define MAX_GROUP 64
 #define MAX_HEAD_DIM 256
+
+/* The compiled products' thread pool (qmatmul.c): fn(ctx, i, n) for i < n on its n threads. */
+void forge_run_parallel(void (*fn)(const void *, int, int), const void *ctx, int parallel);
+
+/* A pool thread's scores buffer, grown as needed (never freed: one per thread). */
+static float *scores_buffer(int64_t floats) {
+    static __thread float *buf = NULL;
+    static __thread int64_t size = 0;
+    if (floats > size) {
+        free(buf);
+        buf = malloc((size_t)floats * sizeof(float));
+        size = buf == NULL ? 0 : floats;
+    }
+    return buf;
+}
 
 /* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
 typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
@@ -165,22 +181,22 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
-int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
+/* Pairs [i0, i1) of (sequence s, KV head g), pair i = s * nkv + g. */
+static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                            const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens,
-                           const int64_t *restrict first_keys, int64_t num_seqs,
+                           const int64_t *restrict first_keys, int64_t i0, int64_t i1,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
                            float *restrict scores, float *restrict out) {
     const int64_t group = nh / nkv;
-    if (group > MAX_GROUP || hd > MAX_HEAD_DIM)
-        return -1;
     row_buffer buf;
     (void)buf;                                       /* unused by the float32 kernel */
     const int64_t kv_stride = nkv * hd;              /* floats between two positions of a block */
-    for (int64_t s = 0; s < num_seqs; s++) {
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t s = i / nkv, g = i % nkv;
         const int64_t row = rows[s], len = context_lens[s], first = first_keys ? first_keys[s] : 0;
         const int64_t *table = block_tables + s * table_width;
-        for (int64_t g = 0; g < nkv; g++) {
+        {
             const float *qg = q + (row * nh + g * group) * hd;      /* [group, hd] */
             float maxes[MAX_GROUP], sums[MAX_GROUP];
             for (int64_t j = 0; j < group; j++)
@@ -248,7 +264,70 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
             }
         }
     }
+}
+
+int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
+                           const int64_t *restrict rows, const int64_t *restrict block_tables,
+                           int64_t table_width, const int64_t *restrict context_lens,
+                           const int64_t *restrict first_keys, int64_t num_seqs,
+                           int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
+                           float *restrict scores, float *restrict out) {
+    if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
+        return -1;
+    CAT(decode_pairs_, KV_NAME)(q, k, v, rows, block_tables, table_width, context_lens, first_keys, 0, num_seqs * nkv,
+                                nh, nkv, hd, block_size, softcap, scores, out);
     return 0;
+}
+
+typedef struct {
+    const float *q;
+    const KV_T *k, *v;
+    const int64_t *rows, *block_tables, *context_lens, *first_keys;
+    int64_t table_width, num_seqs, nh, nkv, hd, block_size, max_len;
+    float softcap;
+    float *out;
+    int failed;
+} CAT(decode_job_, KV_NAME);
+
+/* Thread `index` of `count`: the pairs whose keys fall in its share of all the pairs' keys. */
+static void CAT(decode_part_, KV_NAME)(const void *ctx, int index, int count) {
+    const CAT(decode_job_, KV_NAME) *jb = ctx;
+    const int64_t pairs = jb->num_seqs * jb->nkv;
+    int64_t total = 0;
+    for (int64_t s = 0; s < jb->num_seqs; s++) total += jb->context_lens[s] * jb->nkv;
+    const int64_t lo = total * index / count, hi = total * (index + 1) / count;
+    int64_t i0 = pairs, i1 = pairs, seen = 0;
+    for (int64_t i = 0; i < pairs; i++) {            /* pair i starts at key `seen` of the whole */
+        if (i0 == pairs && seen >= lo) i0 = i;
+        if (seen >= hi) { i1 = i; break; }
+        seen += jb->context_lens[i / jb->nkv];
+    }
+    if (i0 >= i1) return;
+    float *scores = scores_buffer(jb->nh / jb->nkv * jb->max_len);
+    if (scores == NULL) { ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1; return; }
+    CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->rows, jb->block_tables, jb->table_width, jb->context_lens,
+                                jb->first_keys, i0, i1, jb->nh, jb->nkv, jb->hd, jb->block_size, jb->softcap,
+                                scores, jb->out);
+}
+
+/* paged_decode_attention on the compiled products' pool: the (sequence, KV head) pairs dealt to its
+ * threads by their keys, each thread on its own scores buffer. Returns 0, -1 as above, or -2 when
+ * a thread found no memory for its scores. */
+int CAT(paged_decode_attention_pool_, KV_NAME)(const float *restrict q, const KV_T *restrict k,
+                           const KV_T *restrict v, const int64_t *restrict rows,
+                           const int64_t *restrict block_tables, int64_t table_width,
+                           const int64_t *restrict context_lens, const int64_t *restrict first_keys,
+                           int64_t num_seqs, int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
+                           float softcap, float *restrict scores, float *restrict out) {
+    (void)scores;
+    if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
+        return -1;
+    int64_t max_len = 1;
+    for (int64_t s = 0; s < num_seqs; s++) max_len = context_lens[s] > max_len ? context_lens[s] : max_len;
+    CAT(decode_job_, KV_NAME) jb = {q, k, v, rows, block_tables, context_lens, first_keys, table_width, num_seqs,
+                                    nh, nkv, hd, block_size, max_len, softcap, out, 0};
+    forge_run_parallel(CAT(decode_part_, KV_NAME), &jb, num_seqs * nkv > 1);
+    return jb.failed ? -2 : 0;
 }
 
 #endif

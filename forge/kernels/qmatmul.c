@@ -1073,6 +1073,14 @@ static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, in
     fn(ctx, 0, 1);
 }
 
+/* run_parallel for the other kernels of the library (paged_attention.c), so that every parallel
+ * part of a step runs on these threads: a second pool would compete with their spinning for the
+ * same cores. */
+__attribute__((visibility("hidden"))) void forge_run_parallel(void (*fn)(const void *, int, int), const void *ctx,
+                                                              int parallel) {
+    run_parallel(fn, ctx, parallel);
+}
+
 typedef struct { uint8_t *dst; const uint8_t *src; int64_t n; } copy_job;
 
 static void copy_part(const void *ctx, int index, int count) {

@@ -105,6 +105,7 @@ class AttentionPlan:
     fused_prefill: bool = False    # prefill chunks by the compiled kernel (forge.kernels.compiled)
     fused_prefill_parts: list[FusedPrefill | None] = field(default_factory=list)  # per part, when fused_prefill
     window: int = 0                # a sliding window (each query sees its last `window` positions); 0: none
+    pool_decode: FusedDecode | None = None  # every fused decode row at once, on the compiled products' pool
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -176,11 +177,14 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
 
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
                    num_parts: int | None = None, *, fused: bool = False, window: int = 0,
-                   softcap: float = 0.0) -> AttentionPlan:
+                   softcap: float = 0.0, decode_on_pool: bool = False) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
     the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
-    last `window` positions; with a `softcap` (Gemma 2's), scores are soft-capped before the mask."""
+    last `window` positions; with a `softcap` (Gemma 2's), scores are soft-capped before the mask.
+    `decode_on_pool` (fused only): the decode rows as one call that the compiled products' own
+    threads split by (row, KV head), so that even one sequence's heads run in parallel and no
+    second set of threads competes with theirs (the blocks backend's)."""
     starts = batch.query_start
     if window and batch.num_tokens and int(batch.positions.max()) < window:
         window = 0                                          # no query reaches past the window
@@ -204,7 +208,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
             + np.arange(int(lengths[short].sum()))                                         # [R]
         row_seq = np.repeat(short, lengths[short])                                         # [R]
         row_ctx = batch.positions[rows] + 1                                                # [R]
-        num_decode_parts = num_parts if len(rows) >= MIN_PARALLEL_DECODE_SEQS else 1
+        num_decode_parts = num_parts if len(rows) >= MIN_PARALLEL_DECODE_SEQS and not decode_on_pool else 1
         row_first = np.maximum(row_ctx - window, 0) if window else None                   # [R]
         fused_parts = [FusedDecode(rows[p], np.ascontiguousarray(batch.block_tables[row_seq[p]]),
                                    np.ascontiguousarray(row_ctx[p]),
@@ -231,6 +235,9 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
             tiles.append(PrefillTile(t, t + len(positions), num_keys, mask_from, bias))
         prefills.append(PrefillSeq(np.ascontiguousarray(batch.block_tables[s, : int(num_blocks_needed[s])]), ctx,
                                    tiles, lo, int(batch.positions[lo])))
+    pool_decode = None
+    if decode_on_pool and fused_parts:
+        pool_decode, fused_parts = fused_parts[0], []
     # a decode row costs its padded keys, in the same units as a tile: one query row x keys
     if fused:   # a fused row costs its keys, about 4x less per key than a gathered one (measured)
         loads = [int(part.context_lens.sum()) // 4 for part in fused_parts]
@@ -242,7 +249,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
         prefill_parts.pop()
     fused_prefill_parts = [_fused_prefill(part, config.head_dim) for part in prefill_parts] if fused_prefill else []
     return AttentionPlan(decode_parts, prefill_parts, fused_parts, softcap=softcap, fused_prefill=fused_prefill,
-                         fused_prefill_parts=fused_prefill_parts, window=window)
+                         fused_prefill_parts=fused_prefill_parts, window=window, pool_decode=pool_decode)
 
 
 def _fused_prefill(part: list[PrefillSeq], head_dim: int) -> FusedPrefill | None:
@@ -329,8 +336,15 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
         for p in prefills:
             _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
 
+    if plan.pool_decode is not None:
+        d = plan.pool_decode
+        compiled.paged_decode_attention(q, k_cache, v_cache, d.rows, d.block_tables, d.context_lens, _NO_SCRATCH, out,
+                                        d.first_keys, plan.softcap, on_pool=True)
     active_pool().run_parts(run, jobs)
     return out
+
+
+_NO_SCRATCH = np.empty(0, dtype=np.float32)    # the pool's threads keep their own scores buffers
 
 
 def softcap_(scores: F32, cap: float) -> None:

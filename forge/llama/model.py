@@ -197,11 +197,13 @@ class LlamaModel:
         num_tokens, hd = batch.num_tokens, c.head_dim
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
-        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention, softcap=c.attn_softcap)
+        on_pool = self.fused_attention and self.weights.kernels == "blocks"   # one set of threads for all
+        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention, softcap=c.attn_softcap,
+                              decode_on_pool=on_pool)
         # The window's own plan only once some query reaches past it: before that it is `plan`.
         reaches_past = self.has_sliding and int(batch.positions.max()) >= c.sliding_window
         plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window,
-                                       softcap=c.attn_softcap)
+                                       softcap=c.attn_softcap, decode_on_pool=on_pool)
                         if reaches_past else plan)
         scale = np.float32(c.attention_scale)
         last = c.num_layers - 1

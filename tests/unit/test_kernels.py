@@ -29,7 +29,7 @@ from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 from forge.llama import linear as linear_mod
-from forge.llama.attention import attend, plan_attention
+from forge.llama.attention import AttentionPlan, attend, plan_attention
 from forge.llama.kv_cache import KVCache
 from forge.llama.kv_dtype import storage_dtype, to_float32, to_storage
 from forge.llama.linear import MatmulPool, Q8Matrix
@@ -350,6 +350,19 @@ def test_fused_decode_attention_equals_the_numpy_reference(
     assert fused_plan.fused_parts or not any(n == 1 for n in query_lens)
     got = attend(fused_plan, q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+    assert_the_pool_gives_the_same(batch, config, block_size, num_parts, window, softcap, q, k, v, fused_plan, got)
+
+
+def assert_the_pool_gives_the_same(batch: ForwardBatch, config: SimpleNamespace, block_size: int, num_parts: int,
+                                   window: int, softcap: float, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                                   fused_plan: AttentionPlan, got: np.ndarray) -> None:
+    """The decode rows as one call split by (row, KV head) over the compiled products' two
+    threads give the same bits as the parts on the engine's pool."""
+    compiled.pool_threads(2)
+    pool_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window, softcap=softcap,
+                               decode_on_pool=True)
+    assert (pool_plan.pool_decode is not None) == bool(fused_plan.fused_parts) and not pool_plan.fused_parts
+    np.testing.assert_array_equal(attend(pool_plan, q, k, v), got)
 
 
 def test_the_compiled_kernel_refuses_arrays_it_would_misread() -> None:
@@ -509,6 +522,7 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     assert all(t.bias is None for part in fused_plan.prefill_parts for p in part for t in p.tiles)
     got = attend(fused_plan, q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+    assert_the_pool_gives_the_same(batch, config, block_size, num_parts, window, 0.0, q, k, v, fused_plan, got)
 
 
 def test_prompt_chunks_the_prefill_kernel_does_not_take_stay_on_numpy() -> None:

@@ -279,8 +279,11 @@ static int fused_type(int64_t type) {
     for (int t = 0; t < (mr); t++)                                                                 \
         acc[t][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x + t * ldx + (kpos)), (wv), acc[t][c]);
 
-#define FUSED(mr)                                                                                  \
-    static void fused##mr(const float *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,      \
+/* The fused body, once per numerics: `name`##mr over x of type xt, PAIR(mr, c, kpos, w0, w1) adding
+ * the products of 32 widened weights (w0: values kpos .. kpos + 15, w1: the next 16) for rows
+ * t < mr into acc[t][c]. */
+#define FUSED_OF(name, xt, PAIR, mr)                                                              \
+    static void name##mr(const xt *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,          \
                           const uint8_t *const *rows, float *acc_io) {                             \
         __m512 acc[mr][NR], w[8];                                                                  \
         for (int t = 0; t < (mr); t++)                                                             \
@@ -298,7 +301,7 @@ static int fused_type(int64_t type) {
                 for (int j = 0; j < 4; j++)                                                        \
                     for (int c = 0; c < NR; c++) {                                                 \
                         q4k_pair(rows[c] + sb * 144 + 16 + 32 * j, s[c], j, w);                    \
-                        for (int v = 0; v < 4; v++) { FMA_ROWS(mr, c, sb * 256 + 64 * j + 16 * v, w[v]) } \
+                        PAIR(mr, c, sb * 256 + 64 * j, w[0], w[1]) PAIR(mr, c, sb * 256 + 64 * j + 32, w[2], w[3]) \
                     }                                                                              \
             }                                                                                      \
             break;                                                                                 \
@@ -311,7 +314,7 @@ static int fused_type(int64_t type) {
                     q6k_scales(b, a);                                                              \
                     for (int h = 0; h < 2; h++) {                                                  \
                         q6k_half(b, a, h, w);                                                      \
-                        for (int v = 0; v < 8; v++) { FMA_ROWS(mr, c, sb * 256 + 128 * h + 16 * v, w[v]) } \
+                        for (int v = 0; v < 8; v += 2) { PAIR(mr, c, sb * 256 + 128 * h + 16 * v, w[v], w[v + 1]) } \
                     }                                                                              \
                 }                                                                                  \
             break;                                                                                 \
@@ -331,8 +334,7 @@ static int fused_type(int64_t type) {
                     } else {                                                                       \
                         q8_0_block(b, w);                                                          \
                     }                                                                              \
-                    FMA_ROWS(mr, c, blk * 32, w[0])                                                \
-                    FMA_ROWS(mr, c, blk * 32 + 16, w[1])                                           \
+                    PAIR(mr, c, blk * 32, w[0], w[1])                                              \
                 }                                                                                  \
             break;                                                                                 \
         }                                                                                          \
@@ -340,6 +342,8 @@ static int fused_type(int64_t type) {
         for (int t = 0; t < (mr); t++)                                                             \
             for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc_io + (t * NR + c) * VN, acc[t][c]);  \
     }
+#define FMA_PAIR(mr, c, kpos, w0, w1) FMA_ROWS(mr, c, kpos, w0) FMA_ROWS(mr, c, (kpos) + 16, w1)
+#define FUSED(mr) FUSED_OF(fused, float, FMA_PAIR, mr)
 FUSED(1)
 FUSED(2)
 FUSED(3)
@@ -373,69 +377,8 @@ static inline __m512bh bh_pair(__m512 lo, __m512 hi) { return _mm512_cvtne2ps_pb
 #define DP_ROWS(mr, c, kpos, wv)                                                                   \
     for (int t = 0; t < (mr); t++) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], bh_load(x + t * ldx + (kpos)), (wv));
 
-#define FUSED_BF16(mr)                                                                             \
-    static void fusedb##mr(const bf16_t *x, int64_t ldx, int64_t k0, int64_t k1, int64_t type,    \
-                           const uint8_t *const *rows, float *acc_io) {                            \
-        __m512 acc[mr][NR], w[8];                                                                  \
-        for (int t = 0; t < (mr); t++)                                                             \
-            for (int c = 0; c < NR; c++) acc[t][c] = _mm512_loadu_ps(acc_io + (t * NR + c) * VN);  \
-        switch (type) {                                                                            \
-        case T_Q4_K:                                                                               \
-            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++) {                                     \
-                __m512 s[NR];                                                                      \
-                for (int c = 0; c < NR; c++) {                                                     \
-                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD);                                       \
-                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD + 64);                                  \
-                    PREFETCH(rows[c] + sb * 144 + PF_AHEAD + 128);                                 \
-                    s[c] = q4k_scales(rows[c] + sb * 144);                                         \
-                }                                                                                  \
-                for (int j = 0; j < 4; j++)                                                        \
-                    for (int c = 0; c < NR; c++) {                                                 \
-                        q4k_pair(rows[c] + sb * 144 + 16 + 32 * j, s[c], j, w);                    \
-                        DP_ROWS(mr, c, sb * 256 + 64 * j, bh_pair(w[0], w[1]))                     \
-                        DP_ROWS(mr, c, sb * 256 + 64 * j + 32, bh_pair(w[2], w[3]))                \
-                    }                                                                              \
-            }                                                                                      \
-            break;                                                                                 \
-        case T_Q6_K:                                                                               \
-            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++)                                       \
-                for (int c = 0; c < NR; c++) {                                                     \
-                    const uint8_t *b = rows[c] + sb * 210;                                         \
-                    for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
-                    float a[16];                                                                   \
-                    q6k_scales(b, a);                                                              \
-                    for (int h = 0; h < 2; h++) {                                                  \
-                        q6k_half(b, a, h, w);                                                      \
-                        for (int v = 0; v < 8; v += 2) {                                           \
-                            DP_ROWS(mr, c, sb * 256 + 128 * h + 16 * v, bh_pair(w[v], w[v + 1])) \
-                        }                                                                          \
-                    }                                                                              \
-                }                                                                                  \
-            break;                                                                                 \
-        case T_Q4_0:                                                                               \
-        case T_Q4_1:                                                                               \
-        case T_Q8_0: {                                                                             \
-            const int64_t bb = block_bytes(type);                                                  \
-            for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
-                for (int c = 0; c < NR; c++) {                                                     \
-                    const uint8_t *b = rows[c] + blk * bb;                                         \
-                    if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
-                    if (type == T_Q4_0) {                                                          \
-                        const float d = f16(b);                                                    \
-                        nibbles16(b + 2, table(d, -8.0f * d), w);                                  \
-                    } else if (type == T_Q4_1) {                                                   \
-                        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);                            \
-                    } else {                                                                       \
-                        q8_0_block(b, w);                                                          \
-                    }                                                                              \
-                    DP_ROWS(mr, c, blk * 32, bh_pair(w[0], w[1]))                                  \
-                }                                                                                  \
-            break;                                                                                 \
-        }                                                                                          \
-        }                                                                                          \
-        for (int t = 0; t < (mr); t++)                                                             \
-            for (int c = 0; c < NR; c++) _mm512_storeu_ps(acc_io + (t * NR + c) * VN, acc[t][c]);  \
-    }
+#define DP_PAIR(mr, c, kpos, w0, w1) DP_ROWS(mr, c, kpos, bh_pair(w0, w1))
+#define FUSED_BF16(mr) FUSED_OF(fusedb, bf16_t, DP_PAIR, mr)
 FUSED_BF16(1)
 FUSED_BF16(2)
 FUSED_BF16(3)

@@ -7,7 +7,8 @@
  * is float32. The dot products keep 16 partial sums (vectorised). With AVX-512 (heads a multiple
  * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
  * sums are added across lanes together (sum16x16) into sixteen scores; for heads of 64 and groups
- * of up to 4 the outputs stay in registers while the values stream past (weigh_values64).
+ * of up to 4, or of 128 and groups of up to 2, the outputs stay in registers while the values
+ * stream past (weigh_values64, weigh_values128).
  * Chunks of a few rows (a decode row with its guesses, up to forge.llama.attention's
  * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
@@ -113,6 +114,34 @@ static inline void weigh_values64(const void *v, const int64_t *table, int64_t b
         const __m512 inv = _mm512_set1_ps(1.0f / sums[j]);
         for (int z = 0; z < 4; z++)
             _mm512_storeu_ps(og + j * 64 + 16 * z, _mm512_mul_ps(o[j][z], inv));
+    }
+}
+
+/* The same for heads of 128 (Llama-2-7B's) and groups of 1-2: 16 vectors of outputs in registers. */
+static inline void weigh_values128(const void *v, const int64_t *table, int64_t block_size, int64_t kv_stride,
+                                   int64_t head, int64_t first, int64_t len, const float *w, int64_t stride,
+                                   int64_t group, int kv_type, const float *sums, float *og) {
+    __m512 o[2][8];
+    for (int j = 0; j < 2; j++)
+        for (int z = 0; z < 8; z++)
+            o[j][z] = _mm512_setzero_ps();
+    for (int64_t p = first; p < len; p++) {
+        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
+        __m512 vz[8];
+        for (int z = 0; z < 8; z++)
+            vz[z] = load16_kv(v, at + 16 * z, kv_type);
+        for (int j = 0; j < 2; j++) {
+            if (j >= group)
+                break;
+            const __m512 wj = _mm512_set1_ps(w[j * stride + p]);
+            for (int z = 0; z < 8; z++)
+                o[j][z] = _mm512_fmadd_ps(wj, vz[z], o[j][z]);
+        }
+    }
+    for (int j = 0; j < 2 && j < group; j++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[j]);
+        for (int z = 0; z < 8; z++)
+            _mm512_storeu_ps(og + j * 128 + 16 * z, _mm512_mul_ps(o[j][z], inv));
     }
 }
 #endif
@@ -243,6 +272,11 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
             if (hd == 64 && group <= 4) {       /* the outputs in registers (SmolLM2, Llama-style heads) */
                 weigh_values64(v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
                                sums, og);
+                continue;
+            }
+            if (hd == 128 && group <= 2) {
+                weigh_values128(v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                                sums, og);
                 continue;
             }
 #endif

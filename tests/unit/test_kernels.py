@@ -327,7 +327,7 @@ def paged_batch(rng: np.random.Generator, lens: list[int], query_lens: list[int]
 
 @settings(max_examples=25, deadline=None)
 @given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=9), kv_heads=st.sampled_from([1, 2, 3]),
-       group=st.sampled_from([1, 3, 4]), block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3),
+       group=st.sampled_from([1, 2, 3, 4]), block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3),
        prefill_every=st.integers(0, 3), window=st.sampled_from([0, 1, 5, 40]),
        softcap=st.sampled_from([0.0, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1))
 def test_fused_decode_attention_equals_the_numpy_reference(
@@ -336,7 +336,7 @@ def test_fused_decode_attention_equals_the_numpy_reference(
     """Decode rows through the compiled kernel (mixed with prefill chunks, split over parts, with or
     without a sliding window, with or without soft-capped scores) give the numpy path's output."""
     rng = np.random.default_rng(seed)
-    head_dim = 16 * int(rng.integers(1, 5))
+    head_dim = int(rng.choice([16, 32, 48, 64, 128]))            # 64 and 128: the outputs in registers
     # Chunks up to 12 rows: up to MAX_FUSED_CHUNK_ROWS (8) they run on the kernel row by row.
     query_lens = [min(n, 12) if prefill_every and s % prefill_every == 0 else 1 for s, n in enumerate(lens)]
     num_blocks = sum(-(-n // block_size) for n in lens) + 3
@@ -461,19 +461,20 @@ def test_committing_the_kv_cache_takes_its_memory_and_keeps_it_zero(kv_dtype: st
 
 @settings(max_examples=20, deadline=None)
 @given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_dtype=st.sampled_from(["float16", "bfloat16"]),
-       block_size=st.sampled_from([1, 4, 16]), head_dim=st.sampled_from([32, 64]), seed=st.integers(0, 2**32 - 1))
+       block_size=st.sampled_from([1, 4, 16]), head_dim=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2**32 - 1))
 def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
         lens: list[int], kv_dtype: str, block_size: int, head_dim: int, seed: int) -> None:
     """Both paths read the same stored values, widen them exactly and compute in float32 (heads of
-    64: the kernel's path with the outputs in registers)."""
+    64 with groups of 3, 128 with groups of 1: the kernel's paths with the outputs in registers)."""
     rng = np.random.default_rng(seed)
     num_blocks = sum(-(-n // block_size) for n in lens) + 2
     batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
-    config = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=head_dim)
+    num_heads = 2 if head_dim == 128 else 6
+    config = SimpleNamespace(num_heads=num_heads, num_kv_heads=2, head_dim=head_dim)
     storage = np.dtype(storage_dtype(kv_dtype))
     k = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
     v = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
-    q = (rng.standard_normal((batch.num_tokens, 6, head_dim)) / 4).astype(np.float32)
+    q = (rng.standard_normal((batch.num_tokens, num_heads, head_dim)) / 4).astype(np.float32)
     want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
     got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))

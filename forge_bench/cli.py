@@ -4,7 +4,9 @@ serve: drive any OpenAI-compatible server at closed-loop concurrency levels (and
 open-loop Poisson rate) and print or save the figures.
 compare: start forge and llama.cpp's llama-server on the same GGUF with equivalent settings, one at
 a time (A B A B, never both at once: each needs the whole machine), run the same workload against
-each, and write a table of forge / llama-server ratios.
+each, and write a table of forge / llama-server ratios. --peer-command starts another server
+instead of llama-server (vLLM's, say: docs/benchmarks.md), in a process group of its own that is
+stopped whole.
 """
 
 from __future__ import annotations
@@ -170,11 +172,20 @@ def _server_info(server: str, base: str, log_path: Path, binary: str | None = No
     return f"llama-server: {' / '.join(wanted) or 'version unknown'}; host CPU: {_cpu_features()}"
 
 
+def _peer(args: argparse.Namespace) -> str:
+    """The name of the server forge is compared with."""
+    return str(args.peer_name) if getattr(args, "peer_command", None) else "llama-server"
+
+
 def _start(server: str, args: argparse.Namespace, model_path: str,
            max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = dict(os.environ)
-    if server == "forge":
+    own_group = False
+    if server != "forge" and args.peer_command:
+        cmd = ["bash", "-c", args.peer_command.format(port=port, model=model_path, streams=max(max_streams, 1))]
+        health, own_group = args.peer_health, True
+    elif server == "forge":
         cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", model_path,
                "--max-num-seqs", str(max(max_streams, 1)), "--blas-threads", "2", "--log-level", "warning",
                *args.forge_args.split()]
@@ -187,24 +198,35 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
     base = f"http://127.0.0.1:{port}"
     log_path = Path(args.logs) / f"{server}-{port}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
     try:
         _wait_healthy(base + health, proc)
     except BaseException:
-        proc.kill()
+        _stop(proc, own_group)
         raise
-    info = _server_info(server, base, log_path, None if server == "forge" else cmd[0])
+    info = (f"{server}: {args.peer_command}" if own_group
+            else _server_info(server, base, log_path, None if server == "forge" else cmd[0]))
     print(info, file=sys.stderr)
     args.server_info[server] = info
     return proc, base
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
+def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
+    """SIGTERM (to the whole process group when `group`: a peer that forks workers), then SIGKILL
+    after a minute."""
+    def send(sig: signal.Signals) -> None:
+        try:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+    send(signal.SIGTERM)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        send(signal.SIGKILL)
         proc.wait()
 
 
@@ -219,11 +241,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     args.server_info = {}
     records: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
-        for server in ("forge", "llama-server"):
+        for server in ("forge", _peer(args)):
             print(f"round {rnd + 1}: {server}", file=sys.stderr)
             proc, base = _start(server, args, model_path, max_streams)
+            model = args.peer_model if server != "forge" else None
             try:
-                for rec in anyio.run(_run_levels, base, server, workload, args, None):
+                for rec in anyio.run(_run_levels, base, server, workload, args, model):
                     rec["round"] = rnd + 1
                     records.append(rec)
                 rss = _peak_rss_mib(proc.pid)
@@ -231,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     if rec["server"] == server and rec["round"] == rnd + 1:
                         rec["peak_rss_mib"] = rss
             finally:
-                _stop(proc)
+                _stop(proc, server != "forge" and bool(args.peer_command))
     report = compare_report(records, args)
     print(report)
     Path(args.output).write_text(json.dumps(records, indent=1))
@@ -248,19 +271,20 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = ["| streams | metric | forge | llama-server | forge / llama-server |", "|---|---|---|---|---|"]
+    peer = _peer(args)
+    lines = [f"| streams | metric | forge | {peer} | forge / {peer} |", "|---|---|---|---|---|"]
     metrics = [("output_tok_s", "output tok/s"), ("ttft_p50", "TTFT p50 s"), ("tpot_p50", "TPOT p50 s"),
                ("e2e_p50", "e2e p50 s"), ("errors", "errors"), ("peak_rss_mib", "peak RSS MiB")]
     for c in _levels(args.concurrency):
         for key, label in metrics:
             f = _median([r.get(key) for r in records if r["server"] == "forge" and r["concurrency"] == c])
-            p = _median([r.get(key) for r in records if r["server"] == "llama-server" and r["concurrency"] == c])
+            p = _median([r.get(key) for r in records if r["server"] == peer and r["concurrency"] == c])
             ratio = f"{f / p:.2f}" if f is not None and p else "n/a"
             lines.append(f"| {c} | {label} | {f} | {p} | {ratio} |")
         grounded = [(r["server"], r["by_kind"].get("grounded", {}).get("output_tok_s")) for r in records
                     if r["concurrency"] == c]
         f = _median([v for s, v in grounded if s == "forge"])
-        p = _median([v for s, v in grounded if s == "llama-server"])
+        p = _median([v for s, v in grounded if s == peer])
         if f is not None and p:
             lines.append(f"| {c} | output tok/s of the input-grounded third | {f} | {p} | {f / p:.2f} |")
     machine = f"{platform.node() and 'host'}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
@@ -323,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--context-per-stream", type=int, default=1536)
     cmp.add_argument("--forge-args", default="", help="extra flags for forge serve")
     cmp.add_argument("--llama-args", default="", help="extra flags for llama-server")
+    cmp.add_argument("--peer-command", default=None,
+                     help="start this shell command as the peer instead of llama-server ({port}, {model}: the "
+                          "GGUF path, {streams}: the most streams); stopped with its whole process group")
+    cmp.add_argument("--peer-name", default="peer", help="--peer-command: its name in the table")
+    cmp.add_argument("--peer-health", default="/v1/models", help="--peer-command: the path that answers 200 when ready")
+    cmp.add_argument("--peer-model", default=None, help="--peer-command: the model name to send it")
     cmp.add_argument("--logs", default=".bench", help="server logs go here")
     cmp.add_argument("--output", default=".bench/compare.json")
     cmp.add_argument("--write", default=None, help="replace the comparison section of this markdown file")

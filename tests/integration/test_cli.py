@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,19 @@ def test_serve_with_a_corrupt_model_says_so_and_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "bad.gguf" in result.stderr.strip().splitlines()[-1]
+
+
+def test_serve_on_a_port_in_use_says_so_and_exits_2() -> None:
+    """Another server on the address: one line naming it and the flag, not a crash report."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = forge("serve", "--addr", addr, "--kv-cache-commit", "off", "--log-format", "json")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "daemon_crashed" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"forge: cannot listen on {addr}") and "in use" in last
 
 
 def test_generate_with_a_missing_model_says_so_and_exits_2(tmp_path: Path) -> None:

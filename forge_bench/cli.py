@@ -129,6 +129,22 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def _group_peak_rss_mib(pgid: int) -> float | None:
+    """The peak RSS summed over every process of a process group (a peer that runs its engine in
+    child processes): an upper bound, since pages shared between them count once per process."""
+    total, found = 0.0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[2] != str(pgid):
+                continue
+        except (OSError, IndexError):
+            continue
+        rss = _peak_rss_mib(int(stat.parent.name))
+        if rss is not None:
+            total, found = total + rss, True
+    return round(total, 1) if found else None
+
+
 def _find_llama_server(given: str | None) -> str:
     if given:
         return given
@@ -249,7 +265,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 for rec in anyio.run(_run_levels, base, server, workload, args, model):
                     rec["round"] = rnd + 1
                     records.append(rec)
-                rss = _peak_rss_mib(proc.pid)
+                group = server != "forge" and bool(args.peer_command)
+                rss = _group_peak_rss_mib(proc.pid) if group else _peak_rss_mib(proc.pid)
                 for rec in records:
                     if rec["server"] == server and rec["round"] == rnd + 1:
                         rec["peak_rss_mib"] = rss

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from forge_bench.cli import _stop, build_parser, compare_report
+from forge_bench.cli import _group_peak_rss_mib, _peak_rss_mib, _stop, build_parser, compare_report
 
 
 def _records(peer: str) -> list[dict[str, object]]:
@@ -79,3 +79,15 @@ def test_a_peer_is_stopped_with_its_whole_process_group() -> None:
     _stop(proc, group=True)
     assert proc.returncode is not None
     assert _wait_for(lambda: not any(_alive(pid) for pid in workers))
+
+
+def test_a_peers_memory_counts_its_whole_process_group() -> None:
+    """A peer whose engine is a child process: its RSS is the group's, not the first process's."""
+    proc = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'b = bytearray(64 << 20); import time; "
+                             "time.sleep(600)' & wait"], start_new_session=True)
+    try:
+        assert _wait_for(lambda: (_group_peak_rss_mib(proc.pid) or 0) > 64)
+        alone = _peak_rss_mib(proc.pid)
+        assert alone is not None and alone < 64                    # bash itself holds a few MiB
+    finally:
+        _stop(proc, group=True)

@@ -68,7 +68,7 @@ def perplexity(loaded: LoadedModel, kv_dtype: str) -> float:
 def run(loaded: LoadedModel, data: dict[str, Any], kv_dtype: str) -> dict[str, Any]:
     outputs, _ = run_reference(loaded, data, EngineConfig(
         kv_cache_memory=1024 * 2**20, max_model_len=2048, kernels=loaded.kernels.name,
-        numerics=loaded.kernels.numerics if loaded.kernels.name != "fast" else "reference",
+        numerics=loaded.kernels.numerics,
         max_num_seqs=len(data["greedy"]) + len(data["logprobs"]), max_num_batched_tokens=2048,
         kv_cache_dtype=kv_dtype))
     matched = sum(greedy_agrees(case, outputs[f"greedy-{i}"][0]) for i, case in enumerate(data["greedy"]))

@@ -71,13 +71,14 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
     choice = _choose_backend(requested)
     if numerics == "reference" or choice.numerics == "fast":
         return choice
-    if choice.backend == "blocks" or (requested == "auto" and _compiled_ready() and _bf16_products()):
-        if not _compiled_ready() or not _bf16_products():
+    if choice.backend == "blocks" or requested == "auto":
+        if _compiled_ready() and _bf16_products():
+            return replace(choice, backend="blocks", amx=False, bf16=True,
+                           reason="the file's blocks read in place, bfloat16 products (fast numerics)")
+        if choice.backend == "blocks":
             raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16); "
                              "this host has not (--kernels onnxruntime --numerics fast: int8 activations)")
-        return replace(choice, backend="blocks", amx=False, bf16=True,
-                       reason="the file's blocks read in place, bfloat16 products (fast numerics)")
-    if choice.backend == "onnxruntime" and not (requested == "amx"):
+    if choice.backend == "onnxruntime" and requested != "amx":
         return replace(choice, amx=False, int8_activations=True, reason="int8 activations (fast numerics)")
     raise ValueError(f"--kernels {requested} has no fast numerics (the numpy reference and amx compute in "
                      "float32 or bfloat16x3 only): use --kernels blocks or onnxruntime with --numerics fast")

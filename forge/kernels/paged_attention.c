@@ -8,7 +8,7 @@
  * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
  * sums are added across lanes together (sum16x16) into sixteen scores; for heads of 64 and groups
  * of up to 4, or of 128 and groups of up to 2, the outputs stay in registers while the values
- * stream past (weigh_values64, weigh_values128).
+ * stream past (weigh_values).
  * Chunks of a few rows (a decode row with its guesses, up to forge.llama.attention's
  * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
@@ -87,61 +87,36 @@ static inline void scores16(const float *restrict qg, int64_t group, int64_t hd,
     }
 }
 
-/* og[j] = sum over keys p of w[j * stride + p] * V[p] / sums[j], for `group` (1-4) query vectors and
- * heads of 64: the outputs held in registers while the values stream past once. */
-static inline void weigh_values64(const void *v, const int64_t *table, int64_t block_size, int64_t kv_stride,
-                                  int64_t head, int64_t first, int64_t len, const float *w, int64_t stride,
-                                  int64_t group, int kv_type, const float *sums, float *og) {
-    __m512 o[4][4];
-    for (int j = 0; j < 4; j++)
-        for (int z = 0; z < 4; z++)
-            o[j][z] = _mm512_setzero_ps();
-    for (int64_t p = first; p < len; p++) {
-        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
-        const __m512 v0 = load16_kv(v, at, kv_type), v1 = load16_kv(v, at + 16, kv_type),
-                     v2 = load16_kv(v, at + 32, kv_type), v3 = load16_kv(v, at + 48, kv_type);
-        for (int j = 0; j < 4; j++) {
-            if (j >= group)
-                break;
-            const __m512 wj = _mm512_set1_ps(w[j * stride + p]);
-            o[j][0] = _mm512_fmadd_ps(wj, v0, o[j][0]);
-            o[j][1] = _mm512_fmadd_ps(wj, v1, o[j][1]);
-            o[j][2] = _mm512_fmadd_ps(wj, v2, o[j][2]);
-            o[j][3] = _mm512_fmadd_ps(wj, v3, o[j][3]);
-        }
-    }
-    for (int j = 0; j < 4 && j < group; j++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / sums[j]);
-        for (int z = 0; z < 4; z++)
-            _mm512_storeu_ps(og + j * 64 + 16 * z, _mm512_mul_ps(o[j][z], inv));
-    }
-}
-
-/* The same for heads of 128 (Llama-2-7B's) and groups of 1-2: 16 vectors of outputs in registers. */
-static inline void weigh_values128(const void *v, const int64_t *table, int64_t block_size, int64_t kv_stride,
-                                   int64_t head, int64_t first, int64_t len, const float *w, int64_t stride,
-                                   int64_t group, int kv_type, const float *sums, float *og) {
-    __m512 o[2][8];
-    for (int j = 0; j < 2; j++)
-        for (int z = 0; z < 8; z++)
-            o[j][z] = _mm512_setzero_ps();
+/* og[j] = sum over keys p of w[j * stride + p] * V[p] / sums[j], for `group` query vectors and
+ * heads of 16 nv floats: nv 4 (heads of 64) with groups of up to 4, nv 8 (heads of 128) with up to
+ * 2. The 16 vectors of outputs are held in registers while the values stream past once (inlined
+ * with nv a constant, the loops unroll). */
+static inline __attribute__((always_inline)) void weigh_values(int nv, const void *v, const int64_t *table,
+                                                               int64_t block_size, int64_t kv_stride, int64_t head,
+                                                               int64_t first, int64_t len, const float *w,
+                                                               int64_t stride, int64_t group, int kv_type,
+                                                               const float *sums, float *og) {
+    const int max_group = 16 / nv;
+    __m512 o[16];
+    for (int i = 0; i < 16; i++)
+        o[i] = _mm512_setzero_ps();
     for (int64_t p = first; p < len; p++) {
         const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
         __m512 vz[8];
-        for (int z = 0; z < 8; z++)
+        for (int z = 0; z < nv; z++)
             vz[z] = load16_kv(v, at + 16 * z, kv_type);
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < max_group; j++) {
             if (j >= group)
                 break;
             const __m512 wj = _mm512_set1_ps(w[j * stride + p]);
-            for (int z = 0; z < 8; z++)
-                o[j][z] = _mm512_fmadd_ps(wj, vz[z], o[j][z]);
+            for (int z = 0; z < nv; z++)
+                o[j * nv + z] = _mm512_fmadd_ps(wj, vz[z], o[j * nv + z]);
         }
     }
-    for (int j = 0; j < 2 && j < group; j++) {
+    for (int j = 0; j < max_group && j < group; j++) {
         const __m512 inv = _mm512_set1_ps(1.0f / sums[j]);
-        for (int z = 0; z < 8; z++)
-            _mm512_storeu_ps(og + j * 128 + 16 * z, _mm512_mul_ps(o[j][z], inv));
+        for (int z = 0; z < nv; z++)
+            _mm512_storeu_ps(og + (j * nv + z) * 16, _mm512_mul_ps(o[j * nv + z], inv));
     }
 }
 #endif
@@ -270,13 +245,13 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
 #if defined(__AVX512F__)
             if (hd == 64 && group <= 4) {       /* the outputs in registers (SmolLM2, Llama-style heads) */
-                weigh_values64(v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
-                               sums, og);
+                weigh_values(4, v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                             sums, og);
                 continue;
             }
             if (hd == 128 && group <= 2) {
-                weigh_values128(v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
-                                sums, og);
+                weigh_values(8, v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                             sums, og);
                 continue;
             }
 #endif

@@ -793,17 +793,22 @@ typedef struct {
     const uint16_t *xb;                   /* x rounded to bfloat16 [T, K]: the `fast` numerics; else NULL */
 } job;
 
-/* A thread's buffer for one panel's widened rows, grown as needed (never freed: one per pool
- * thread, a few hundred KiB at most). */
-static float *panel_buffer(int64_t floats) {
-    static __thread float *buf = NULL;
-    static __thread int64_t size = 0;
-    if (floats > size) {
-        free(buf);
-        buf = aligned_alloc(64, (size_t)((floats * 4 + 63) / 64 * 64));
-        size = buf == NULL ? 0 : floats;
+/* *buf grown to at least `bytes` (64-byte aligned; its contents not kept), or NULL when out of
+ * memory: a thread's buffer, kept for its life. */
+static void *grown(void **buf, int64_t *size, int64_t bytes) {
+    if (bytes > *size) {
+        free(*buf);
+        *buf = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        *size = *buf == NULL ? 0 : bytes;
     }
-    return buf;
+    return *buf;
+}
+
+/* A thread's buffer for one panel's widened rows (a few hundred KiB at most). */
+static float *panel_buffer(int64_t floats) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    return grown(&buf, &size, floats * 4);
 }
 
 static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
@@ -824,89 +829,66 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
 }
 
-#if defined(HAVE_BF16)
-/* run_panel in the `fast` numerics: the same two paths on x and the weights in bfloat16. */
-static void run_panel_bf16(const job *jb, const qpart *pt, int64_t r0, int64_t nr, int64_t row_bytes, int64_t col0,
-                           int64_t t_lo, int64_t t_hi) {
+/* Panel p for rows [t_lo, t_hi) of x. */
+static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
     const int64_t K = jb->K;
-    if (jb->T <= FUSED_MAX_ROWS_BF16 && fused_type(pt->type)) {
+    int64_t part = 0;
+    while (jb->part_panels[part + 1] <= p) part++;
+    const qpart *pt = &jb->parts[part];
+    int64_t col0 = 0;                              /* the part's first output column */
+    for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
+    const int64_t r0 = (p - jb->part_panels[part]) * NR;
+    const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
+    const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
+    const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
+#if defined(HAVE_FUSED)
+#if defined(HAVE_BF16)
+    const int64_t fused_max = bf ? FUSED_MAX_ROWS_BF16 : FUSED_MAX_ROWS;
+#else
+    const int64_t fused_max = FUSED_MAX_ROWS;
+#endif
+    if (jb->T <= fused_max && fused_type(pt->type)) {
         const uint8_t *rows[NR];
         for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
-        for (int64_t t0 = 0; t0 < jb->T; t0 += FR) {
+        for (int64_t t0 = 0; t0 < jb->T; t0 += FR) {      /* the panel stays in L1 between groups */
             const int mr = (int)(jb->T - t0 < FR ? jb->T - t0 : FR);
             memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
-            fused_rows_bf16(mr, jb->xb + t0 * K, K, 0, K, pt->type, rows, acc);
+#if defined(HAVE_BF16)
+            if (bf) fused_rows_bf16(mr, jb->xb + t0 * K, K, 0, K, pt->type, rows, acc);
+            else
+#endif
+                fused_rows(mr, jb->x + t0 * jb->ldx, jb->ldx, 0, K, pt->type, rows, acc);
             for (int64_t t = 0; t < mr; t++)
                 reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
         }
         return;
     }
-    /* The panel widened a row at a time into float scratch, rounded into the bf16 panel. */
-    float *buf = panel_buffer(NR * K / 2 + K);
-    if (buf == NULL) abort();
-    bf16_t *wpanel = (bf16_t *)buf;
-    float *row = buf + NR * K / 2;
+#endif
+    /* The tiled path: the panel's rows widened whole (NR x K floats, in L1 or L2; in the fast
+     * numerics each row widened into float scratch, then rounded into a bfloat16 panel), then
+     * every row of a tile of x takes its dot products with them, MR rows at a time, the sums in
+     * registers over all of K. */
+    float *wpanel = panel_buffer(bf ? NR * K / 2 + K : NR * K);
+    if (wpanel == NULL) abort();                /* a few hundred KiB: the process is out of memory */
+    float *row = bf ? wpanel + NR * K / 2 : NULL;
     for (int64_t c = 0; c < NR; c++) {
-        if (c < nr) dequant(pt->type, pt->data + (r0 + c) * row_bytes, 0, K, row);
-        else memset(row, 0, (size_t)K * sizeof(float));
-        to_bf16(row, K, wpanel + c * K);
+        float *dst = bf ? row : wpanel + c * K;
+        if (c < nr) dequant(pt->type, pt->data + (r0 + c) * row_bytes, 0, K, dst);
+        else memset(dst, 0, (size_t)K * sizeof(float));
+#if defined(HAVE_BF16)
+        if (bf) to_bf16(row, K, (bf16_t *)wpanel + c * K);
+#endif
     }
     for (int64_t t = 0; t < t_hi - t_lo; t += MR) {
         const int mr = (int)(t_hi - t_lo - t < MR ? t_hi - t_lo - t : MR);
-        tile_rows_bf16(mr, jb->xb + (t_lo + t) * K, K, wpanel, K, acc);
+#if defined(HAVE_BF16)
+        if (bf) tile_rows_bf16(mr, jb->xb + (t_lo + t) * K, K, (const bf16_t *)wpanel, K, acc);
+        else
+#endif
+            tile_rows(mr, jb->x + (t_lo + t) * jb->ldx, jb->ldx, wpanel, K, acc);
         for (int r = 0; r < mr; r++)
             reduce_row(acc + r * NR * VN, jb->out + (t_lo + t + r) * jb->ldo + col0 + r0, nr);
-    }
-}
-#endif
-
-/* Panel p for rows [t_lo, t_hi) of x. */
-static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
-    float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
-    const int64_t K = jb->K;
-    {
-        int64_t part = 0;
-        while (jb->part_panels[part + 1] <= p) part++;
-        const qpart *pt = &jb->parts[part];
-        int64_t col0 = 0;                              /* the part's first output column */
-        for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
-        const int64_t r0 = (p - jb->part_panels[part]) * NR;
-        const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
-        const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
-#if defined(HAVE_BF16)
-        if (jb->xb != NULL) {
-            run_panel_bf16(jb, pt, r0, nr, row_bytes, col0, t_lo, t_hi);
-            return;
-        }
-#endif
-#if defined(HAVE_FUSED)
-        if (jb->T <= FUSED_MAX_ROWS && fused_type(pt->type)) {
-            const uint8_t *rows[NR];
-            for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
-            for (int64_t t0 = 0; t0 < jb->T; t0 += FR) {      /* the panel stays in L1 between groups */
-                const int mr = (int)(jb->T - t0 < FR ? jb->T - t0 : FR);
-                memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
-                fused_rows(mr, jb->x + t0 * jb->ldx, jb->ldx, 0, K, pt->type, rows, acc);
-                for (int64_t t = 0; t < mr; t++)
-                    reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
-            }
-            return;
-        }
-#endif
-        /* The tiled path: the panel's rows widened whole (NR x K floats, in L1 or L2), then
-         * every row of a tile of x takes its dot products with them, MR rows at a time, the
-         * sums in registers over all of K. */
-        float *wpanel = panel_buffer(NR * K);
-        if (wpanel == NULL) abort();            /* a few hundred KiB: the process is out of memory */
-        for (int64_t c = 0; c < nr; c++) dequant(pt->type, pt->data + (r0 + c) * row_bytes, 0, K, wpanel + c * K);
-        for (int64_t c = nr; c < NR; c++) memset(wpanel + c * K, 0, (size_t)K * sizeof(float));
-        for (int64_t t = 0; t < t_hi - t_lo; t += MR) {
-            const int mr = (int)(t_hi - t_lo - t < MR ? t_hi - t_lo - t : MR);
-            tile_rows(mr, jb->x + (t_lo + t) * jb->ldx, jb->ldx, wpanel, K, acc);
-            for (int r = 0; r < mr; r++)
-                reduce_row(acc + r * NR * VN, jb->out + (t_lo + t + r) * jb->ldo + col0 + r0, nr);
-        }
     }
 }
 
@@ -1058,14 +1040,10 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     if (T <= 0) return 0;
 #if defined(HAVE_BF16)
     if (fast) {                           /* x rounded once, on the caller's thread */
-        static __thread bf16_t *xb = NULL;
+        static __thread void *buf = NULL;
         static __thread int64_t size = 0;
-        if (T * K > size) {
-            free(xb);
-            xb = aligned_alloc(64, (size_t)((T * K * 2 + 63) / 64 * 64));
-            size = xb == NULL ? 0 : T * K;
-            if (xb == NULL) return -3;
-        }
+        bf16_t *xb = grown(&buf, &size, T * K * 2);
+        if (xb == NULL) return -3;
         for (int64_t t = 0; t < T; t++) to_bf16(x + t * ldx, K, xb + t * K);
         jb.xb = xb;
     }

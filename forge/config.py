@@ -16,7 +16,7 @@ MATMUL_STRATEGIES = ("blas", "split")
 # (decode rows, then the prefills and prompts with the fewest tokens left, with aging) or "fcfs".
 SCHEDULING_POLICIES = ("fcfs", "shortest-first")
 # How the K/V cache stores values (forge.llama.kv_dtype); bfloat16 as the raw upper 16 bits.
-KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("float32", "float16", "bfloat16", "int8")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}

@@ -109,7 +109,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     for name in [*_DECODE_BY_STORAGE.values(), *(n.replace("attention_", "attention_pool_")
                                                   for n in _DECODE_BY_STORAGE.values())]:
         fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
+        fn.argtypes = [p, p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
         fn.restype = ctypes.c_int
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
     lib.q8_0_matmul.restype = ctypes.c_int
@@ -117,7 +117,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
                        ("amx_gemm_planes", [p, p, i64, i64, i64, p, i64, p, p, i64, i64, i64, p, i64])):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
-    lib.paged_prefill_attention.argtypes = [p, p, p, ctypes.c_int, p, i64, p, p, p, p, i64, i64, i64, i64, i64,
+    lib.paged_prefill_attention.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, p, p, p, p, i64, i64, i64, i64, i64,
                                             i64, p, i64, p]
     lib.paged_prefill_attention.restype = ctypes.c_int
     lib.paged_prefill_attention_supports.argtypes = [i64]
@@ -126,6 +126,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_rms_norm.restype = None
     lib.forge_swiglu.argtypes = [p, i64, i64, p]
     lib.forge_swiglu.restype = None
+    lib.forge_kv_store_int8.argtypes = [p, i64, i64, p, p, p]
+    lib.forge_kv_store_int8.restype = None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
     lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64, i64]
@@ -146,7 +148,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
 # The kernel for each storage type of the K/V cache (forge.llama.kv_dtype: uint16 is bfloat16).
 _DECODE_BY_STORAGE = {np.dtype(np.float32): "paged_decode_attention_f32",
                       np.dtype(np.float16): "paged_decode_attention_f16",
-                      np.dtype(np.uint16): "paged_decode_attention_bf16"}
+                      np.dtype(np.uint16): "paged_decode_attention_bf16",
+                      np.dtype(np.int8): "paged_decode_attention_i8"}
 
 
 def _cpu_identity() -> bytes:
@@ -166,19 +169,22 @@ def _ptr(a: npt.NDArray[np.generic]) -> int:
 def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                            rows: I64, block_tables: I64,
                            context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None,
-                           softcap: float = 0.0, on_pool: bool = False) -> None:
+                           softcap: float = 0.0, on_pool: bool = False, scales: KVScales | None = None,
+                           lib: ctypes.CDLL | None = None) -> None:
     """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c. With
     first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window);
     with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first. `on_pool`:
     the (row, KV head) pairs split over the compiled products' threads (pool_threads), each on
     its own scores buffer (scratch unused), so one sequence's heads run in parallel too.
 
-    q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16
-    or bfloat16 (uint16 bits); rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
+    q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16,
+    bfloat16 (uint16 bits) or int8 with `scales` (the K and V scales, forge.llama.kv_dtype);
+    rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
     group * max(context_lens) floats. Every array C-contiguous with the dtypes above (checked: a
-    wrong one would read stray memory).
+    wrong one would read stray memory). `lib`: another level's build (library_at), else the
+    process's.
     """
-    lib = library()
+    lib = lib or library()
     assert lib is not None, "paged_decode_attention called without the compiled kernels"
     kernel = _DECODE_BY_STORAGE.get(k_cache.dtype)
     if kernel is None or v_cache.dtype != k_cache.dtype:
@@ -194,10 +200,12 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if first_keys is not None and (first_keys.shape != rows.shape or np.any(first_keys < 0)
                                    or np.any(first_keys >= context_lens)):
         raise ValueError("first_keys must give each row a first key in [0, its context length)")
+    k_scales, v_scales = _scale_pointers("paged_decode_attention", k_cache, scales)
     if on_pool:
         kernel = kernel.replace("attention_", "attention_pool_")
     rc = getattr(lib, kernel)(
-        _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(rows), _ptr(block_tables), block_tables.shape[1],
+        _ptr(q), _ptr(k_cache), _ptr(v_cache), k_scales, v_scales, _ptr(rows), _ptr(block_tables),
+        block_tables.shape[1],
         _ptr(context_lens), None if first_keys is None else _ptr(first_keys), len(rows),
         num_heads, num_kv_heads, head_dim, block_size, softcap, _ptr(scratch), _ptr(out))
     if rc == -2:
@@ -236,7 +244,45 @@ def swiglu(gate_up: F32, out: F32) -> None:
 # The prefill kernel's key chunk (prefill_attention.c's KC): its scratch holds the gathered keys and
 # values, rounded up to it and one more.
 PREFILL_KEY_CHUNK = 64
-_KV_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}
+_KV_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2, np.dtype(np.int8): 3}
+INT8_GROUP = 32             # values per scale of an int8 cache (kv16.h's KV_INT8_GROUP)
+KVScales = tuple[npt.NDArray[np.float16], npt.NDArray[np.float16]]   # an int8 cache's K and V scales
+
+
+def _scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
+                    scales: KVScales | None) -> tuple[int | None, int | None]:
+    """An int8 cache's scale arrays as pointers (checked: C-contiguous float16 [..., head_dim / 32]
+    beside the values), or None, None for the other storage types (which take none)."""
+    if k_cache.dtype != np.int8:
+        if scales is not None:
+            raise ValueError(f"{name}: scales given for a {k_cache.dtype} cache")
+        return None, None
+    if scales is None:
+        raise ValueError(f"{name}: an int8 cache needs its scales")
+    want = (*k_cache.shape[:-1], k_cache.shape[-1] // INT8_GROUP)
+    for s in scales:
+        if s.dtype != np.float16 or s.shape != want or not s.flags.c_contiguous or k_cache.shape[-1] % INT8_GROUP:
+            raise ValueError(f"{name}: int8 scales must be C-contiguous float16 {want}")
+    return _ptr(scales[0]), _ptr(scales[1])
+
+
+def kv_store_int8(x: F32, slots: I64, values: npt.NDArray[np.int8], scales: npt.NDArray[np.float16]) -> None:
+    """Write rows x [T, ...] (float32) quantized into the int8 cache values [num_blocks, block_size,
+    ...] and its scales at flat slots `slots` [T] (see elementwise.c's forge_kv_store_int8;
+    forge.llama.kv_dtype.quantize_int8 is its reference). Checked: a wrong slot or shape would
+    write stray memory."""
+    lib = library()
+    assert lib is not None, "kv_store_int8 called without the compiled kernels"
+    row_len = int(np.prod(values.shape[2:]))
+    num_slots = values.shape[0] * values.shape[1]
+    if (x.dtype != np.float32 or not x.flags.c_contiguous or x.size != len(slots) * row_len
+            or values.dtype != np.int8 or not values.flags.c_contiguous or row_len % INT8_GROUP
+            or scales.dtype != np.float16 or not scales.flags.c_contiguous
+            or scales.size * INT8_GROUP != values.size or slots.dtype != np.int64 or slots.ndim != 1
+            or (len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= num_slots))):
+        raise ValueError("kv_store_int8 needs float32 rows, in-range int64 slots and a contiguous int8 cache")
+    slots = np.ascontiguousarray(slots)
+    lib.forge_kv_store_int8(_ptr(x), len(slots), row_len, _ptr(slots), _ptr(values), _ptr(scales))
 
 
 def prefill_scratch_floats(num_keys: int, head_dim: int) -> int:
@@ -254,13 +300,14 @@ def prefill_attention_supports(head_dim: int) -> bool:
 
 def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                             tables: I64, row0: I64, pos0: I64, num_keys: I64, ranges: I64, window: int,
-                            scratch: F32, out: F32) -> None:
+                            scratch: F32, out: F32, scales: KVScales | None = None) -> None:
     """Causal attention of chunks of query rows into out (see prefill_attention.c), for segments
     s of one sequence's chunk each: the chunk's row row0[s] is at position pos0[s] (its positions
     consecutive), its keys 0 .. num_keys[s] - 1 (with a sliding `window`, only each row's last
     `window` positions) read through tables[s]; `ranges` [n, 3] holds rows [lo, hi) to compute and
     their segment, a segment's ranges consecutive. q, out [T, nh, hd] float32; the caches
-    [num_blocks, block_size, nkv, hd] float32, float16 or bfloat16 (uint16 bits); scratch at least
+    [num_blocks, block_size, nkv, hd] float32, float16, bfloat16 (uint16 bits) or int8 with
+    `scales` (as for paged_decode_attention); scratch at least
     prefill_scratch_floats(max(num_keys), hd); prefill_attention_supports(hd) must hold."""
     lib = library()
     assert lib is not None, "paged_prefill_attention called without the compiled kernels"
@@ -278,7 +325,9 @@ def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: n
                                  or int(ranges[:, 2].min()) < 0 or int(ranges[:, 2].max()) >= num_segs))
             or (num_segs and int(num_keys.max()) > tables.shape[1] * block_size)):
         raise ValueError("paged_prefill_attention: ranges, tables or out disagree with q")
-    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), kv_type, _ptr(tables), tables.shape[1],
+    k_scales, v_scales = _scale_pointers("paged_prefill_attention", k_cache, scales)
+    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), k_scales, v_scales, kv_type,
+                                     _ptr(tables), tables.shape[1],
                                      _ptr(row0), _ptr(pos0), _ptr(num_keys), _ptr(ranges), len(ranges), window,
                                      num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), scratch.size,
                                      _ptr(out))

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dot.h"
 
@@ -34,6 +35,34 @@ void forge_swiglu(const float *restrict gate_up, int64_t rows, int64_t f, float 
         for (int64_t i = 0; i < f; i++) {
             const float e = expf(fminf(-g[i], 88.0f));
             o[i] = g[i] / (1.0f + e) * u[i];
+        }
+    }
+}
+
+/* The int8 K/V cache's writer (forge.llama.kv_dtype.quantize_int8 is the reference, bit for bit):
+ * rows x [n][row_len] float32 (row_len a multiple of 32) into their slots, each group of 32 values
+ * as int8 q = rint(x / d) in [-127, 127] with the float16 scale d = max |x| / 127 (rounded to
+ * float16, at most its largest value): q at q_out[slots[r] * row_len], the scales at
+ * scales[slots[r] * row_len / 32]. Written as multiplications by constants and by 1 / d, which
+ * -ffast-math leaves as they are, so that numpy's reference rounds the same. */
+void forge_kv_store_int8(const float *restrict x, int64_t n, int64_t row_len, const int64_t *restrict slots,
+                         int8_t *restrict q_out, uint16_t *restrict scales) {
+    const float inv127 = 1.0f / 127.0f;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * row_len;
+        int8_t *qr = q_out + slots[r] * row_len;
+        uint16_t *sr = scales + slots[r] * (row_len / 32);
+        for (int64_t g = 0; g < row_len / 32; g++) {
+            const float *xg = xr + 32 * g;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++)
+                amax = fmaxf(amax, fabsf(xg[i]));
+            const _Float16 h = (_Float16)fminf(amax * inv127, 65504.0f);
+            const float d = (float)h;
+            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            for (int i = 0; i < 32; i++)
+                qr[32 * g + i] = (int8_t)fminf(fmaxf(rintf(xg[i] * id), -127.0f), 127.0f);
+            memcpy(sr + g, &h, sizeof h);
         }
     }
 }

@@ -1,16 +1,33 @@
-/* Reading the K/V cache sixteen values at a time, widened to float32, for forge's AVX-512 kernels
- * (paged_attention.c, prefill_attention.c). The storage type is kv_type: 0 float32, 1 float16,
- * 2 bfloat16 (raw uint16 bits; widening either half type is exact). */
+/* Reading the K/V cache, widened to float32, for forge's kernels (paged_attention.c,
+ * prefill_attention.c). The storage type is kv_type: 0 float32, 1 float16, 2 bfloat16 (raw uint16
+ * bits; widening either half type is exact), 3 int8 with a float16 scale per KV_INT8_GROUP values
+ * (`scales`, indexed by a value's offset / KV_INT8_GROUP; forge.llama.kv_dtype). An int8 value
+ * widens to q * scale, exact in float32 (7 bits times 11). `scales` is unused by the other types. */
 #ifndef FORGE_KV16_H
 #define FORGE_KV16_H
 
+#include <stdint.h>
+#include <string.h>
+
+#define KV_INT8_GROUP 32
+
+static inline float kv_scale(const uint16_t *scales, int64_t at) {
+    _Float16 h;
+    memcpy(&h, scales + at / KV_INT8_GROUP, sizeof h);
+    return (float)h;
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#include <stdint.h>
 
-static inline __m512 load16_kv(const void *base, int64_t at, int kv_type) {
+/* Sixteen values from offset `at` (a multiple of 16: for int8 they share one scale). */
+static inline __m512 load16_kv(const void *base, const uint16_t *scales, int64_t at, int kv_type) {
     if (kv_type == 0)
         return _mm512_loadu_ps((const float *)base + at);
+    if (kv_type == 3) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)((const int8_t *)base + at));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(kv_scale(scales, at)));
+    }
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
     if (kv_type == 1)
         return _mm512_cvtph_ps(h);

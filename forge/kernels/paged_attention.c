@@ -2,9 +2,9 @@
  *
  * For each sequence and each KV head: the scores of the group's query heads against every key of
  * the context (read in place from the paged cache, no gather), a softmax, and the weighted sum of
- * the values, in one pass over the sequence's blocks. The cache may hold float32, float16 or
- * bfloat16 (raw uint16 bits); every value is widened to float32 as it is read, and all arithmetic
- * is float32. The dot products keep 16 partial sums (vectorised). With AVX-512 (heads a multiple
+ * the values, in one pass over the sequence's blocks. The cache may hold float32, float16,
+ * bfloat16 (raw uint16 bits) or int8 with a float16 scale per 32 values (kv16.h); every value is
+ * widened to float32 as it is read, and all arithmetic is float32. The dot products keep 16 partial sums (vectorised). With AVX-512 (heads a multiple
  * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
  * sums are added across lanes together (sum16x16) into sixteen scores; for heads of 64 and groups
  * of up to 4, or of 128 and groups of up to 2, the outputs stay in registers while the values
@@ -13,7 +13,7 @@
  * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
  * The body below is compiled once per storage type: this file includes itself with KV_NAME,
- * KV_T, KV_ROW and KV_CODE defined (paged_decode_attention_f32, _f16, _bf16); compile it by its absolute
+ * KV_T, KV_ROW and KV_CODE defined (paged_decode_attention_f32, _f16, _bf16, _i8); compile it by its absolute
  * path, as forge.kernels.compiled does, so that __FILE__ names it from anywhere.
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
@@ -52,8 +52,8 @@ static float *scores_buffer(int64_t floats) {
 /* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
 typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 
-#if defined(__AVX512F__)
 #include "kv16.h"
+#if defined(__AVX512F__)
 
 /* v[i]'s 16 lanes summed, for i < 16: lane i of the result (in order). */
 static inline __m512 sum16x16(__m512 v[16]) {
@@ -71,8 +71,9 @@ static inline __m512 sum16x16(__m512 v[16]) {
 
 /* The scores of `group` query vectors qg [group][hd] against the 16 keys at offsets at[0..15] of
  * the cache: scores[j * stride + e] for key e. hd a multiple of 16, at most 256. */
-static inline void scores16(const float *restrict qg, int64_t group, int64_t hd, const void *k, const int64_t *at,
-                            int kv_type, float *restrict scores, int64_t stride) {
+static inline void scores16(const float *restrict qg, int64_t group, int64_t hd, const void *k,
+                            const uint16_t *ks, const int64_t *at, int kv_type, float *restrict scores,
+                            int64_t stride) {
     for (int64_t j = 0; j < group; j++) {
         const float *qj = qg + j * hd;
         __m512 acc[16];
@@ -81,7 +82,7 @@ static inline void scores16(const float *restrict qg, int64_t group, int64_t hd,
         for (int64_t d = 0; d < hd; d += 16) {
             const __m512 qd = _mm512_loadu_ps(qj + d);
             for (int e = 0; e < 16; e++)
-                acc[e] = _mm512_fmadd_ps(qd, load16_kv(k, at[e] + d, kv_type), acc[e]);
+                acc[e] = _mm512_fmadd_ps(qd, load16_kv(k, ks, at[e] + d, kv_type), acc[e]);
         }
         _mm512_storeu_ps(scores + j * stride, sum16x16(acc));
     }
@@ -91,7 +92,8 @@ static inline void scores16(const float *restrict qg, int64_t group, int64_t hd,
  * heads of 16 nv floats: nv 4 (heads of 64) with groups of up to 4, nv 8 (heads of 128) with up to
  * 2. The 16 vectors of outputs are held in registers while the values stream past once (inlined
  * with nv a constant, the loops unroll). */
-static inline __attribute__((always_inline)) void weigh_values(int nv, const void *v, const int64_t *table,
+static inline __attribute__((always_inline)) void weigh_values(int nv, const void *v, const uint16_t *vs,
+                                                               const int64_t *table,
                                                                int64_t block_size, int64_t kv_stride, int64_t head,
                                                                int64_t first, int64_t len, const float *w,
                                                                int64_t stride, int64_t group, int kv_type,
@@ -104,7 +106,7 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
         const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
         __m512 vz[8];
         for (int z = 0; z < nv; z++)
-            vz[z] = load16_kv(v, at + 16 * z, kv_type);
+            vz[z] = load16_kv(v, vs, at + 16 * z, kv_type);
         for (int j = 0; j < max_group; j++) {
             if (j >= group)
                 break;
@@ -126,7 +128,7 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
 #define KV_CODE 0
 #define KV_NAME f32
 #define KV_T float
-#define KV_ROW(src, buf, n) (src)
+#define KV_ROW(base, scales, at, buf, n) ((base) + (at))
 #include __FILE__
 #undef KV_NAME
 #undef KV_T
@@ -151,7 +153,7 @@ static inline const float *widen_f16(const uint16_t *restrict src, row_buffer *r
 #define KV_CODE 1
 #define KV_NAME f16
 #define KV_T uint16_t
-#define KV_ROW(src, buf, n) widen_f16((src), (buf), (n))
+#define KV_ROW(base, scales, at, buf, n) widen_f16((base) + (at), (buf), (n))
 #include __FILE__
 #undef KV_NAME
 #undef KV_T
@@ -166,7 +168,27 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
 #define KV_CODE 2
 #define KV_NAME bf16
 #define KV_T uint16_t
-#define KV_ROW(src, buf, n) widen_bf16((src), (buf), (n))
+#define KV_ROW(base, scales, at, buf, n) widen_bf16((base) + (at), (buf), (n))
+#include __FILE__
+#undef KV_NAME
+#undef KV_T
+#undef KV_ROW
+#undef KV_CODE
+
+/* int8 with a scale per 32 values (kv16.h); a head's row starts a group (hd a multiple of 32). */
+static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *scales, int64_t at,
+                                    row_buffer *restrict buf, int64_t n) {
+    for (int64_t d0 = 0; d0 < n; d0 += KV_INT8_GROUP) {
+        const float scale = kv_scale(scales, at + d0);
+        for (int64_t d = d0; d < d0 + KV_INT8_GROUP && d < n; d++)
+            buf->f[d] = (float)src[at + d] * scale;
+    }
+    return buf->f;
+}
+#define KV_CODE 3
+#define KV_NAME i8
+#define KV_T int8_t
+#define KV_ROW(base, scales, at, buf, n) widen_i8((base), (scales), (at), (buf), (n))
 #include __FILE__
 
 #else  /* the body, once per storage type */
@@ -177,6 +199,7 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
 
 /* q:            [T, nh, hd]  scaled queries of the step's rows
  * k, v:         [num_blocks, block_size, nkv, hd]  one layer's cache
+ * k_scales, v_scales: [num_blocks, block_size, nkv, hd / 32]  their scales (int8 only; else unused)
  * rows:         [S]  the row of T of each decode sequence
  * block_tables: [S, table_width]  block ids, the first ceil(len / block_size) valid
  * context_lens: [S]  keys each sequence sees (its position + 1)
@@ -187,7 +210,7 @@ static inline const float *widen_bf16(const uint16_t *restrict src, row_buffer *
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
 /* Pairs [i0, i1) of (sequence s, KV head g), pair i = s * nkv + g. */
 static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
-                           const int64_t *restrict rows, const int64_t *restrict block_tables,
+                           const uint16_t *k_scales, const uint16_t *v_scales, const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t i0, int64_t i1,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
@@ -214,7 +237,7 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
                     int64_t at[16];
                     for (int e = 0; e < 16; e++)
                         at[e] = (table[(p + e) / block_size] * block_size + (p + e) % block_size) * kv_stride + g * hd;
-                    scores16(qg, group, hd, k, at, KV_CODE, scores + p, len);
+                    scores16(qg, group, hd, k, k_scales, at, KV_CODE, scores + p, len);
                     for (int64_t j = 0; j < group; j++) {
                         const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(scores + j * len + p));
                         if (m16 > maxes[j])
@@ -223,7 +246,7 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
                 }
 #endif
             for (; p < len; p++) {
-                const float *kp = KV_ROW(k + (table[p / block_size] * block_size + p % block_size) * kv_stride
+                const float *kp = KV_ROW(k, k_scales, (table[p / block_size] * block_size + p % block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     float x = dot(qg + j * hd, kp, hd);
@@ -245,19 +268,19 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
 #if defined(__AVX512F__)
             if (hd == 64 && group <= 4) {       /* the outputs in registers (SmolLM2, Llama-style heads) */
-                weigh_values(4, v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                weigh_values(4, v, v_scales, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
                              sums, og);
                 continue;
             }
             if (hd == 128 && group <= 2) {
-                weigh_values(8, v, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
+                weigh_values(8, v, v_scales, table, block_size, kv_stride, g * hd, first, len, scores, len, group, KV_CODE,
                              sums, og);
                 continue;
             }
 #endif
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
             for (int64_t p = first; p < len; p++) {
-                const float *vp = KV_ROW(v + (table[p / block_size] * block_size + p % block_size) * kv_stride
+                const float *vp = KV_ROW(v, v_scales, (table[p / block_size] * block_size + p % block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     const float w = scores[j * len + p];
@@ -276,14 +299,14 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
 }
 
 int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
-                           const int64_t *restrict rows, const int64_t *restrict block_tables,
+                           const uint16_t *k_scales, const uint16_t *v_scales, const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t num_seqs,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
                            float *restrict scores, float *restrict out) {
     if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
         return -1;
-    CAT(decode_pairs_, KV_NAME)(q, k, v, rows, block_tables, table_width, context_lens, first_keys, 0, num_seqs * nkv,
+    CAT(decode_pairs_, KV_NAME)(q, k, v, k_scales, v_scales, rows, block_tables, table_width, context_lens, first_keys, 0, num_seqs * nkv,
                                 nh, nkv, hd, block_size, softcap, scores, out);
     return 0;
 }
@@ -291,6 +314,7 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
 typedef struct {
     const float *q;
     const KV_T *k, *v;
+    const uint16_t *k_scales, *v_scales;
     const int64_t *rows, *block_tables, *context_lens, *first_keys;
     int64_t table_width, num_seqs, nh, nkv, hd, block_size, max_len;
     float softcap;
@@ -314,7 +338,7 @@ static void CAT(decode_part_, KV_NAME)(const void *ctx, int index, int count) {
     if (i0 >= i1) return;
     float *scores = scores_buffer(jb->nh / jb->nkv * jb->max_len);
     if (scores == NULL) { ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1; return; }
-    CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->rows, jb->block_tables, jb->table_width, jb->context_lens,
+    CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->k_scales, jb->v_scales, jb->rows, jb->block_tables, jb->table_width, jb->context_lens,
                                 jb->first_keys, i0, i1, jb->nh, jb->nkv, jb->hd, jb->block_size, jb->softcap,
                                 scores, jb->out);
 }
@@ -323,7 +347,8 @@ static void CAT(decode_part_, KV_NAME)(const void *ctx, int index, int count) {
  * threads by their keys, each thread on its own scores buffer. Returns 0, -1 as above, or -2 when
  * a thread found no memory for its scores. */
 int CAT(paged_decode_attention_pool_, KV_NAME)(const float *restrict q, const KV_T *restrict k,
-                           const KV_T *restrict v, const int64_t *restrict rows,
+                           const KV_T *restrict v, const uint16_t *k_scales, const uint16_t *v_scales,
+                           const int64_t *restrict rows,
                            const int64_t *restrict block_tables, int64_t table_width,
                            const int64_t *restrict context_lens, const int64_t *restrict first_keys,
                            int64_t num_seqs, int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
@@ -333,7 +358,7 @@ int CAT(paged_decode_attention_pool_, KV_NAME)(const float *restrict q, const KV
         return -1;
     int64_t max_len = 1;
     for (int64_t s = 0; s < num_seqs; s++) max_len = context_lens[s] > max_len ? context_lens[s] : max_len;
-    CAT(decode_job_, KV_NAME) jb = {q, k, v, rows, block_tables, context_lens, first_keys, table_width, num_seqs,
+    CAT(decode_job_, KV_NAME) jb = {q, k, v, k_scales, v_scales, rows, block_tables, context_lens, first_keys, table_width, num_seqs,
                                     nh, nkv, hd, block_size, max_len, softcap, out, 0};
     forge_run_parallel(CAT(decode_part_, KV_NAME), &jb, num_seqs * nkv > 1);
     return jb.failed ? -2 : 0;

@@ -202,7 +202,7 @@ static inline void transpose16(__m512 r[16]) {
 /* Keys k0 .. num_keys - 1 of one KV head (at offset `head` in a position's row) widened to float32:
  * the keys transposed into kt (slices of KC keys, [hd][KC] each), the values into vg [nk][hd]; the
  * padding up to nk zero. */
-static void gather(const void *k, const void *v, int kv_type, const int64_t *table, int64_t block_size,
+static void gather(const void *k, const void *v, const uint16_t *ks, const uint16_t *vs, int kv_type, const int64_t *table, int64_t block_size,
                    int64_t kv_stride, int64_t head, int64_t k0, int64_t num_keys, int64_t nk, int64_t hd,
                    float *restrict kt, float *restrict vg) {
     int64_t p = k0;
@@ -215,8 +215,8 @@ static void gather(const void *k, const void *v, int kv_type, const int64_t *tab
         for (int64_t d = 0; d < hd; d += 16) {
             __m512 r[16];
             for (int e = 0; e < 16; e++) {
-                r[e] = load16_kv(k, at[e] + d, kv_type);
-                _mm512_storeu_ps(vg + (j + e) * hd + d, load16_kv(v, at[e] + d, kv_type));
+                r[e] = load16_kv(k, ks, at[e] + d, kv_type);
+                _mm512_storeu_ps(vg + (j + e) * hd + d, load16_kv(v, vs, at[e] + d, kv_type));
             }
             transpose16(r);
             for (int e = 0; e < 16; e++)
@@ -229,10 +229,10 @@ static void gather(const void *k, const void *v, int kv_type, const int64_t *tab
         float *kcol = kt + (j / KC) * KC * hd + j % KC;
         for (int64_t d = 0; d < hd; d += 16) {
             float tmp[16] __attribute__((aligned(64)));
-            _mm512_store_ps(tmp, load16_kv(k, at + d, kv_type));
+            _mm512_store_ps(tmp, load16_kv(k, ks, at + d, kv_type));
             for (int e = 0; e < 16; e++)
                 kcol[(d + e) * KC] = tmp[e];
-            _mm512_storeu_ps(vg + j * hd + d, load16_kv(v, at + d, kv_type));
+            _mm512_storeu_ps(vg + j * hd + d, load16_kv(v, vs, at + d, kv_type));
         }
     }
     for (int64_t j = num_keys - k0; j < nk; j++) {       /* the padding: finite, masked anyway */
@@ -256,7 +256,8 @@ int paged_prefill_attention_supports(int64_t hd) {
 
 /* q:          [T, nh, hd]  the step's scaled queries
  * k, v:       [num_blocks, block_size, nkv, hd]  one layer's cache; kv_type 0 float32, 1 float16,
- *             2 bfloat16 (raw uint16 bits)
+ *             2 bfloat16 (raw uint16 bits), 3 int8 with k_scales, v_scales [num_blocks, block_size,
+ *             nkv, hd / 32] (kv16.h; unused by the other types)
  * tables:     [num_segs, table_width]  each segment's block ids (at least ceil(keys / block_size))
  * seg_row0, seg_pos0: [num_segs]  a row of T in the segment's chunk and its position (a chunk's rows
  *             are consecutive positions of one sequence)
@@ -268,13 +269,14 @@ int paged_prefill_attention_supports(int64_t hd) {
  * out:        [T, nh, hd]  the ranges' rows written
  * Returns 0; -1 without AVX-512, for head_dim not a multiple of 16 up to 64, or a scratch too
  * small. */
-int paged_prefill_attention(const float *q, const void *k, const void *v, int kv_type, const int64_t *tables,
+int paged_prefill_attention(const float *q, const void *k, const void *v, const uint16_t *k_scales,
+                            const uint16_t *v_scales, int kv_type, const int64_t *tables,
                             int64_t table_width, const int64_t *seg_row0, const int64_t *seg_pos0,
                             const int64_t *seg_keys, const int64_t *ranges, int64_t n_ranges, int64_t window,
                             int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float *scratch,
                             int64_t scratch_floats, float *out) {
 #if defined(__AVX512F__)
-    if (hd % 16 || hd / 16 > MAX_HZ || kv_type < 0 || kv_type > 2)
+    if (hd % 16 || hd / 16 > MAX_HZ || kv_type < 0 || kv_type > 3 || (kv_type == 3 && hd % KV_INT8_GROUP))
         return -1;
     const int64_t group = nh / nkv, kv_stride = nkv * hd;
     for (int64_t r_begin = 0, r_end; r_begin < n_ranges; r_begin = r_end) {
@@ -291,7 +293,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, int kv
             return -1;
         float *kt = scratch, *vg = scratch + hd * nk;
         for (int64_t g = 0; g < nkv; g++) {
-            gather(k, v, kv_type, table, block_size, kv_stride, g * hd, k0, num_keys, nk, hd, kt, vg);
+            gather(k, v, k_scales, v_scales, kv_type, table, block_size, kv_stride, g * hd, k0, num_keys, nk, hd, kt, vg);
             for (int64_t r = r_begin; r < r_end; r++) {
                 const int64_t lo = ranges[3 * r], hi = ranges[3 * r + 1];
                 const int64_t num_vecs = (hi - lo) * group;
@@ -319,7 +321,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, int kv
     }
     return 0;
 #else
-    (void)q; (void)k; (void)v; (void)kv_type; (void)tables; (void)table_width; (void)seg_row0; (void)seg_pos0;
+    (void)q; (void)k; (void)v; (void)k_scales; (void)v_scales; (void)kv_type; (void)tables; (void)table_width; (void)seg_row0; (void)seg_pos0;
     (void)seg_keys; (void)ranges; (void)n_ranges; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size;
     (void)scratch; (void)scratch_floats; (void)out;
     return -1;

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.kernels import compiled
 from forge.llama.config import LlamaConfig
-from forge.llama.kv_cache import KV, Scratch
+from forge.llama.kv_cache import KV, Scales, Scratch
 from forge.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
@@ -302,12 +302,14 @@ def _exp_shifted_(scores: F32) -> F32:
     return sums
 
 
-def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch | None = None) -> F32:
+def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch | None = None,
+           scales: tuple[Scales, Scales] | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
-    already written. Returns [T, nh, hd]. The decode parts run on the active MatmulPool, the
-    calling thread taking the first; a thread runs its part's decode groups, then its prefill
-    tiles (decode part i and prefill part i form job i, on scratch part i)."""
+    already written (an int8 cache with its K and V `scales`). Returns [T, nh, hd]. The decode
+    parts run on the active MatmulPool, the calling thread taking the first; a thread runs its
+    part's decode groups, then its prefill tiles (decode part i and prefill part i form job i, on
+    scratch part i)."""
     scratch = scratch if scratch is not None else Scratch()
     out = np.empty_like(q)                                                               # [T, nh, hd]
     num_jobs = max(len(plan.decode_parts), len(plan.fused_parts), len(plan.prefill_parts))
@@ -321,25 +323,26 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     def run(job: tuple[list[DecodeGroup], FusedDecode | None, list[PrefillSeq], FusedPrefill | None,
                        Scratch]) -> None:
         groups, fused, prefills, fused_prefill, part_scratch = job
-        _decode(groups, q, k_cache, v_cache, part_scratch, out, plan.softcap)
+        _decode(groups, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales)
         if fused is not None:
             scores = part_scratch.get(3, (group * int(fused.context_lens.max()),))
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
-                                            fused.context_lens, scores, out, fused.first_keys, plan.softcap)
+                                            fused.context_lens, scores, out, fused.first_keys, plan.softcap,
+                                            scales=scales)
         if plan.fused_prefill:
             if fused_prefill is not None:
                 compiled.paged_prefill_attention(q, k_cache, v_cache, fused_prefill.tables, fused_prefill.row0,
                                                  fused_prefill.pos0, fused_prefill.num_keys, fused_prefill.ranges,
                                                  plan.window, part_scratch.get(0, (fused_prefill.scratch_floats,)),
-                                                 out)
+                                                 out, scales)
             return
         for p in prefills:
-            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap)
+            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales)
 
     if plan.pool_decode is not None:
         d = plan.pool_decode
         compiled.paged_decode_attention(q, k_cache, v_cache, d.rows, d.block_tables, d.context_lens, _NO_SCRATCH, out,
-                                        d.first_keys, plan.softcap, on_pool=True)
+                                        d.first_keys, plan.softcap, on_pool=True, scales=scales)
     active_pool().run_parts(run, jobs)
     return out
 
@@ -355,16 +358,17 @@ def softcap_(scores: F32, cap: float) -> None:
 
 
 def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
-            softcap: float = 0.0) -> None:
+            softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None) -> None:
     """Attention of one part's decode groups; writes their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
+    k_scales, v_scales = scales if scales is not None else (None, None)
     for g in groups:
         num_seqs = len(g.rows)
         kv_shape = (num_seqs, -1, num_kv_heads, head_dim)
-        keys = scratch.gather(0, k_cache, g.block_ids).reshape(kv_shape)                 # [S, L, nkv, hd]
-        values = scratch.gather(1, v_cache, g.block_ids).reshape(kv_shape)               # [S, L, nkv, hd]
+        keys = scratch.gather(0, k_cache, g.block_ids, k_scales).reshape(kv_shape)       # [S, L, nkv, hd]
+        values = scratch.gather(1, v_cache, g.block_ids, v_scales).reshape(kv_shape)     # [S, L, nkv, hd]
         qg = q[g.rows].reshape(num_seqs, num_kv_heads, group, head_dim)                  # [S, nkv, g, hd]
         # transposed views, not copies: numpy hands each [g, hd] x [hd, L] product to BLAS
         scores = scratch.get(2, (num_seqs, num_kv_heads, group, keys.shape[1]))          # [S, nkv, g, L]
@@ -379,7 +383,7 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
 
 
 def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
-             softcap: float = 0.0) -> None:
+             softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None) -> None:
     """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
     their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
@@ -387,8 +391,9 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, 
     group = num_heads // num_kv_heads
     num_keys = max(t.num_keys for t in p.tiles)  # a part with the early tiles needs only early keys
     block_ids = p.block_ids[: -(-num_keys // k_cache.shape[1])]
-    flat_k = scratch.gather(0, k_cache, block_ids).reshape(-1, num_kv_heads, head_dim)[:num_keys]  # [C, nkv, hd]
-    flat_v = scratch.gather(1, v_cache, block_ids).reshape(-1, num_kv_heads, head_dim)[:num_keys]  # [C, nkv, hd]
+    k_scales, v_scales = scales if scales is not None else (None, None)
+    flat_k = scratch.gather(0, k_cache, block_ids, k_scales).reshape(-1, num_kv_heads, head_dim)[:num_keys]
+    flat_v = scratch.gather(1, v_cache, block_ids, v_scales).reshape(-1, num_kv_heads, head_dim)[:num_keys]
     keys_t = np.ascontiguousarray(flat_k.transpose(1, 2, 0))                             # [nkv, hd, C]
     values = np.ascontiguousarray(flat_v.transpose(1, 0, 2))                             # [nkv, C, hd]
     for t in p.tiles:

@@ -1,8 +1,9 @@
 """The K/V storage of the paged cache, and the scratch buffers attention reuses.
 
 Owns the K/V arrays ([num_layers, num_blocks, block_size, num_kv_heads, head_dim], preallocated
-once, in float32, float16 or bfloat16: forge.llama.kv_dtype) and writing a step's new K/V into
-their slots. Which blocks a sequence owns is the allocator's business.
+once, in float32, float16, bfloat16 or int8 with float16 scales beside them: forge.llama.kv_dtype)
+and writing a step's new K/V into their slots. Which blocks a sequence owns is the allocator's
+business.
 """
 
 from __future__ import annotations
@@ -12,12 +13,23 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from forge.kernels import compiled
 from forge.llama.config import LlamaConfig
-from forge.llama.kv_dtype import itemsize, storage_dtype, to_float32, to_storage
+from forge.llama.kv_dtype import (
+    INT8_GROUP,
+    check_head_dim,
+    dequantize_int8,
+    quantize_int8,
+    row_bytes,
+    storage_dtype,
+    to_float32,
+    to_storage,
+)
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 KV = npt.NDArray[np.generic]   # a K or V array in its storage dtype (forge.llama.kv_dtype)
+Scales = npt.NDArray[np.float16]  # an int8 cache's scales, [..., head_dim / INT8_GROUP]
 
 
 class Scratch:
@@ -44,21 +56,27 @@ class Scratch:
             self._buffers[slot] = np.empty(size, np.float32)
         return self._buffers[slot][:size].reshape(shape)
 
-    def gather(self, slot: int, cache: KV, block_ids: I64) -> F32:
+    def gather(self, slot: int, cache: KV, block_ids: I64, scales: Scales | None = None) -> F32:
         """cache[block_ids] as float32 [*block_ids.shape, *cache.shape[1:]]: for a float32 cache, a
         view of it when the ids are one run of consecutive blocks (one sequence whose blocks were
         allocated in order, as a lone sequence's usually are), else copied (and widened from a
-        half-precision cache) into buffer `slot`. mode="clip" lets take write straight into `out`
-        (mode="raise" buffers a second copy); the block ids were checked against the cache before
-        the step. Read-only: the result may be the cache."""
+        half-precision cache, or from int8 by its `scales`) into buffer `slot`. mode="clip" lets
+        take write straight into `out` (mode="raise" buffers a second copy); the block ids were
+        checked against the cache before the step. Read-only: the result may be the cache."""
         shape = (*block_ids.shape, *cache.shape[1:])
         flat = block_ids.reshape(-1)
         if flat.size and (block_ids.ndim == 1 or block_ids.shape[0] == 1):
             first, n = int(flat[0]), flat.size
             if int(flat[-1]) == first + n - 1 and (n < 3 or bool(np.all(np.diff(flat) == 1))):
                 run = cache[first:first + n].reshape(shape)
+                if scales is not None:
+                    return dequantize_int8(run, scales[first:first + n].reshape(*shape[:-1], -1),
+                                           self.get(slot, shape))
                 return run if run.dtype == np.float32 else to_float32(run, self.get(slot, shape))
         out = self.get(slot, shape)
+        if scales is not None:
+            return dequantize_int8(np.take(cache, block_ids, axis=0, mode="clip"),
+                                   np.take(scales, block_ids, axis=0, mode="clip"), out)
         if cache.dtype == np.float32:
             return np.take(cache, block_ids, axis=0, out=out, mode="clip")
         return to_float32(np.take(cache, block_ids, axis=0, mode="clip"), out)
@@ -66,31 +84,55 @@ class Scratch:
 
 class KVCache:
     """The K and V arrays of every layer; a flat slot is block_id * block_size + offset. Stored in
-    `dtype` (forge.llama.kv_dtype: float32, float16, or bfloat16 as uint16 bits); attention
-    widens what it reads to float32 and computes in float32."""
+    `dtype` (forge.llama.kv_dtype: float32, float16, bfloat16 as uint16 bits, or int8 with its
+    float16 scales in k_scales / v_scales, None for the other types); attention widens what it
+    reads to float32 and computes in float32."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype: str = "float32") -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        check_head_dim(dtype, config.head_dim)
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.dtype = dtype
         storage = storage_dtype(dtype)
         # zeros, not empty: padded reads multiply stale slots by probability 0, which needs finite values
         self.k: KV = np.zeros(shape, dtype=storage)
         self.v: KV = np.zeros(shape, dtype=storage)
+        self.k_scales: Scales | None = None
+        self.v_scales: Scales | None = None
+        if dtype == "int8":
+            scale_shape = (*shape[:-1], config.head_dim // INT8_GROUP)
+            self.k_scales = np.zeros(scale_shape, dtype=np.float16)
+            self.v_scales = np.zeros(scale_shape, dtype=np.float16)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch = Scratch()
-        flat = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
-        self._k_slots = self.k.reshape(flat)                     # [layers, slots, nkv, hd] views
-        self._v_slots = self.v.reshape(flat)
+
+    def layer_scales(self, layer: int) -> tuple[Scales, Scales] | None:
+        """Layer `layer`'s K and V scales (an int8 cache), else None."""
+        if self.k_scales is None or self.v_scales is None:
+            return None
+        return self.k_scales[layer], self.v_scales[layer]
 
     def write(self, layer: int, slot_mapping: I64, k: F32, v: F32) -> None:
         """Store one layer's new keys and values [T, nkv, hd] (float32) at their flat slots, in the
-        cache's dtype (rounded to nearest)."""
-        storage = self.k.dtype
-        self._k_slots[layer, slot_mapping] = to_storage(k, storage)
-        self._v_slots[layer, slot_mapping] = to_storage(v, storage)
+        cache's dtype (rounded to nearest; int8 quantized per group of INT8_GROUP values, by the
+        compiled writer where there is one)."""
+        num_layers, _, _, nkv, hd = self.k.shape
+        flat = (num_layers, self.num_blocks * self.block_size, nkv, hd)
+        if self.k_scales is None or self.v_scales is None:
+            storage = self.k.dtype
+            self.k.reshape(flat)[layer, slot_mapping] = to_storage(k, storage)
+            self.v.reshape(flat)[layer, slot_mapping] = to_storage(v, storage)
+            return
+        for values, scales, x in ((self.k, self.k_scales, k), (self.v, self.v_scales, v)):
+            if compiled.library() is not None:
+                compiled.kv_store_int8(np.ascontiguousarray(x, dtype=np.float32), slot_mapping, values[layer],
+                                       scales[layer])
+                continue
+            q, s = quantize_int8(x)
+            values.reshape(flat)[layer, slot_mapping] = q
+            scales.reshape(*flat[:-1], -1)[layer, slot_mapping] = s
 
     def commit_memory(self, run_parts: Callable[[Callable[[range], None], list[range]], None] | None = None,
                       num_parts: int = 1) -> None:
@@ -101,12 +143,12 @@ class KVCache:
         start-up, and the memory the cache will use is taken (or refused) then, not under load.
         With `run_parts` (forge.llama.linear's MatmulPool.run_parts) the layers are dealt into
         `num_parts` parts that run at once; the values stay zero."""
-        stride = max(1, 4096 // self.k.itemsize)
+        arrays = [a for a in (self.k, self.v, self.k_scales, self.v_scales) if a is not None]
 
         def touch(layers: range) -> None:
             for layer in layers:
-                self.k[layer].reshape(-1)[::stride] = 0
-                self.v[layer].reshape(-1)[::stride] = 0
+                for a in arrays:
+                    a[layer].reshape(-1)[::max(1, 4096 // a.itemsize)] = 0
         parts = [range(i, self.k.shape[0], num_parts) for i in range(num_parts)]
         if run_parts is None:
             for part in parts:
@@ -120,14 +162,16 @@ class KVCache:
         view = object.__new__(KVCache)
         view.dtype, view.num_blocks, view.block_size = self.dtype, self.num_blocks, self.block_size
         view.k, view.v = self.k[:num_layers], self.v[:num_layers]
+        view.k_scales = None if self.k_scales is None else self.k_scales[:num_layers]
+        view.v_scales = None if self.v_scales is None else self.v_scales[:num_layers]
         view.scratch = Scratch()
-        view._k_slots, view._v_slots = self._k_slots[:num_layers], self._v_slots[:num_layers]
         return view
 
     @staticmethod
     def bytes_per_block(config: LlamaConfig, block_size: int, dtype: str = "float32") -> int:
-        """Bytes one block costs across all layers, K and V together, stored in `dtype`."""
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize(dtype)
+        """Bytes one block costs across all layers, K and V together, stored in `dtype` (with an
+        int8 cache's scales)."""
+        return 2 * config.num_layers * block_size * config.num_kv_heads * row_bytes(dtype, config.head_dim)
 
     @property
     def num_slots(self) -> int:

@@ -224,7 +224,8 @@ class LlamaModel:
                 pool.run_parts(functools.partial(inputs, matmul_unsplit), row_parts)
             else:
                 inputs(matmul, [(0, num_tokens)])
-            attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch)
+            attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch,
+                          kv.layer_scales(i))
             attn = attn.reshape(num_tokens, -1)                                 # [T, nh * hd]
             if i == last:  # past the last attention only the sampled rows matter
                 x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]

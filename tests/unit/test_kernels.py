@@ -31,7 +31,7 @@ from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 from forge.llama import linear as linear_mod
 from forge.llama.attention import AttentionPlan, attend, plan_attention
 from forge.llama.kv_cache import KVCache
-from forge.llama.kv_dtype import storage_dtype, to_float32, to_storage
+from forge.llama.kv_dtype import INT8_GROUP, dequantize_int8, quantize_int8, storage_dtype, to_float32, to_storage
 from forge.llama.linear import MatmulPool, Q8Matrix
 from forge.llama.model import LlamaModel
 from forge.llama.weights import QuantEmbedding
@@ -355,14 +355,15 @@ def test_fused_decode_attention_equals_the_numpy_reference(
 
 def assert_the_pool_gives_the_same(batch: ForwardBatch, config: SimpleNamespace, block_size: int, num_parts: int,
                                    window: int, softcap: float, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                                   fused_plan: AttentionPlan, got: np.ndarray) -> None:
+                                   fused_plan: AttentionPlan, got: np.ndarray,
+                                   scales: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """The decode rows as one call split by (row, KV head) over the compiled products' two
     threads give the same bits as the parts on the engine's pool."""
     compiled.pool_threads(2)
     pool_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window, softcap=softcap,
                                decode_on_pool=True)
     assert (pool_plan.pool_decode is not None) == bool(fused_plan.fused_parts) and not pool_plan.fused_parts
-    np.testing.assert_array_equal(attend(pool_plan, q, k, v), got)
+    np.testing.assert_array_equal(attend(pool_plan, q, k, v, scales=scales), got)
 
 
 def test_the_compiled_kernel_refuses_arrays_it_would_misread() -> None:
@@ -416,14 +417,54 @@ def test_float16_storage_is_numpys_rounding(values: list[float]) -> None:
     assert np.array_equal(to_float32(stored), want.astype(np.float32), equal_nan=True)
 
 
+# ---- the int8 K/V cache ------------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 6), groups=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       magnitude=st.sampled_from([1e-30, 1e-7, 1e-3, 1.0, 300.0, 1e5]),
+       specials=st.lists(st.sampled_from([0.0, -0.0, 127.0, -1e-40, 65504.0 * 127]), max_size=4))
+def test_the_int8_writer_is_the_numpy_quantiser_and_rounds_within_half_a_step(
+        rows: int, groups: int, seed: int, magnitude: float, specials: list[float]) -> None:
+    """The compiled writer stores the same bits as forge.llama.kv_dtype.quantize_int8 at the given
+    slots (and nothing elsewhere); reading back is within half a quantization step of every value
+    (scales rounded to float16, subnormal ones included; all-zero groups stay zero)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, 2, groups * INT8_GROUP)) * magnitude).astype(np.float32)
+    x.reshape(-1)[: len(specials)] = specials
+    if rng.random() < 0.3:
+        x[0, 0, :INT8_GROUP] = 0.0
+    q, scales = quantize_int8(x)
+    num_slots = rows + 5
+    values = np.full((num_slots, 1, 2, groups * INT8_GROUP), 7, np.int8)
+    stored = np.full((num_slots, 1, 2, groups), 3.0, np.float16)
+    slots = rng.permutation(num_slots)[:rows].astype(np.int64)
+    compiled.kv_store_int8(np.ascontiguousarray(x), slots, values, stored)
+    assert np.array_equal(values[slots, 0], q)
+    assert np.array_equal(stored[slots, 0].view(np.uint16), scales.view(np.uint16))
+    untouched = np.setdiff1d(np.arange(num_slots), slots)
+    assert (values[untouched] == 7).all() and (stored[untouched] == 3.0).all()
+    back = dequantize_int8(q, scales)
+    step = np.repeat(scales.astype(np.float64), INT8_GROUP, axis=-1)
+    # half a step, and for the tiniest groups the float16 subnormals' spacing (2^-24) times 127
+    assert (np.abs(back.astype(np.float64) - x) <= 0.5 * step * (1 + 2.0**-9) + 127 * 2.0**-25).all()
+    assert (np.abs(q) <= 127).all() and (back[x == 0] == 0).all()
+
+
+def test_an_int8_cache_needs_heads_in_groups_of_32(tmp_path: Path) -> None:
+    config = LlamaModel.load(write_tiny_llama(tmp_path / "m.gguf")).config     # heads of 8
+    with pytest.raises(ValueError, match="multiple of 32"):
+        KVCache(config, 4, 4, "int8")
+
+
 @pytest.mark.parametrize("kv_dtype", KV_CACHE_DTYPES)
 def test_bytes_per_token_by_kv_dtype(tmp_path: Path, kv_dtype: str) -> None:
-    config = LlamaModel.load(write_tiny_llama(tmp_path / "m.gguf")).config
+    config = LlamaModel.load(write_tiny_llama(tmp_path / "m.gguf", hidden=64, heads=2)).config   # heads of 32
     per_token = KVCache.bytes_per_block(config, 1, kv_dtype)
-    itemsize = 4 if kv_dtype == "float32" else 2
+    itemsize = {"float32": 4, "int8": 1 + 2 / INT8_GROUP}.get(kv_dtype, 2)   # int8: its float16 scales too
     assert per_token == 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
     kv = KVCache(config, 3, 4, kv_dtype)
-    assert kv.k.nbytes + kv.v.nbytes == 12 * per_token
+    held = [a.nbytes for a in (kv.k, kv.v, kv.k_scales, kv.v_scales) if a is not None]
+    assert sum(held) == 12 * per_token
 
 
 # Run in a fresh interpreter: in a long one (the test session) the allocator may hand the cache
@@ -445,11 +486,12 @@ before = rss_anon_kib()
 pool = MatmulPool("split", threads)
 kv.commit_memory(pool.run_parts if threads > 1 else None)
 pool.close()
-print(before, rss_anon_kib(), kv.k.nbytes + kv.v.nbytes, int(kv.k.any() or kv.v.any()))
+arrays = [a for a in (kv.k, kv.v, kv.k_scales, kv.v_scales) if a is not None]
+print(before, rss_anon_kib(), sum(a.nbytes for a in arrays), int(any(a.any() for a in arrays)))
 """
 
 
-@pytest.mark.parametrize(("kv_dtype", "threads"), [("float32", 1), ("float16", 2)])
+@pytest.mark.parametrize(("kv_dtype", "threads"), [("float32", 1), ("float16", 2), ("int8", 2)])
 def test_committing_the_kv_cache_takes_its_memory_and_keeps_it_zero(kv_dtype: str, threads: int) -> None:
     """Pages no one has written are not resident; after commit_memory every page of K and V is."""
     done = subprocess.run([sys.executable, "-c", COMMIT_PROBE, kv_dtype, str(threads)], capture_output=True,
@@ -459,25 +501,61 @@ def test_committing_the_kv_cache_takes_its_memory_and_keeps_it_zero(kv_dtype: st
     assert nonzero == 0
 
 
-@settings(max_examples=20, deadline=None)
-@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_dtype=st.sampled_from(["float16", "bfloat16"]),
-       block_size=st.sampled_from([1, 4, 16]), head_dim=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2**32 - 1))
-def test_fused_decode_attention_reads_half_precision_like_the_numpy_path(
-        lens: list[int], kv_dtype: str, block_size: int, head_dim: int, seed: int) -> None:
-    """Both paths read the same stored values, widen them exactly and compute in float32 (heads of
-    64 with groups of 3, 128 with groups of 1: the kernel's paths with the outputs in registers)."""
+def stored_kv(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """float32 K or V [..., hd] as a cache of kv_dtype holds it: (values, the int8 scales or None)."""
+    if kv_dtype == "int8":
+        return quantize_int8(x)
+    return to_storage(x, np.dtype(storage_dtype(kv_dtype))), None
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6),
+       kv_dtype=st.sampled_from(["float16", "bfloat16", "int8"]), block_size=st.sampled_from([1, 4, 16]),
+       head_dim=st.sampled_from([32, 64, 128]), softcap=st.sampled_from([0.0, 0.0, 2.0]),
+       seed=st.integers(0, 2**32 - 1))
+def test_fused_decode_attention_reads_stored_types_like_the_numpy_path(
+        lens: list[int], kv_dtype: str, block_size: int, head_dim: int, softcap: float, seed: int) -> None:
+    """Both paths read the same stored values, widen them exactly (int8 by its scales) and compute
+    in float32 (heads of 64 with groups of 3, 128 with groups of 1: the kernel's paths with the
+    outputs in registers; soft-capped scores: its one-key-at-a-time path), on the engine's pool
+    and on the compiled products' threads alike."""
     rng = np.random.default_rng(seed)
     num_blocks = sum(-(-n // block_size) for n in lens) + 2
     batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
     num_heads = 2 if head_dim == 128 else 6
     config = SimpleNamespace(num_heads=num_heads, num_kv_heads=2, head_dim=head_dim)
-    storage = np.dtype(storage_dtype(kv_dtype))
-    k = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
-    v = to_storage(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), storage)
+    k, k_scales = stored_kv((rng.standard_normal((num_blocks, block_size, 2, head_dim)) * 3).astype(np.float32),
+                            kv_dtype)
+    v, v_scales = stored_kv(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), kv_dtype)
+    scales = None if k_scales is None or v_scales is None else (k_scales, v_scales)
     q = (rng.standard_normal((batch.num_tokens, num_heads, head_dim)) / 4).astype(np.float32)
-    want = attend(plan_attention(batch, config, block_size, 2), q, k, v)
-    got = attend(plan_attention(batch, config, block_size, 2, fused=True), q, k, v)
+    want = attend(plan_attention(batch, config, block_size, 2, softcap=softcap), q, k, v, scales=scales)
+    fused_plan = plan_attention(batch, config, block_size, 2, fused=True, softcap=softcap)
+    got = attend(fused_plan, q, k, v, scales=scales)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+    assert_the_pool_gives_the_same(batch, config, block_size, 2, 0, softcap, q, k, v, fused_plan, got, scales)
+
+
+@pytest.mark.parametrize("kv_dtype", KV_CACHE_DTYPES)
+def test_decode_attention_built_without_avx512_reads_every_stored_type_alike(kv_dtype: str) -> None:
+    """The code an AVX2 CPU gets (one key at a time, rows widened by plain loops) gives the native
+    build's outputs on every storage type."""
+    rng = np.random.default_rng(3)
+    lens, block_size, head_dim = [1, 17, 40, 33], 4, 64
+    num_blocks = sum(-(-n // block_size) for n in lens) + 2
+    batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
+    k, k_scales = stored_kv(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), kv_dtype)
+    v, v_scales = stored_kv(rng.standard_normal((num_blocks, block_size, 2, head_dim)).astype(np.float32), kv_dtype)
+    scales = None if k_scales is None or v_scales is None else (k_scales, v_scales)
+    q = (rng.standard_normal((batch.num_tokens, 6, head_dim)) / 4).astype(np.float32)
+    outs = []
+    for isa in ("native", "avx2"):
+        out = np.zeros_like(q)
+        compiled.paged_decode_attention(q, k, v, batch.query_start[:-1].copy(), batch.block_tables, batch.context_lens,
+                                        np.empty(3 * max(lens), np.float32), out, scales=scales,
+                                        lib=compiled.library_at(isa))
+        outs.append(out)
+    np.testing.assert_allclose(outs[1], outs[0], atol=1e-5, rtol=0)
 
 
 def prefill_kernel_here(head_dim: int = 64) -> bool:
@@ -495,7 +573,7 @@ def prefill_kernel_here(head_dim: int = 64) -> bool:
 @given(lens=st.lists(st.integers(2, 300), min_size=1, max_size=6), cached=st.floats(0.0, 0.99),
        kv_heads=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 3, 4]), head_dim=st.sampled_from([16, 48, 64]),
        block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3), window=st.sampled_from([0, 1, 5, 40, 200]),
-       kv_dtype=st.sampled_from(["float32", "float16", "bfloat16"]), seed=st.integers(0, 2**32 - 1))
+       kv_dtype=st.sampled_from(KV_CACHE_DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_fused_prefill_attention_equals_the_numpy_reference(
         lens: list[int], cached: float, kv_heads: int, group: int, head_dim: int, block_size: int, num_parts: int,
         window: int, kv_dtype: str, seed: int) -> None:
@@ -503,6 +581,8 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     row with its guesses: short ones on the decode kernel, the rest on the prefill kernel; blocks
     scattered, tiles dealt over parts, a sliding window or none, every K/V storage type) give the
     numpy path's output."""
+    if kv_dtype == "int8" and head_dim % INT8_GROUP:
+        head_dim = 2 * INT8_GROUP * (head_dim // (2 * INT8_GROUP) or 1)     # int8 heads come in groups of 32
     if not prefill_kernel_here(head_dim):
         return
     rng = np.random.default_rng(seed)
@@ -510,20 +590,23 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     num_blocks = sum(-(-n // block_size) for n in lens) + 3
     batch = paged_batch(rng, lens, query_lens, block_size, num_blocks)
     config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)
-    storage = np.dtype(storage_dtype(kv_dtype))
-    k = to_storage((rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)) * 2).astype(np.float32), storage)
-    v = to_storage(rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32), storage)
+    k, k_scales = stored_kv((rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)) * 2).astype(np.float32),
+                            kv_dtype)
+    v, v_scales = stored_kv(rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32),
+                            kv_dtype)
+    scales = None if k_scales is None or v_scales is None else (k_scales, v_scales)
     q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
-    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v)
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v, scales=scales)
     fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
     from forge.llama.attention import MAX_DECODE_KERNEL_ROWS
     long_rows = sum(n for n in query_lens if n > MAX_DECODE_KERNEL_ROWS)
     assert fused_plan.fused_prefill
     assert sum(t.hi - t.lo for part in fused_plan.prefill_parts for p in part for t in p.tiles) == long_rows
     assert all(t.bias is None for part in fused_plan.prefill_parts for p in part for t in p.tiles)
-    got = attend(fused_plan, q, k, v)
+    got = attend(fused_plan, q, k, v, scales=scales)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
-    assert_the_pool_gives_the_same(batch, config, block_size, num_parts, window, 0.0, q, k, v, fused_plan, got)
+    assert_the_pool_gives_the_same(batch, config, block_size, num_parts, window, 0.0, q, k, v, fused_plan, got,
+                                   scales)
 
 
 def test_prompt_chunks_the_prefill_kernel_does_not_take_stay_on_numpy() -> None:

@@ -35,9 +35,8 @@ from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
-from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
-from forge.llm import LoadedModel, load_draft, plan_cache
+from forge.llm import CachePlan, LoadedModel, load_draft, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
 from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
@@ -106,7 +105,10 @@ class Daemon:
         draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
         draft_model = draft.model if draft is not None else None
         configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
-        num_blocks, max_model_len = plan_cache(loaded.model, cfg, draft_model)
+        plan = plan_cache(loaded.model, cfg, draft_model)
+        if plan.warning is not None:
+            log.warning("kv_cache_short", reason=plan.warning)
+        num_blocks, max_model_len = plan.num_blocks, plan.max_model_len
         cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
@@ -154,8 +156,7 @@ class Daemon:
                 allocator = self.allocator
                 self.gateway.stats.sources = Sources(
                     scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
-                    serving=self._serving(loaded, num_blocks=num_blocks, max_model_len=max_model_len,
-                                          attention=attention))
+                    serving=self._serving(loaded, plan, attention=attention))
                 tg.start_soon(self.gateway.stats.run_sampler)
                 log.info("ready", model=loaded.path, architecture=loaded.model.config.arch.name,
                          tokenizer=loaded.tokenizer.kind, kernels=loaded.kernels.name,
@@ -166,7 +167,8 @@ class Daemon:
                          draft_weights_mib=round(draft_model.weights.nbytes / 2**20, 1) if draft_model else 0,
                          kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,
                          kv_tokens=num_blocks * cfg.block_size,
-                         kv_bytes_per_token=KVCache.bytes_per_block(loaded.model.config, 1, cfg.kv_cache_dtype),
+                         kv_bytes_per_token=plan.bytes_per_token, kv_budget_mib=round(plan.budget / 2**20, 1),
+                         kv_budget=plan.sized,
                          kv_commit_s=round(kv_commit_s, 2) if kv_commit_s is not None else "off",
                          max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
                 task_status.started()
@@ -177,8 +179,7 @@ class Daemon:
                 log.info("stopped", inflight=self.gateway.admission.num_inflight)
                 tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
 
-    def _serving(self, loaded: LoadedModel, *, num_blocks: int, max_model_len: int,
-                 attention: str) -> dict[str, Any]:
+    def _serving(self, loaded: LoadedModel, plan: CachePlan, *, attention: str) -> dict[str, Any]:
         """What the dashboard shows as "serving": the model and the settings that shape its figures."""
         cfg = self.config.engine
         spec = "off" if cfg.speculative == "off" else f"{cfg.speculative}, {cfg.num_speculative_tokens} tokens"
@@ -191,8 +192,10 @@ class Daemon:
             "layers": loaded.model.config.num_layers,
             "weights_mib": round(loaded.model.weights.nbytes / 2**20, 1), "kernels": loaded.kernels.name,
             "numerics": loaded.kernels.numerics, "attention": attention, "kv_cache_dtype": cfg.kv_cache_dtype,
-            "kv_blocks": num_blocks, "block_size": cfg.block_size, "kv_tokens": num_blocks * cfg.block_size,
-            "max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs,
+            "kv_blocks": plan.num_blocks, "block_size": cfg.block_size,
+            "kv_tokens": plan.num_blocks * cfg.block_size, "kv_bytes_per_token": plan.bytes_per_token,
+            "kv_budget_mib": round(plan.budget / 2**20, 1), "kv_budget": plan.sized,
+            "max_model_len": plan.max_model_len, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_step_ms": cfg.max_step_ms if cfg.max_step_ms is not None else "off",
             "scheduling_policy": cfg.scheduling_policy, "prefix_caching": "on" if cfg.enable_prefix_caching else "off",

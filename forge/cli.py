@@ -33,12 +33,16 @@ def _progress(message: str) -> None:
     print(f"forge: {message}", file=sys.stderr, flush=True)
 
 
+def _size_or_auto(text: str) -> int | None:
+    return None if text.strip().lower() == "auto" else parse_size(text)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     speculative = args.speculative          # unset: a named draft means "draft", else "ngram"
     if speculative is None:
         speculative = "draft" if args.draft_model is not None or args.draft_layers is not None else "ngram"
     try:
-        return EngineConfig(block_size=args.block_size, kv_cache_memory=parse_size(args.kv_cache_memory),
+        return EngineConfig(block_size=args.block_size, kv_cache_memory=_size_or_auto(args.kv_cache_memory),
                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             enable_prefix_caching=not args.no_prefix_caching,
@@ -91,8 +95,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "[FORGE_NUM_SPECULATIVE_TOKENS; 8]")
     g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "32")),
                    help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 32]")
-    g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "2GiB"),
-                   help="memory for the K/V arrays, e.g. 512MiB [FORGE_KV_CACHE_MEMORY; 2GiB]")
+    g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "auto"),
+                   help="memory for the K/V arrays, e.g. 512MiB; auto: --max-num-seqs sequences of 512 tokens "
+                        "or one whole context, whichever is more, at most 40%% of the machine's memory "
+                        "[FORGE_KV_CACHE_MEMORY; auto]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),
                    help="longest sequence (prompt + completion) [FORGE_MAX_MODEL_LEN; the model's context]")
     g.add_argument("--block-size", type=int, default=int(env("FORGE_BLOCK_SIZE", "16")),
@@ -116,9 +122,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "the same bits for a row whatever the batch) or fast (bfloat16 products on "
                         "blocks, int8 activations on onnxruntime: about twice the prefill speed, a few "
                         "1e-3 relative; docs/design.md) [FORGE_NUMERICS; reference]")
-    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float32"),
-                   help="how the K/V cache stores values; float16 and bfloat16 hold twice the tokens in "
-                        "--kv-cache-memory (attention computes in float32 either way) [FORGE_KV_CACHE_DTYPE; float32]")
+    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float16"),
+                   help="how the K/V cache stores values: float16 (half float32's bytes, logprobs within "
+                        "~1e-2), float32 (exact), bfloat16, or int8 (3.76x float32's tokens per byte, "
+                        "logprobs within ~0.3; docs/design.md); attention computes in float32 either way "
+                        "[FORGE_KV_CACHE_DTYPE; float16]")
     g.add_argument("--kv-cache-commit", choices=["on", "off"], default=env("FORGE_KV_CACHE_COMMIT", "on"),
                    help="write every page of the KV cache at start: its memory is taken then, and no step "
                         "pays the page faults of first writes (tens of microseconds each on some virtual "
@@ -222,7 +230,7 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
     gen.add_argument("--chat", action="store_true", help="send PROMPT as one user message of a chat")
     add_engine_flags(gen)
     # one completion and out: committing the cache's memory would only delay it
-    gen.set_defaults(func=_cmd_generate, kv_cache_memory="512MiB", max_num_seqs=1, kv_cache_commit="off")
+    gen.set_defaults(func=_cmd_generate, kv_cache_memory="auto", max_num_seqs=1, kv_cache_commit="off")
 
 
     bench = sub.add_parser("bench", help="offline benchmark: the toy engine, or a real model with --model")
@@ -233,8 +241,8 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
     bench.add_argument("--kernels", choices=list(KERNELS), default="auto", help="model: the kernel backend [auto]")
     bench.add_argument("--numerics", choices=list(NUMERICS), default="reference",
                        help="model: reference or fast numerics [reference]")
-    bench.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="float32",
-                       help="model: how the K/V cache stores values [float32]")
+    bench.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="float16",
+                       help="model: how the K/V cache stores values [float16]")
     bench.add_argument("--blas-threads", type=int, default=None,
                        help="model: BLAS threads [the BLAS default]")
     bench.add_argument("--max-num-batched-tokens", type=int, default=512,

@@ -128,6 +128,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_swiglu.restype = None
     lib.forge_kv_store_int8.argtypes = [p, i64, i64, p, p, p]
     lib.forge_kv_store_int8.restype = None
+    lib.forge_hadamard32.argtypes = [p, i64, ctypes.c_float]
+    lib.forge_hadamard32.restype = None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
     lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64, i64]
@@ -264,6 +266,17 @@ def _scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
         if s.dtype != np.float16 or s.shape != want or not s.flags.c_contiguous or k_cache.shape[-1] % INT8_GROUP:
             raise ValueError(f"{name}: int8 scales must be C-contiguous float16 {want}")
     return _ptr(scales[0]), _ptr(scales[1])
+
+
+def hadamard32_(x: F32, scale: float) -> None:
+    """In place: each run y of 32 values of x (C-contiguous float32, size a multiple of 32) <- H y *
+    scale, H the unnormalised 32 x 32 Walsh-Hadamard matrix (elementwise.c; forge.llama.kv_dtype.
+    hadamard32 is its reference, the same bits)."""
+    lib = library()
+    assert lib is not None, "hadamard32_ called without the compiled kernels"
+    if x.dtype != np.float32 or not x.flags.c_contiguous or x.size % INT8_GROUP:
+        raise ValueError("hadamard32_ needs C-contiguous float32 of a multiple of 32 values")
+    lib.forge_hadamard32(_ptr(x), x.size // INT8_GROUP, scale)
 
 
 def kv_store_int8(x: F32, slots: I64, values: npt.NDArray[np.int8], scales: npt.NDArray[np.float16]) -> None:

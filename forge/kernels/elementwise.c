@@ -39,10 +39,35 @@ void forge_swiglu(const float *restrict gate_up, int64_t rows, int64_t f, float 
     }
 }
 
+/* x[0..31] <- H x for the 32 x 32 Walsh-Hadamard matrix H (entries +-1, unnormalised: H H = 32 I):
+ * five stages of butterflies. forge.llama.kv_dtype.hadamard32 makes the same additions in the same
+ * order (the same bits). */
+static inline void hadamard32(float *x) {
+    for (int h = 1; h < 32; h *= 2)
+        for (int i = 0; i < 32; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* Each of `groups` runs of 32 floats of x (contiguous) <- H x * scale (scale a power of two: exact). */
+void forge_hadamard32(float *restrict x, int64_t groups, float scale) {
+    for (int64_t g = 0; g < groups; g++) {
+        float *xg = x + 32 * g;
+        hadamard32(xg);
+        if (scale != 1.0f)
+            for (int i = 0; i < 32; i++)
+                xg[i] *= scale;
+    }
+}
+
 /* The int8 K/V cache's writer (forge.llama.kv_dtype.quantize_int8 is the reference, bit for bit):
  * rows x [n][row_len] float32 (row_len a multiple of 32) into their slots, each group of 32 values
- * as int8 q = rint(x / d) in [-127, 127] with the float16 scale d = max |x| / 127 (rounded to
- * float16, at most its largest value): q at q_out[slots[r] * row_len], the scales at
+ * rotated by H (hadamard32: an outlier spreads over its group, so one scale fits all 32) and
+ * stored as int8 q = rint(y / d) in [-127, 127] with the float16 scale d = max |y| / 127 (rounded
+ * to float16, at most its largest value): q at q_out[slots[r] * row_len], the scales at
  * scales[slots[r] * row_len / 32]. Written as multiplications by constants and by 1 / d, which
  * -ffast-math leaves as they are, so that numpy's reference rounds the same. */
 void forge_kv_store_int8(const float *restrict x, int64_t n, int64_t row_len, const int64_t *restrict slots,
@@ -53,15 +78,17 @@ void forge_kv_store_int8(const float *restrict x, int64_t n, int64_t row_len, co
         int8_t *qr = q_out + slots[r] * row_len;
         uint16_t *sr = scales + slots[r] * (row_len / 32);
         for (int64_t g = 0; g < row_len / 32; g++) {
-            const float *xg = xr + 32 * g;
+            float y[32];
+            memcpy(y, xr + 32 * g, sizeof y);
+            hadamard32(y);
             float amax = 0.0f;
             for (int i = 0; i < 32; i++)
-                amax = fmaxf(amax, fabsf(xg[i]));
+                amax = fmaxf(amax, fabsf(y[i]));
             const _Float16 h = (_Float16)fminf(amax * inv127, 65504.0f);
             const float d = (float)h;
             const float id = d > 0.0f ? 1.0f / d : 0.0f;
             for (int i = 0; i < 32; i++)
-                qr[32 * g + i] = (int8_t)fminf(fmaxf(rintf(xg[i] * id), -127.0f), 127.0f);
+                qr[32 * g + i] = (int8_t)fminf(fmaxf(rintf(y[i] * id), -127.0f), 127.0f);
             memcpy(sr + g, &h, sizeof h);
         }
     }

@@ -23,6 +23,7 @@ from forge.batch import ForwardBatch
 from forge.kernels import compiled
 from forge.llama.config import LlamaConfig
 from forge.llama.kv_cache import KV, Scales, Scratch
+from forge.llama.kv_dtype import INT8_GROUP, hadamard32
 from forge.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
@@ -306,11 +307,14 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
            scales: tuple[Scales, Scales] | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
-    already written (an int8 cache with its K and V `scales`). Returns [T, nh, hd]. The decode
+    already written (an int8 cache with its K and V `scales`: it holds them rotated, so the
+    queries are rotated first and the outputs after, by H / 32). Returns [T, nh, hd]. The decode
     parts run on the active MatmulPool, the calling thread taking the first; a thread runs its
     part's decode groups, then its prefill tiles (decode part i and prefill part i form job i, on
     scratch part i)."""
     scratch = scratch if scratch is not None else Scratch()
+    if scales is not None:
+        q = _rotated(q)
     out = np.empty_like(q)                                                               # [T, nh, hd]
     num_jobs = max(len(plan.decode_parts), len(plan.fused_parts), len(plan.prefill_parts))
     jobs = [(plan.decode_parts[i] if i < len(plan.decode_parts) else [],
@@ -344,7 +348,20 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
         compiled.paged_decode_attention(q, k_cache, v_cache, d.rows, d.block_tables, d.context_lens, _NO_SCRATCH, out,
                                         d.first_keys, plan.softcap, on_pool=True, scales=scales)
     active_pool().run_parts(run, jobs)
+    if scales is not None:
+        return _rotated(out, in_place=True)
     return out
+
+
+def _rotated(x: F32, in_place: bool = False) -> F32:
+    """x [T, nh, hd] with each run of 32 values multiplied by H / 32 (forge.llama.kv_dtype's
+    hadamard32; compiled where the kernels are): H / 32 takes queries to an int8 cache's rotated
+    keys, and outputs back from its rotated values."""
+    if compiled.library() is None:
+        return hadamard32(x, 1.0 / INT8_GROUP)
+    y = x if in_place and x.flags.c_contiguous else np.array(x, dtype=np.float32, order="C")
+    compiled.hadamard32_(y, 1.0 / INT8_GROUP)
+    return y
 
 
 _NO_SCRATCH = np.empty(0, dtype=np.float32)    # the pool's threads keep their own scores buffers

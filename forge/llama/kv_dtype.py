@@ -5,11 +5,16 @@ numpy has no bfloat16, so a bfloat16 cache is a uint16 array of the values' uppe
 convention the compiled kernels share: uint16 storage means bfloat16). Writing rounds to the
 nearest representable value, ties to even, as hardware conversions do; reading is exact.
 
-int8 is llama.cpp's q8_0 laid out for paged attention: each run of INT8_GROUP values of a head's
-row (head_dim a multiple of it) is q = rint(x / d), |q| <= 127, with d = max |x| / 127 rounded to
-float16; the values sit in an int8 array shaped like the float cache, the scales in a float16
-array with the last axis divided by INT8_GROUP. Reading widens q * d, exact in float32. 34 bytes
-per 32 values: 3.76x the tokens of float32 in the same memory.
+int8 is llama.cpp's q8_0 laid out for paged attention, on rotated values: each run of
+INT8_GROUP values of a head's row (head_dim a multiple of it) is first multiplied by the 32 x 32
+Walsh-Hadamard matrix H (hadamard32; H H = 32 I), which spreads a channel's outlier over its group,
+then stored as q = rint(y / d), |q| <= 127, with d = max |y| / 127 rounded to float16; the values
+sit in an int8 array shaped like the float cache, the scales in a float16 array with the last axis
+divided by INT8_GROUP (rotated magnitudes up to 127 x 65504, about 8.3e6, beyond which they
+saturate). Reading widens q * d (exact in float32): H x, not x. Attention over such a
+cache rotates the queries by H / 32 first (their scores are then q . x) and its outputs by H / 32
+after (forge.llama.attention). 34 bytes per 32 values: 3.76x the tokens of float32 in the same
+memory.
 """
 
 from __future__ import annotations
@@ -52,12 +57,31 @@ def check_head_dim(name: str, head_dim: int) -> None:
         raise ValueError(f"an int8 K/V cache needs head_dim a multiple of {INT8_GROUP}, this model's is {head_dim}")
 
 
+def hadamard32(x: F32, scale: float = 1.0) -> F32:
+    """H y * scale for each run y of 32 values along the last axis of x [..., n] (n a multiple of
+    32), H the unnormalised 32 x 32 Walsh-Hadamard matrix: five stages of butterflies, the same
+    additions in the same order as the compiled kernels' (elementwise.c). A new array."""
+    y = np.array(x, dtype=np.float32).reshape(-1, INT8_GROUP)
+    h = 1
+    while h < INT8_GROUP:
+        pairs = y.reshape(len(y), INT8_GROUP // (2 * h), 2, h)
+        a = pairs[:, :, 0].copy()
+        b = pairs[:, :, 1]
+        pairs[:, :, 0] = a + b
+        pairs[:, :, 1] = a - b
+        h *= 2
+    if scale != 1.0:
+        y *= np.float32(scale)
+    return y.reshape(x.shape)
+
+
 def quantize_int8(x: F32) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float16]]:
-    """float32 values [..., n] (n a multiple of INT8_GROUP) as an int8 cache stores them: (q [..., n]
-    int8, scales [..., n / INT8_GROUP] float16). The reference the compiled writer
-    (elementwise.c's forge_kv_store_int8) matches bit for bit: the same float32 operations in the
-    same order (NaN counts as 0 in the maximum and rounds to -127; infinities saturate)."""
-    groups = np.asarray(x, dtype=np.float32).reshape(*x.shape[:-1], -1, INT8_GROUP)         # [..., G, 32]
+    """float32 values [..., n] (n a multiple of INT8_GROUP) as an int8 cache stores them, rotated
+    by hadamard32 and quantized: (q [..., n] int8, scales [..., n / INT8_GROUP] float16). The
+    reference the compiled writer (elementwise.c's forge_kv_store_int8) matches bit for bit: the
+    same float32 operations in the same order (NaN counts as 0 in the maximum and rounds to -127;
+    infinities saturate)."""
+    groups = hadamard32(x).reshape(*x.shape[:-1], -1, INT8_GROUP)                          # [..., G, 32]
     amax = np.fmax.reduce(np.abs(groups), axis=-1, initial=np.float32(0))                     # [..., G]
     scales = np.fmin(amax * _INV127, _F16_MAX).astype(np.float16)
     d = scales.astype(np.float32)
@@ -69,7 +93,8 @@ def quantize_int8(x: F32) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float16]
 
 
 def dequantize_int8(q: npt.NDArray[np.int8], scales: npt.NDArray[np.float16], out: F32 | None = None) -> F32:
-    """An int8 cache's values [..., n] and scales [..., n / INT8_GROUP] as float32 (exact)."""
+    """An int8 cache's values [..., n] and scales [..., n / INT8_GROUP] as float32 (exact): the
+    rotated values (hadamard32(x) for the x written, to within half a step)."""
     if out is None:
         out = np.empty(q.shape, dtype=np.float32)
     grouped = out.reshape(*q.shape[:-1], -1, INT8_GROUP)

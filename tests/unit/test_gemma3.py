@@ -54,6 +54,7 @@ def test_decode_round_trips(gemma: LoadedModel, case: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def engine_outputs(gemma: LoadedModel) -> Outputs:
     outputs, engine = run_reference(gemma, DATA, EngineConfig(
+        kv_cache_dtype="float32",  # transformers to the bit: float32 K/V
         kv_cache_memory=512 * 2**20, max_model_len=1024, max_num_seqs=len(DATA["greedy"]) + len(DATA["logprobs"]),
         max_num_batched_tokens=1024))
     assert engine.core.stats().num_preemptions == 0

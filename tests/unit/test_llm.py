@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from forge.config import EngineConfig
-from forge.errors import InvalidRequest, PromptTooLong
+from forge.errors import ConfigError, InvalidRequest, PromptTooLong
 from forge.llama import KVCache, LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.messages import SampledToken
@@ -89,7 +89,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 def tiny_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int = 64, max_model_len: int = 64,
                 **kwargs: object) -> LLMEngine:
     per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
-    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
+    config = EngineConfig(kv_cache_dtype="float32",
+                          block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=max_model_len,
                           **kwargs)  # type: ignore[arg-type]
     return LLMEngine(loaded, config)
 
@@ -222,7 +223,8 @@ def real_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int | N
     """An engine with max_model_len 128; num_blocks None gives plenty."""
     per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
     num_blocks = num_blocks if num_blocks is not None else 2048 // block_size
-    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=128,
+    config = EngineConfig(kv_cache_dtype="float32",
+                          block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=128,
                           **kwargs)  # type: ignore[arg-type]
     return LLMEngine(loaded, config)
 
@@ -329,7 +331,7 @@ def llm(real: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[LLM]:
     """An LLM around the module's loaded model (LLM() would load the file again)."""
     monkeypatch.setattr(LoadedModel, "load", classmethod(lambda cls, path=None, *, kernels="auto", numerics="reference",
                                                             progress=None: real))
-    yield LLM(None, EngineConfig(block_size=4, kv_cache_memory=64 * 2**20, max_model_len=256))
+    yield LLM(None, EngineConfig(kv_cache_dtype="float32", block_size=4, kv_cache_memory=64 * 2**20, max_model_len=256))
 
 
 def test_stop_string_ends_with_stop_and_is_not_in_text(llm: LLM) -> None:
@@ -417,3 +419,47 @@ def test_every_end_token_ends_a_request(real: LoadedModel, mixed_ids: list[list[
     assert (out["ends"].token_ids, out["ends"].finish_reason) == ([endoftext], "stop")
     assert (out["ignores"].token_ids, out["ignores"].finish_reason) == ([endoftext] * 3, "length")
     assert_idle_and_empty(engine)
+
+
+# ---- the K/V budget --------------------------------------------------------------------------
+
+def test_the_default_kv_budget_is_sized_to_the_model(tiny: LoadedModel) -> None:
+    """Unset, the budget holds max_num_seqs sequences of TYPICAL_SEQ_TOKENS (or one whole context,
+    if more) in the cache's dtype; int8 takes fewer bytes for the same tokens."""
+    from forge.llm import TYPICAL_SEQ_TOKENS, plan_cache
+
+    model = tiny.model
+    context = model.config.max_position
+    for seqs, dtype in ((8, "float16"), (1, "float16"), (8, "int8"), (8, "float32")):
+        if dtype == "int8" and model.config.head_dim % 32:
+            continue
+        config = EngineConfig(block_size=4, max_num_seqs=seqs, kv_cache_dtype=dtype)
+        plan = plan_cache(model, config, memory=64 * 2**30)
+        tokens = max(seqs * TYPICAL_SEQ_TOKENS, context)
+        per_token = KVCache.bytes_per_block(model.config, 1, dtype)
+        assert (plan.sized, plan.warning) == ("model", None)
+        assert plan.num_blocks * 4 == -(-tokens // 4) * 4 and plan.bytes_per_token == per_token
+        assert plan.budget == plan.num_blocks * 4 * per_token and plan.max_model_len == context
+
+
+def test_a_budget_capped_by_memory_says_why_the_context_shrank(tiny: LoadedModel) -> None:
+    from forge.llm import KV_MEMORY_SHARE, plan_cache
+
+    model = tiny.model
+    per_block = KVCache.bytes_per_block(model.config, 4, "float16")
+    memory = int(10 * per_block / KV_MEMORY_SHARE) + 1                 # room for 10 blocks: 40 tokens
+    plan = plan_cache(model, EngineConfig(block_size=4), memory=memory)
+    assert plan.num_blocks == 10 and plan.max_model_len == 40 < model.config.max_position
+    assert plan.warning is not None and "--kv-cache-memory" in plan.warning and "int8" in plan.warning
+    assert str(model.config.max_position) in plan.warning
+    with pytest.raises(ConfigError, match="cannot hold one sequence"):       # a length that does not fit
+        plan_cache(model, EngineConfig(block_size=4, max_model_len=100), memory=memory)
+    set_plan = plan_cache(model, EngineConfig(block_size=4, kv_cache_memory=per_block * 1000), memory=memory)
+    assert (set_plan.sized, set_plan.num_blocks, set_plan.warning) == ("set", 1000, None)   # a set budget stands
+
+
+def test_the_machine_memory_is_read_here() -> None:
+    from forge.llm import machine_memory
+
+    memory = machine_memory()
+    assert memory is not None and memory > 2**28

@@ -73,6 +73,7 @@ def test_chat_rendering_matches_reference(real: LoadedModel, case: dict[str, Any
 def engine_outputs(real: LoadedModel) -> Outputs:
     """Every greedy prompt (48 tokens, past eos) and every logprob case (1 token, top 5) together."""
     outputs, engine = run_reference(real, DATA, EngineConfig(
+        kv_cache_dtype="float32",  # transformers to the bit: float32 K/V
         kv_cache_memory=512 * 2**20, max_model_len=512, max_num_seqs=len(DATA["greedy"]) + len(DATA["logprobs"]),
         max_num_batched_tokens=2048))
     assert engine.core.stats().num_preemptions == 0

@@ -96,7 +96,7 @@ def engine(loaded: LoadedModel, spec: str, *, num_blocks: int = 1024, block_size
     if draft is not None:
         per_block += KVCache.bytes_per_block(draft.model.config, block_size)
         kwargs["draft_model"] = draft.path
-    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block,
+    config = EngineConfig(kv_cache_dtype="float32", block_size=block_size, kv_cache_memory=num_blocks * per_block,
                           max_model_len=min(1024, num_blocks * block_size),
                           speculative=spec, num_speculative_tokens=4, speculative_max_batch=8,
                           **kwargs)  # type: ignore[arg-type]
@@ -217,7 +217,8 @@ def test_sampled_tokens_follow_the_target_distribution_exactly(tiny: LoadedModel
             exact += p1[t1] * p2[t2] * softmax(model.forward_context([*prompt, int(t1), int(t2)]), temperature)
     exact /= exact.sum()
     per_block = KVCache.bytes_per_block(model.config, 4) * (2 if proposer == "draft" else 1)
-    eng = LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_memory=2048 * per_block, max_model_len=128,
+    eng = LLMEngine(tiny, EngineConfig(kv_cache_dtype="float32",
+                                       block_size=4, kv_cache_memory=2048 * per_block, max_model_len=128,
                                        max_num_seqs=64, speculative=proposer, speculative_max_batch=64,
                                        draft_model=tiny.path if proposer == "draft" else None),
                     tiny if proposer == "draft" else None)
@@ -372,10 +373,13 @@ def test_a_draft_shares_the_cache_budget_and_bounds_the_context(tmp_path: Path, 
                             seed=9, context=256)
     target = LoadedModel(str(path), LlamaModel.load(path), tiny.tokenizer, tiny.chat_template)
     both = KVCache.bytes_per_block(target.model.config, 4) + KVCache.bytes_per_block(tiny.model.config, 4)
-    config = EngineConfig(block_size=4, kv_cache_memory=100 * both, speculative="draft", draft_model=tiny.path)
-    assert plan_cache(target.model, config, tiny.model) == (100, 128)
-    assert plan_cache(target.model, EngineConfig(block_size=4, kv_cache_memory=100 * both)) == (
-        100 * both // KVCache.bytes_per_block(target.model.config, 4), 256)
+    config = EngineConfig(kv_cache_dtype="float32",
+                          block_size=4, kv_cache_memory=100 * both, speculative="draft", draft_model=tiny.path)
+    plan = plan_cache(target.model, config, tiny.model)
+    assert (plan.num_blocks, plan.max_model_len) == (100, 128)
+    alone = plan_cache(target.model, EngineConfig(kv_cache_dtype="float32", block_size=4, kv_cache_memory=100 * both))
+    assert (alone.num_blocks, alone.max_model_len) == (100 * both // KVCache.bytes_per_block(target.model.config, 4),
+                                                        256)
     eng = LLMEngine(target, config, tiny)
     assert eng.max_model_len == 128 and eng.cache.total_blocks() == 100
 

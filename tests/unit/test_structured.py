@@ -47,7 +47,8 @@ def grammars(real: LoadedModel) -> Grammars:
 
 def engine(loaded: LoadedModel, *, num_blocks: int = 512, block_size: int = 4, **kwargs: object) -> LLMEngine:
     per_block = KVCache.bytes_per_block(loaded.model.config, block_size)
-    config = EngineConfig(block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=256,
+    config = EngineConfig(kv_cache_dtype="float32",
+                          block_size=block_size, kv_cache_memory=num_blocks * per_block, max_model_len=256,
                           **kwargs)  # type: ignore[arg-type]
     return LLMEngine(loaded, config)
 

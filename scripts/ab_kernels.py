@@ -2,8 +2,10 @@
 
     products   (default) each backend's matmuls, all layers + the head: load time, weights' bytes,
                RSS after loading, tokens/s per step size, in interleaved rounds (A B A B)
-    attention  one layer's decode attention at 32 sequences x 200 tokens: the numpy path against
-               the compiled kernel on 1 and 2 threads, and their error against float64
+    attention  one layer's decode attention at 32 sequences x --context tokens (200) of the default
+               model's heads (or --shape 1.7b's): the numpy path against the compiled kernel on 1
+               and 2 threads and on the products' pool (as the blocks backend serves), per K/V
+               dtype (--kv-dtypes), with the bytes of K/V read and the error against float64
     head       the tied head (49,152 x 576): the compiled Q8_0 kernel against onnxruntime's two
                4-bit planes of the same blocks, per number of rows
     head-march the Q8_0 head kernel built for other CPUs (--march, e.g. x86-64-v3: AVX2 without
@@ -22,7 +24,8 @@ Figures only.
 
     .venv/bin/python scripts/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
     .venv/bin/python scripts/ab_kernels.py --kernels onnxruntime,amx --tokens 32,64,128,512 --head-rows 1
-    .venv/bin/python scripts/ab_kernels.py attention
+    .venv/bin/python scripts/ab_kernels.py attention [--kv-dtypes float32,float16,int8] [--context 200]
+        [--shape 135m|1.7b]
     .venv/bin/python scripts/ab_kernels.py head
     .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
     .venv/bin/python scripts/ab_kernels.py int8
@@ -55,6 +58,7 @@ from forge.kernels import compiled
 from forge.kernels.blocks import affine_blocks
 from forge.kernels.onnx_linear import OnnxLinear
 from forge.llama.attention import attend, plan_attention
+from forge.llama.kv_dtype import quantize_int8, row_bytes, storage_dtype, to_storage
 from forge.llama.linear import Q8Matrix, active_pool, configure_matmul
 from forge.llm import LoadedModel
 
@@ -75,9 +79,10 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def cmd_attention(reps: int) -> None:
+def cmd_attention(reps: int, kv_dtypes: list[str], context: int, shape: str) -> None:
     rng = np.random.default_rng(0)
-    num_seqs, nh, nkv, hd, bs, context = 32, 9, 3, 64, 16, 200
+    nh, nkv = (9, 3) if shape == "135m" else (32, 32)
+    num_seqs, hd, bs = 32, 64, 16
     width = -(-context // bs)
     num_blocks = num_seqs * width + 64
     tables = rng.permutation(num_blocks)[: num_seqs * width].reshape(num_seqs, width).astype(np.int64)
@@ -97,13 +102,27 @@ def cmd_attention(reps: int) -> None:
             scores = keys[:, h // (nh // nkv)] @ q[s, h]
             w = np.exp(scores - scores.max())
             ref[s, h] = (w / w.sum()) @ vals[:, h // (nh // nkv)]
-    cases = (("numpy", False, 2), ("compiled, 1 thread", True, 1), ("compiled, 2 threads", True, 2))
-    for label, fused, threads in cases:
-        configure_matmul("split", threads)
-        plan = plan_attention(batch, config, bs, fused=fused)        # type: ignore[arg-type]
-        out = attend(plan, q, k, v)
-        seconds = timed(lambda plan=plan: attend(plan, q, k, v), reps)
-        print(f"{label:20s} {seconds * 1e3:6.3f} ms per layer   error vs float64 {np.max(np.abs(out - ref)):.1e}")
+    cases = (("numpy", False, 2, False), ("compiled, 1 thread", True, 1, False),
+             ("compiled, 2 threads", True, 2, False), ("compiled, on the pool", True, 2, True))
+    compiled.pool_threads(2)
+    print(f"32 sequences x {context} keys, {nh} query heads, {nkv} KV heads of {hd}")
+    for dtype in kv_dtypes:
+        scales: tuple[np.ndarray, np.ndarray] | None = None
+        if dtype == "int8":
+            (kd, ks), (vd, vs) = quantize_int8(k), quantize_int8(v)
+            scales = (ks, vs)
+        else:
+            kd, vd = to_storage(k, np.dtype(storage_dtype(dtype))), to_storage(v, np.dtype(storage_dtype(dtype)))
+        read = num_seqs * context * 2 * nkv * row_bytes(dtype, hd)
+        for label, fused, threads, on_pool in cases:
+            if label == "numpy" and dtype != kv_dtypes[0]:
+                continue
+            configure_matmul("split", threads)
+            plan = plan_attention(batch, config, bs, fused=fused, decode_on_pool=on_pool)  # type: ignore[arg-type]
+            out = attend(plan, q, kd, vd, scales=scales)
+            seconds = timed(lambda plan=plan, kd=kd, vd=vd, scales=scales: attend(plan, q, kd, vd, scales=scales), reps)
+            print(f"{dtype:8s} {label:22s} {seconds * 1e3:6.3f} ms per layer   K/V {read / 2**20:5.1f} MiB "
+                  f"({read / seconds / 1e9:5.1f} GB/s)   error vs float64 {np.max(np.abs(out - ref)):.1e}")
 
 
 def cmd_head(model: str | None, reps: int) -> None:
@@ -331,9 +350,12 @@ def main() -> None:
     parser.add_argument("--numerics", default="reference",
                         help="layers: reference,fast (the blocks kernel's float32 or bfloat16 products)")
     parser.add_argument("--layer-threads", default="1,2", help="layers: thread counts, comma-separated")
+    parser.add_argument("--kv-dtypes", default="float32,float16,int8", help="attention: K/V storage types")
+    parser.add_argument("--context", type=int, default=200, help="attention: keys per sequence")
+    parser.add_argument("--shape", default="135m", choices=["135m", "1.7b"], help="attention: the model's heads")
     args = parser.parse_args()
     if args.case == "attention":
-        cmd_attention(args.reps)
+        cmd_attention(args.reps, args.kv_dtypes.split(","), args.context, args.shape)
         return
     if args.case == "head":
         cmd_head(args.model, args.reps)

@@ -5,10 +5,13 @@ scripts/make_reference.py / make_family_reference.py) through the offline engine
 configuration: the greedy cases whose tokens match the reference up to their first near-tie (top-2
 gap < 1e-3, where any float32 engine may flip), the largest error of the top-5 logprobs, and the
 perplexity of a fixed English text (TEXT, teacher-forced: every position's logits in one forward).
-Figures only.
+`--against float32` compares with this engine's own outputs over a float32 cache instead (as
+scripts/peer_kv_fidelity.py compares llama-server's q8_0 cache with its f16 one); a model given by
+its path (a benchmark model of scripts/make_bench_models.py, SmolLM2's tokenizer) has no reference
+data and is always compared so, on the default model's prompts. Figures only.
 
-    .venv/bin/python scripts/kv_fidelity.py [--model default|gemma-3-270m] [--kernels blocks,numpy]
-        [--numerics reference,fast] [--dtypes float32,float16,bfloat16]
+    .venv/bin/python scripts/kv_fidelity.py [--model default|gemma-3-270m|PATH] [--kernels blocks,numpy]
+        [--numerics reference,fast] [--dtypes float32,float16,bfloat16,int8] [--against reference|float32]
 """
 
 from __future__ import annotations
@@ -65,12 +68,26 @@ def perplexity(loaded: LoadedModel, kv_dtype: str) -> float:
     return math.exp(float(nll.mean()))
 
 
+def own_outputs(loaded: LoadedModel, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with this engine's float32-cache outputs as the expected ones: its greedy tokens (no
+    near-ties known: compared whole) and its top-5 logprobs."""
+    outputs, _ = run_reference(loaded, data, engine_config(loaded, data, "float32"))
+    greedy = [{**case, "output_ids": outputs[f"greedy-{i}"][0], "top2_gap": [1.0] * data["num_greedy_tokens"]}
+              for i, case in enumerate(data["greedy"])]
+    logprobs = [{**case, "top5": [[t, lp] for t, lp in outputs[f"logprobs-{i}"][1][0].top_logprobs]}
+                for i, case in enumerate(data["logprobs"])]
+    return {**data, "greedy": greedy, "logprobs": logprobs}
+
+
+def engine_config(loaded: LoadedModel, data: dict[str, Any], kv_dtype: str) -> EngineConfig:
+    return EngineConfig(kv_cache_memory=1536 * 2**20, max_model_len=2048, kernels=loaded.kernels.name,
+                        numerics=loaded.kernels.numerics,
+                        max_num_seqs=len(data["greedy"]) + len(data["logprobs"]), max_num_batched_tokens=2048,
+                        kv_cache_dtype=kv_dtype)
+
+
 def run(loaded: LoadedModel, data: dict[str, Any], kv_dtype: str) -> dict[str, Any]:
-    outputs, _ = run_reference(loaded, data, EngineConfig(
-        kv_cache_memory=1024 * 2**20, max_model_len=2048, kernels=loaded.kernels.name,
-        numerics=loaded.kernels.numerics,
-        max_num_seqs=len(data["greedy"]) + len(data["logprobs"]), max_num_batched_tokens=2048,
-        kv_cache_dtype=kv_dtype))
+    outputs, _ = run_reference(loaded, data, engine_config(loaded, data, kv_dtype))
     matched = sum(greedy_agrees(case, outputs[f"greedy-{i}"][0]) for i, case in enumerate(data["greedy"]))
     worst = 0.0
     for i, case in enumerate(data["logprobs"]):
@@ -84,24 +101,29 @@ def run(loaded: LoadedModel, data: dict[str, Any], kv_dtype: str) -> dict[str, A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="default", choices=sorted(REFERENCES))
+    parser.add_argument("--model", default="default", help=f"{', '.join(sorted(REFERENCES))} or a GGUF file")
     parser.add_argument("--kernels", default="blocks,numpy")
     parser.add_argument("--numerics", default="reference", help="reference,fast (kernels without fast are skipped)")
-    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16,int8")
+    parser.add_argument("--against", default="reference", choices=["reference", "float32"])
     args = parser.parse_args()
-    data = json.loads((ROOT / "tests/data" / REFERENCES[args.model]).read_text())
-    print(f"model {args.model}; perplexity of a {len(TEXT)}-character text")
+    named = args.model in REFERENCES
+    data = json.loads((ROOT / "tests/data" / REFERENCES[args.model if named else "default"]).read_text())
+    against = args.against if named else "float32"
+    print(f"model {args.model}; against {'transformers' if against == 'reference' else 'its own float32 cache'}; "
+          f"perplexity of a {len(TEXT)}-character text")
     print("kernels      numerics   kv dtype   greedy (to first near-tie)   max top-5 logprob error   perplexity")
     for kernels in args.kernels.split(","):
         for numerics in args.numerics.split(","):
             try:
                 loaded = LoadedModel.load(None if args.model == "default" else args.model, kernels=kernels,
                                           numerics=numerics, progress=lambda _m: None)
+                expected = own_outputs(loaded, data) if against == "float32" else data
             except Exception as exc:                      # a backend without these numerics here
                 print(f"{kernels:12s} {numerics:10s} skipped: {exc}")
                 continue
             for dtype in args.dtypes.split(","):
-                r = run(loaded, data, dtype)
+                r = run(loaded, expected, dtype)
                 print(f"{kernels:12s} {numerics:10s} {dtype:10s} {r['greedy_matched']:>3d} / {r['greedy_cases']:<3d}"
                       f"                    {r['max_logprob_error']:.2e}                  {r['perplexity']:.3f}")
 

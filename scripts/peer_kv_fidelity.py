@@ -1,13 +1,14 @@
 """How much llama-server's 8-bit K/V cache changes its own greedy output: the yardstick for forge's int8.
 
-Starts the natively built llama-server (scripts/peer_llama.sh) on the default model twice, with an
-f16 cache and with `-ctk q8_0 -ctv q8_0`, runs every greedy case of the committed reference data
-(prompt token ids, greedy, the reference's number of tokens, eos ignored) through each, and prints
-how many q8_0 continuations equal the f16 ones, and how many of each equal transformers'
-reference, all up to the reference's first near-tie (tests/reference_cases.greedy_agrees).
-scripts/kv_fidelity.py prints forge's figures the same two ways. Figures only.
+Starts the natively built llama-server (scripts/peer_llama.sh) on the default model once per cache
+type (`-ctk T -ctv T`, --cache-types: f16 first, then q8_0 and the others), runs every greedy case of
+the committed reference data (prompt token ids, greedy, the reference's number of tokens, eos
+ignored) through each, and prints how many continuations of each type equal the first type's,
+and how many equal transformers' reference, up to the reference's first near-tie
+(tests/reference_cases.greedy_agrees). scripts/kv_fidelity.py prints forge's figures the same two
+ways. Figures only.
 
-    .venv/bin/python scripts/peer_kv_fidelity.py [--llama-server PATH] [--port 8093]
+    .venv/bin/python scripts/peer_kv_fidelity.py [--llama-server PATH] [--port 8093] [--cache-types f16,q8_0,bf16]
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def continuations(binary: str, model: str, port: int, cache_type: str, data: dic
     """Every greedy case's tokens from one llama-server with K and V cached as `cache_type`."""
     command = [binary, "-m", model, "--port", str(port), "--host", "127.0.0.1", "--threads", "2", "-np", "1",
                "-c", "4096", "--no-repack", "-ctk", cache_type, "-ctv", cache_type, "--no-warmup"]
+    try:                                     # a server already there would answer for ours
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        raise SystemExit(f"port {port} is taken: stop what listens there, or pass --port")
+    except (urllib.error.URLError, OSError):
+        pass
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(port, proc)
@@ -75,13 +81,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", default=None, help="its binary (default: scripts/peer_llama.sh's)")
     parser.add_argument("--port", type=int, default=8093)
+    parser.add_argument("--cache-types", default="f16,q8_0,bf16,q4_0")
     args = parser.parse_args()
     binary = args.llama_server or subprocess.run(["bash", str(ROOT / "scripts/peer_llama.sh")], check=True,
                                                  capture_output=True, text=True).stdout.strip()
     data = json.loads((ROOT / "tests/data/smollm2_reference.json").read_text())
     model = str(resolve_model(None, lambda _m: None))
-    f16 = continuations(binary, model, args.port, "f16", data)
-    q8 = continuations(binary, model, args.port, "q8_0", data)
+    types = args.cache_types.split(",")
+    runs = {t: continuations(binary, model, args.port, t, data) for t in types}
     cases = data["greedy"]
 
     def kept(outputs: list[list[int]], against: list[list[int]]) -> int:
@@ -90,9 +97,10 @@ def main() -> None:
 
     reference = [c["output_ids"] for c in cases]
     print(f"llama-server {binary}; {len(cases)} greedy cases of {data['num_greedy_tokens']} tokens")
-    print(f"q8_0 cache keeps its f16 cache's continuation: {kept(q8, f16)} / {len(cases)}")
-    print(f"f16 cache equals transformers' reference:      {kept(f16, reference)} / {len(cases)}")
-    print(f"q8_0 cache equals transformers' reference:     {kept(q8, reference)} / {len(cases)}")
+    print(f"cache   keeps the {types[0]} cache's continuation   equals transformers' reference")
+    for t in types:
+        print(f"{t:7s} {kept(runs[t], runs[types[0]]):>3d} / {len(cases):<3d}                       "
+              f"{kept(runs[t], reference):>3d} / {len(cases)}")
 
 
 if __name__ == "__main__":

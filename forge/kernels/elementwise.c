@@ -40,8 +40,31 @@ void forge_swiglu(const float *restrict gate_up, int64_t rows, int64_t f, float 
 }
 
 /* x[0..31] <- H x for the 32 x 32 Walsh-Hadamard matrix H (entries +-1, unnormalised: H H = 32 I):
- * five stages of butterflies. forge.llama.kv_dtype.hadamard32 makes the same additions in the same
- * order (the same bits). */
+ * five stages of butterflies (with AVX-512 in registers, a stage per permute). forge.llama.kv_dtype.
+ * hadamard32 makes the same additions in the same order (the same bits). */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* One stage within a vector: lane i gets x[i] + x[i ^ h] where bit h of i is clear, x[i ^ h] - x[i]
+ * where it is set (the butterfly a + b, a - b of the scalar loop, the same roundings). */
+static inline __m512 butterfly(__m512 x, __m512 partner, __mmask16 upper) {
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, partner), upper, partner, x);
+}
+
+static inline void hadamard32(float *x) {
+    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    lo = butterfly(lo, _mm512_permute_ps(lo, 0xB1), 0xAAAA);                       /* h = 1 */
+    hi = butterfly(hi, _mm512_permute_ps(hi, 0xB1), 0xAAAA);
+    lo = butterfly(lo, _mm512_permute_ps(lo, 0x4E), 0xCCCC);                       /* h = 2 */
+    hi = butterfly(hi, _mm512_permute_ps(hi, 0x4E), 0xCCCC);
+    lo = butterfly(lo, _mm512_shuffle_f32x4(lo, lo, _MM_SHUFFLE(2, 3, 0, 1)), 0xF0F0);   /* h = 4 */
+    hi = butterfly(hi, _mm512_shuffle_f32x4(hi, hi, _MM_SHUFFLE(2, 3, 0, 1)), 0xF0F0);
+    lo = butterfly(lo, _mm512_shuffle_f32x4(lo, lo, _MM_SHUFFLE(1, 0, 3, 2)), 0xFF00);   /* h = 8 */
+    hi = butterfly(hi, _mm512_shuffle_f32x4(hi, hi, _MM_SHUFFLE(1, 0, 3, 2)), 0xFF00);
+    _mm512_storeu_ps(x, _mm512_add_ps(lo, hi));                                    /* h = 16 */
+    _mm512_storeu_ps(x + 16, _mm512_sub_ps(lo, hi));
+}
+#else
 static inline void hadamard32(float *x) {
     for (int h = 1; h < 32; h *= 2)
         for (int i = 0; i < 32; i += 2 * h)
@@ -51,6 +74,7 @@ static inline void hadamard32(float *x) {
                 x[j + h] = a - b;
             }
 }
+#endif
 
 /* Each of `groups` runs of 32 floats of x (contiguous) <- H x * scale (scale a power of two: exact). */
 void forge_hadamard32(float *restrict x, int64_t groups, float scale) {

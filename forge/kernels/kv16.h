@@ -11,6 +11,16 @@
 
 #define KV_INT8_GROUP 32
 
+/* The cache slot of key position p through a block table: a shift and a mask for a power-of-two
+ * block size (an integer division per key cost as much as the key's arithmetic). */
+static inline int64_t slot_of(const int64_t *table, int64_t p, int64_t block_size) {
+    if ((block_size & (block_size - 1)) == 0) {
+        const int shift = __builtin_ctzll((unsigned long long)block_size);
+        return (table[p >> shift] << shift) + (p & (block_size - 1));
+    }
+    return table[p / block_size] * block_size + p % block_size;
+}
+
 static inline float kv_scale(const uint16_t *scales, int64_t at) {
     _Float16 h;
     memcpy(&h, scales + at / KV_INT8_GROUP, sizeof h);

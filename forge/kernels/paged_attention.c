@@ -55,6 +55,34 @@ typedef union { float f[MAX_HEAD_DIM]; uint32_t u[MAX_HEAD_DIM]; } row_buffer;
 #include "kv16.h"
 #if defined(__AVX512F__)
 
+/* The offsets of keys p .. p + 15 of one head (at `head` in a position's row of kv_stride values):
+ * one table lookup when they share a block (block sizes of 16 and more, p a multiple of 16). */
+static inline void keys16(const int64_t *table, int64_t p, int64_t block_size, int64_t kv_stride, int64_t head,
+                          int64_t at[16]) {
+    if (block_size % 16 == 0 && p % 16 == 0) {
+        const int64_t first = slot_of(table, p, block_size) * kv_stride + head;
+        for (int e = 0; e < 16; e++)
+            at[e] = first + e * kv_stride;
+        return;
+    }
+    for (int e = 0; e < 16; e++)
+        at[e] = slot_of(table, p + e, block_size) * kv_stride + head;
+}
+
+/* Values this many keys ahead are prefetched while weighing the current one. */
+#define VALUES_AHEAD 16
+
+/* Ask for the cache lines of a K or V row (`bytes` bytes from element `at` of `base`, elements of
+ * `itemsize` bytes) before they are read: one head's rows lie a whole position's width apart (nkv x
+ * hd values: 8 KiB for 32 heads of 64 in float32), each on its own page, where the hardware
+ * prefetchers do not follow; without this the decode of many heads waits on miss after miss. */
+static inline void prefetch_row(const void *base, int64_t at, int itemsize, int64_t bytes) {
+    const char *row = (const char *)base + at * itemsize;
+    for (int64_t off = 0; off < bytes; off += 64)
+        _mm_prefetch(row + off, _MM_HINT_T0);
+    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);
+}
+
 /* v[i]'s 16 lanes summed, for i < 16: lane i of the result (in order). */
 static inline __m512 sum16x16(__m512 v[16]) {
     __m512 a[8], b[4];
@@ -102,8 +130,12 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
     __m512 o[16];
     for (int i = 0; i < 16; i++)
         o[i] = _mm512_setzero_ps();
+    const int itemsize = kv_type == 0 ? 4 : kv_type == 3 ? 1 : 2;
     for (int64_t p = first; p < len; p++) {
-        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
+        const int64_t at = slot_of(table, p, block_size) * kv_stride + head;
+        if (p + VALUES_AHEAD < len)
+            prefetch_row(v, slot_of(table, p + VALUES_AHEAD, block_size) * kv_stride + head, itemsize,
+                         16 * nv * itemsize);
         __m512 vz[8];
         for (int z = 0; z < nv; z++)
             vz[z] = load16_kv(v, vs, at + 16 * z, kv_type);
@@ -218,6 +250,9 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
     const int64_t group = nh / nkv;
     row_buffer buf;
     (void)buf;                                       /* unused by the float32 kernel */
+#if defined(__AVX512F__)
+    float tile[16 * MAX_HEAD_DIM] __attribute__((aligned(64)));   /* 16 keys widened (not for float32) */
+#endif
     const int64_t kv_stride = nkv * hd;              /* floats between two positions of a block */
     for (int64_t i = i0; i < i1; i++) {
         const int64_t s = i / nkv, g = i % nkv;
@@ -235,9 +270,26 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
             if (hd % 16 == 0 && softcap <= 0.0f)
                 for (; p + 16 <= len; p += 16) {
                     int64_t at[16];
-                    for (int e = 0; e < 16; e++)
-                        at[e] = (table[(p + e) / block_size] * block_size + (p + e) % block_size) * kv_stride + g * hd;
-                    scores16(qg, group, hd, k, k_scales, at, KV_CODE, scores + p, len);
+                    keys16(table, p, block_size, kv_stride, g * hd, at);
+                    if (p + 32 <= len) {     /* the next 16 keys' rows on their way (see prefetch_row) */
+                        int64_t next[16];
+                        keys16(table, p + 16, block_size, kv_stride, g * hd, next);
+                        for (int e = 0; e < 16; e++)
+                            prefetch_row(k, next[e], (int)sizeof(KV_T), hd * (int64_t)sizeof(KV_T));
+                    }
+                    if (KV_CODE == 0 || group == 1) {
+                        scores16(qg, group, hd, k, k_scales, at, KV_CODE, scores + p, len);
+                    } else {
+                        /* the 16 keys widened once into `tile` (L1), not once per query head of the
+                         * group: for int8 that is a scale, two conversions and a multiply per 16 */
+                        int64_t local[16];
+                        for (int e = 0; e < 16; e++) {
+                            for (int64_t d = 0; d < hd; d += 16)
+                                _mm512_store_ps(tile + e * hd + d, load16_kv(k, k_scales, at[e] + d, KV_CODE));
+                            local[e] = e * hd;
+                        }
+                        scores16(qg, group, hd, tile, NULL, local, 0, scores + p, len);
+                    }
                     for (int64_t j = 0; j < group; j++) {
                         const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(scores + j * len + p));
                         if (m16 > maxes[j])
@@ -246,7 +298,7 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
                 }
 #endif
             for (; p < len; p++) {
-                const float *kp = KV_ROW(k, k_scales, (table[p / block_size] * block_size + p % block_size) * kv_stride
+                const float *kp = KV_ROW(k, k_scales, slot_of(table, p, block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     float x = dot(qg + j * hd, kp, hd);
@@ -280,7 +332,7 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
 #endif
             memset(og, 0, (size_t)(group * hd) * sizeof(float));
             for (int64_t p = first; p < len; p++) {
-                const float *vp = KV_ROW(v, v_scales, (table[p / block_size] * block_size + p % block_size) * kv_stride
+                const float *vp = KV_ROW(v, v_scales, slot_of(table, p, block_size) * kv_stride
                                          + g * hd, &buf, hd);
                 for (int64_t j = 0; j < group; j++) {
                     const float w = scores[j * len + p];

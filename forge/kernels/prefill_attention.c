@@ -210,7 +210,7 @@ static void gather(const void *k, const void *v, const uint16_t *ks, const uint1
         const int64_t j = p - k0;
         int64_t at[16];
         for (int e = 0; e < 16; e++)
-            at[e] = (table[(p + e) / block_size] * block_size + (p + e) % block_size) * kv_stride + head;
+            at[e] = slot_of(table, p + e, block_size) * kv_stride + head;
         float *kslice = kt + (j / KC) * KC * hd + j % KC;     /* j % 16 == 0: one slice holds all 16 */
         for (int64_t d = 0; d < hd; d += 16) {
             __m512 r[16];
@@ -224,7 +224,7 @@ static void gather(const void *k, const void *v, const uint16_t *ks, const uint1
         }
     }
     for (; p < num_keys; p++) {                            /* the last few one by one */
-        const int64_t at = (table[p / block_size] * block_size + p % block_size) * kv_stride + head;
+        const int64_t at = slot_of(table, p, block_size) * kv_stride + head;
         const int64_t j = p - k0;
         float *kcol = kt + (j / KC) * KC * hd + j % KC;
         for (int64_t d = 0; d < hd; d += 16) {

@@ -96,7 +96,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-max-batch", type=int, default=int(env("FORGE_SPECULATIVE_MAX_BATCH", "32")),
                    help="speculate only while at most this many sequences decode [FORGE_SPECULATIVE_MAX_BATCH; 32]")
     g.add_argument("--kv-cache-memory", default=env("FORGE_KV_CACHE_MEMORY", "auto"),
-                   help="memory for the K/V arrays, e.g. 512MiB; auto: --max-num-seqs sequences of 512 tokens "
+                   help="memory for the K/V arrays, e.g. 512MiB; auto: --max-num-seqs sequences of 1,024 tokens "
                         "or one whole context, whichever is more, at most 40%% of the machine's memory "
                         "[FORGE_KV_CACHE_MEMORY; auto]")
     g.add_argument("--max-model-len", type=int, default=_int_or_none(env("FORGE_MAX_MODEL_LEN", None)),

@@ -107,7 +107,7 @@ def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
 # The default K/V budget (--kv-cache-memory unset) holds max_num_seqs sequences of this many
 # tokens (a prompt and its reply, as chat and completion traffic runs), or one of the model's whole
 # context if that is more ...
-TYPICAL_SEQ_TOKENS = 512
+TYPICAL_SEQ_TOKENS = 1024
 # ... and takes at most this share of the machine's memory (the smaller of its RAM and a cgroup's
 # limit): the weights, the process and the rest of the host keep the other part.
 KV_MEMORY_SHARE = 0.4

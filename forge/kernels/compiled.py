@@ -126,8 +126,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_rms_norm.restype = None
     lib.forge_swiglu.argtypes = [p, i64, i64, p]
     lib.forge_swiglu.restype = None
-    lib.forge_kv_store_int8.argtypes = [p, i64, i64, p, p, p]
-    lib.forge_kv_store_int8.restype = None
+    lib.forge_kv_store.argtypes = [p, i64, i64, i64, p, p, p, ctypes.c_int]
+    lib.forge_kv_store.restype = None
     lib.forge_hadamard32.argtypes = [p, i64, ctypes.c_float]
     lib.forge_hadamard32.restype = None
     lib.amx_enable.argtypes = []
@@ -279,23 +279,31 @@ def hadamard32_(x: F32, scale: float) -> None:
     lib.forge_hadamard32(_ptr(x), x.size // INT8_GROUP, scale)
 
 
-def kv_store_int8(x: F32, slots: I64, values: npt.NDArray[np.int8], scales: npt.NDArray[np.float16]) -> None:
-    """Write rows x [T, ...] (float32) quantized into the int8 cache values [num_blocks, block_size,
-    ...] and its scales at flat slots `slots` [T] (see elementwise.c's forge_kv_store_int8;
-    forge.llama.kv_dtype.quantize_int8 is its reference). Checked: a wrong slot or shape would
-    write stray memory."""
+def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.NDArray[np.float16] | None = None,
+             *, trusted: bool = False) -> None:
+    """Write rows x [T, nkv, hd] (float32; each row's [nkv, hd] contiguous, the rows any stride
+    apart: a view of the projections' output) into the cache `values` [num_blocks, block_size, nkv,
+    hd] at flat slots `slots` [T], in its storage type (float32, float16, bfloat16 bits, or int8
+    with its `scales`), as forge.llama.kv_dtype writes them, bit for bit (elementwise.c's
+    forge_kv_store). Checked, the slots too unless `trusted` (the model's forward, whose batch was
+    checked before the step): a wrong one would write stray memory."""
     lib = library()
-    assert lib is not None, "kv_store_int8 called without the compiled kernels"
+    assert lib is not None, "kv_store called without the compiled kernels"
+    kv_type = _KV_TYPE.get(values.dtype)
     row_len = int(np.prod(values.shape[2:]))
     num_slots = values.shape[0] * values.shape[1]
-    if (x.dtype != np.float32 or not x.flags.c_contiguous or x.size != len(slots) * row_len
-            or values.dtype != np.int8 or not values.flags.c_contiguous or row_len % INT8_GROUP
-            or scales.dtype != np.float16 or not scales.flags.c_contiguous
-            or scales.size * INT8_GROUP != values.size or slots.dtype != np.int64 or slots.ndim != 1
-            or (len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= num_slots))):
-        raise ValueError("kv_store_int8 needs float32 rows, in-range int64 slots and a contiguous int8 cache")
+    if (kv_type is None or x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != values.shape[2:]
+            or x.strides[2] != 4 or x.strides[1] != 4 * x.shape[2] or x.strides[0] % 4 or x.strides[0] < 4 * row_len
+            or not values.flags.c_contiguous or slots.dtype != np.int64 or slots.shape != (len(x),)
+            or (kv_type == 3) != (scales is not None)
+            or (scales is not None and (scales.dtype != np.float16 or not scales.flags.c_contiguous
+                                        or row_len % INT8_GROUP or scales.size * INT8_GROUP != values.size))
+            or (not trusted and len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= num_slots))):
+        raise ValueError("kv_store needs float32 rows [T, nkv, hd] of contiguous rows, in-range int64 slots and a "
+                         "C-contiguous cache (int8 with its float16 scales)")
     slots = np.ascontiguousarray(slots)
-    lib.forge_kv_store_int8(_ptr(x), len(slots), row_len, _ptr(slots), _ptr(values), _ptr(scales))
+    lib.forge_kv_store(_ptr(x), x.strides[0] // 4, len(x), row_len, _ptr(slots), _ptr(values),
+                       None if scales is None else _ptr(scales), kv_type)
 
 
 def prefill_scratch_floats(num_keys: int, head_dim: int) -> int:

@@ -9,6 +9,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #include "dot.h"
 
@@ -87,33 +90,66 @@ void forge_hadamard32(float *restrict x, int64_t groups, float scale) {
     }
 }
 
-/* The int8 K/V cache's writer (forge.llama.kv_dtype.quantize_int8 is the reference, bit for bit):
- * rows x [n][row_len] float32 (row_len a multiple of 32) into their slots, each group of 32 values
- * rotated by H (hadamard32: an outlier spreads over its group, so one scale fits all 32) and
- * stored as int8 q = rint(y / d) in [-127, 127] with the float16 scale d = max |y| / 127 (rounded
- * to float16, at most its largest value): q at q_out[slots[r] * row_len], the scales at
- * scales[slots[r] * row_len / 32]. Written as multiplications by constants and by 1 / d, which
- * -ffast-math leaves as they are, so that numpy's reference rounds the same. */
-void forge_kv_store_int8(const float *restrict x, int64_t n, int64_t row_len, const int64_t *restrict slots,
-                         int8_t *restrict q_out, uint16_t *restrict scales) {
+/* One head-row run of an int8 cache: row_len values (a multiple of 32), each group of 32 rotated by H
+ * (hadamard32: an outlier spreads over its group, so one scale fits all 32) and stored as int8
+ * q = rint(y / d) in [-127, 127] with the float16 scale d = max |y| / 127 (rounded to float16, at
+ * most its largest value). Written as multiplications by constants and by 1 / d, which -ffast-math
+ * leaves as they are, so that numpy's reference rounds the same. */
+static void store_int8_row(const float *restrict xr, int64_t row_len, int8_t *restrict qr, uint16_t *restrict sr) {
     const float inv127 = 1.0f / 127.0f;
-    for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * row_len;
-        int8_t *qr = q_out + slots[r] * row_len;
-        uint16_t *sr = scales + slots[r] * (row_len / 32);
-        for (int64_t g = 0; g < row_len / 32; g++) {
-            float y[32];
-            memcpy(y, xr + 32 * g, sizeof y);
-            hadamard32(y);
-            float amax = 0.0f;
-            for (int i = 0; i < 32; i++)
-                amax = fmaxf(amax, fabsf(y[i]));
-            const _Float16 h = (_Float16)fminf(amax * inv127, 65504.0f);
-            const float d = (float)h;
-            const float id = d > 0.0f ? 1.0f / d : 0.0f;
-            for (int i = 0; i < 32; i++)
-                qr[32 * g + i] = (int8_t)fminf(fmaxf(rintf(y[i] * id), -127.0f), 127.0f);
-            memcpy(sr + g, &h, sizeof h);
+    for (int64_t g = 0; g < row_len / 32; g++) {
+        float y[32];
+        memcpy(y, xr + 32 * g, sizeof y);
+        hadamard32(y);
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(y[i]));
+        const _Float16 h = (_Float16)fminf(amax * inv127, 65504.0f);
+        const float d = (float)h;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < 32; i++)
+            qr[32 * g + i] = (int8_t)fminf(fmaxf(rintf(y[i] * id), -127.0f), 127.0f);
+        memcpy(sr + g, &h, sizeof h);
+    }
+}
+
+/* float16 (to nearest, ties to even, as numpy's astype) or bfloat16 bits (forge.llama.kv_dtype.
+ * to_storage's rounding: to nearest, ties to even; a NaN stays a quiet NaN). */
+static void store_half_row(const float *restrict xr, int64_t row_len, uint16_t *restrict out, int bf16) {
+    int64_t i = 0;
+    if (!bf16) {
+#ifdef __F16C__
+        for (; i + 8 <= row_len; i += 8)
+            _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(xr + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < row_len; i++) {
+            const _Float16 h = (_Float16)xr[i];
+            memcpy(out + i, &h, sizeof h);
         }
+        return;
+    }
+    for (; i < row_len; i++) {
+        uint32_t bits;
+        memcpy(&bits, xr + i, sizeof bits);
+        const int nan = (bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu);
+        out[i] = nan ? (uint16_t)((bits >> 16) | 0x0040u) : (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    }
+}
+
+/* The K/V cache's writer: rows x [n] of row_len floats (the rows ldx floats apart, each row
+ * contiguous) into their slots of `dst` ([slots][row_len] of kv_type: 0 float32, 1 float16,
+ * 2 bfloat16, 3 int8 with `scales` [slots][row_len / 32], kv16.h's types). Each is what
+ * forge.llama.kv_dtype writes, bit for bit (to_storage; quantize_int8). */
+void forge_kv_store(const float *restrict x, int64_t ldx, int64_t n, int64_t row_len, const int64_t *restrict slots,
+                    void *restrict dst, uint16_t *restrict scales, int kv_type) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * ldx;
+        const int64_t at = slots[r] * row_len;
+        if (kv_type == 0)
+            memcpy((float *)dst + at, xr, (size_t)row_len * sizeof(float));
+        else if (kv_type == 3)
+            store_int8_row(xr, row_len, (int8_t *)dst + at, scales + at / 32);
+        else
+            store_half_row(xr, row_len, (uint16_t *)dst + at, kv_type == 2);
     }
 }

@@ -116,19 +116,20 @@ class KVCache:
 
     def write(self, layer: int, slot_mapping: I64, k: F32, v: F32) -> None:
         """Store one layer's new keys and values [T, nkv, hd] (float32) at their flat slots, in the
-        cache's dtype (rounded to nearest; int8 quantized per group of INT8_GROUP values, by the
-        compiled writer where there is one)."""
+        cache's dtype (rounded to nearest; int8 quantized per group of INT8_GROUP values): by the
+        compiled writer, one call each, where there is one (the slots were checked with the
+        batch), else numpy's (the reference it matches bit for bit)."""
+        pairs = ((self.k, self.k_scales, k), (self.v, self.v_scales, v))
+        if compiled.library() is not None and k.strides[2] == 4 and k.strides[1] == 4 * k.shape[2]:
+            for values, scales, x in pairs:
+                compiled.kv_store(x, slot_mapping, values[layer], None if scales is None else scales[layer],
+                                  trusted=True)
+            return
         num_layers, _, _, nkv, hd = self.k.shape
         flat = (num_layers, self.num_blocks * self.block_size, nkv, hd)
-        if self.k_scales is None or self.v_scales is None:
-            storage = self.k.dtype
-            self.k.reshape(flat)[layer, slot_mapping] = to_storage(k, storage)
-            self.v.reshape(flat)[layer, slot_mapping] = to_storage(v, storage)
-            return
-        for values, scales, x in ((self.k, self.k_scales, k), (self.v, self.v_scales, v)):
-            if compiled.library() is not None:
-                compiled.kv_store_int8(np.ascontiguousarray(x, dtype=np.float32), slot_mapping, values[layer],
-                                       scales[layer])
+        for values, scales, x in pairs:
+            if scales is None:
+                values.reshape(flat)[layer, slot_mapping] = to_storage(x, values.dtype)
                 continue
             q, s = quantize_int8(x)
             values.reshape(flat)[layer, slot_mapping] = q

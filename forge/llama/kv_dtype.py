@@ -78,7 +78,7 @@ def hadamard32(x: F32, scale: float = 1.0) -> F32:
 def quantize_int8(x: F32) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float16]]:
     """float32 values [..., n] (n a multiple of INT8_GROUP) as an int8 cache stores them, rotated
     by hadamard32 and quantized: (q [..., n] int8, scales [..., n / INT8_GROUP] float16). The
-    reference the compiled writer (elementwise.c's forge_kv_store_int8) matches bit for bit: the
+    reference the compiled writer (elementwise.c's forge_kv_store) matches bit for bit: the
     same float32 operations in the same order (NaN counts as 0 in the maximum and rounds to -127;
     infinities saturate)."""
     groups = hadamard32(x).reshape(*x.shape[:-1], -1, INT8_GROUP)                          # [..., G, 32]

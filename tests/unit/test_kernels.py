@@ -447,7 +447,7 @@ def test_the_int8_writer_is_the_numpy_quantiser_and_rounds_within_half_a_step(
     values = np.full((num_slots, 1, 2, groups * INT8_GROUP), 7, np.int8)
     stored = np.full((num_slots, 1, 2, groups), 3.0, np.float16)
     slots = rng.permutation(num_slots)[:rows].astype(np.int64)
-    compiled.kv_store_int8(np.ascontiguousarray(x), slots, values, stored)
+    compiled.kv_store(np.ascontiguousarray(x), slots, values, stored)
     assert np.array_equal(values[slots, 0], q)
     assert np.array_equal(stored[slots, 0].view(np.uint16), scales.view(np.uint16))
     untouched = np.setdiff1d(np.arange(num_slots), slots)
@@ -475,6 +475,33 @@ def test_the_compiled_hadamard_rotation_is_numpys_and_its_own_inverse(groups: in
     h = hadamard32(np.eye(INT8_GROUP, dtype=np.float32))
     assert set(np.unique(h)) == {-1.0, 1.0} and np.array_equal(h @ h, INT8_GROUP * np.eye(INT8_GROUP))
     np.testing.assert_allclose(hadamard32(hadamard32(x), 1 / INT8_GROUP), x, rtol=0, atol=1e-4 * 10)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(finite_or_not, min_size=1, max_size=96),
+       kv_dtype=st.sampled_from(["float32", "float16", "bfloat16"]), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_writer_stores_what_numpy_stores(values: list[float], kv_dtype: str, seed: int) -> None:
+    """float32, float16 and bfloat16 rows written by the compiled writer from a strided view (the
+    projections' output) hold what to_storage gives (NaN as NaN), at their slots only."""
+    rng = np.random.default_rng(seed)
+    rows = 3
+    wide = rng.standard_normal((rows, 5, 32)).astype(np.float32)            # [T, heads, hd]: K is heads 1..2
+    flat = wide[:, 1:3].reshape(-1)
+    flat[: len(values)] = np.array(values[: flat.size], dtype=np.float32)
+    wide[:, 1:3] = flat.reshape(rows, 2, 32)
+    x = wide[:, 1:3]
+    storage = np.dtype(storage_dtype(kv_dtype))
+    cache = np.zeros((4, 2, 2, 32), dtype=storage)
+    slots = rng.permutation(8)[:rows].astype(np.int64)
+    compiled.kv_store(x, slots, cache)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = to_storage(np.ascontiguousarray(x), storage)
+    got = cache.reshape(8, 2, 32)[slots]
+    if kv_dtype == "float16":
+        assert np.array_equal(got, want, equal_nan=True)
+    else:
+        assert np.array_equal(to_float32(got), to_float32(want), equal_nan=True)
+    assert not cache.reshape(8, 2, 32)[np.setdiff1d(np.arange(8), slots)].any()
 
 
 def test_an_int8_cache_needs_heads_in_groups_of_32(tmp_path: Path) -> None:

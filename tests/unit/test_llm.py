@@ -463,3 +463,18 @@ def test_the_machine_memory_is_read_here() -> None:
 
     memory = machine_memory()
     assert memory is not None and memory > 2**28
+
+
+def test_a_1_7b_model_serves_32_streams_of_1024_tokens_in_24_gib_by_default() -> None:
+    """SmolLM2-1.7B's shapes (24 layers, 32 KV heads of 64, a context of 8192): the default budget
+    on a 24 GiB machine holds 32 sequences of 1,024 tokens at the whole context, in float16 and in
+    int8 (float32 would not: 384 KiB a token)."""
+    from types import SimpleNamespace
+
+    from forge.llm import plan_cache
+
+    model = SimpleNamespace(config=SimpleNamespace(num_layers=24, num_kv_heads=32, head_dim=64, max_position=8192))
+    for dtype in ("float16", "int8"):
+        plan = plan_cache(model, EngineConfig(kv_cache_dtype=dtype), memory=24 * 2**30)  # type: ignore[arg-type]
+        assert plan.num_blocks * 16 >= 32 * 1024 and plan.max_model_len == 8192 and plan.warning is None
+        assert plan.budget <= 0.4 * 24 * 2**30

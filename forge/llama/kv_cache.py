@@ -120,7 +120,8 @@ class KVCache:
         compiled writer, one call each, where there is one (the slots were checked with the
         batch), else numpy's (the reference it matches bit for bit)."""
         pairs = ((self.k, self.k_scales, k), (self.v, self.v_scales, v))
-        if compiled.library() is not None and k.strides[2] == 4 and k.strides[1] == 4 * k.shape[2]:
+        if compiled.library() is not None and all(x.dtype == np.float32 and x.strides[2] == 4
+                                                  and x.strides[1] == 4 * x.shape[2] for x in (k, v)):
             for values, scales, x in pairs:
                 compiled.kv_store(x, slot_mapping, values[layer], None if scales is None else scales[layer],
                                   trusted=True)

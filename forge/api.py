@@ -16,7 +16,14 @@ from msgspec import Meta
 
 from forge.errors import InvalidRequest
 from forge.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
-from forge.structured import choice_grammar, json_object_grammar, json_schema_grammar, lark_grammar, regex_grammar
+from forge.structured import (
+    choice_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    lark_grammar,
+    regex_grammar,
+    strict_schema,
+)
 from forge.tools import Function, tool_call_grammar
 
 _MAX_INT32 = 2**31 - 1
@@ -445,7 +452,8 @@ def request_functions(req: ChatCompletionRequest) -> list[Function]:
 
 
 def functions(tools: list[Tool] | None) -> list[Function]:
-    return [Function(t.function.name, t.function.description, t.function.parameters) for t in tools or ()]
+    return [Function(t.function.name, t.function.description, t.function.parameters, bool(t.function.strict))
+            for t in tools or ()]
 
 
 def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
@@ -462,7 +470,10 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
     if rf is not None and rf.type == "json_object":
         return Constraint(json_object_grammar(), "response_format")
     if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-        return Constraint(json_schema_grammar(rf.json_schema.schema, param="response_format.json_schema.schema"),
+        schema = rf.json_schema.schema
+        if rf.json_schema.strict:
+            schema = strict_schema(schema)
+        return Constraint(json_schema_grammar(schema, param="response_format.json_schema.schema"),
                           "response_format.json_schema.schema")
     so = req.structured_outputs
     if so is not None:

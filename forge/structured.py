@@ -64,6 +64,40 @@ def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, p
         raise InvalidRequest(f"invalid JSON schema: {exc}", param=param) from None
 
 
+# Keywords whose values are schemas, or lists or maps of schemas: where strict_schema looks for objects.
+_SUBSCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_schema(schema: Any) -> Any:
+    """`schema` under OpenAI's strict semantics (`"strict": true`): every object schema (a "type"
+    of "object", or "properties" given) that does not say additionalProperties is closed, and one
+    without "required" requires all its listed properties; what a schema says itself stands. A new
+    schema; booleans and non-schemas pass through."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = strict_schema(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strict_schema(s) for name, s in out[key].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = strict_schema(out["additionalProperties"])
+    kind = out.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in out
+    if is_object:
+        out.setdefault("additionalProperties", False)
+        if isinstance(out.get("properties"), dict):
+            out.setdefault("required", list(out["properties"]))
+    return out
+
+
 def json_object_grammar() -> str:
     """Any JSON object."""
     return json_schema_grammar({"type": "object"}, param="response_format")

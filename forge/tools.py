@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.structured import JSON_OPTIONS, lark_grammar
+from forge.structured import JSON_OPTIONS, lark_grammar, strict_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # The head of a call as forge's grammar writes it (and as models trained on the format do).
@@ -30,6 +30,7 @@ class Function:
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool = False           # OpenAI's strict semantics for the arguments (structured.strict_schema)
 
     def as_tool(self) -> dict[str, Any]:
         """The OpenAI tool object, as templates and the system prompt show it."""
@@ -95,18 +96,52 @@ def _call_text(call: dict[str, Any]) -> str:
 
 def tool_call_grammar(functions: Sequence[Function], *, parallel: bool, param: str) -> str:
     """Output that is one call (several, one per line, when `parallel`) to one of `functions`, each call's
-    arguments valid under that function's parameter schema."""
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": f.name},
-                               "arguments": f.parameters if f.parameters is not None else {"type": "object"}}}
-               for f in functions]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    schema = {**schema, "x-guidance": JSON_OPTIONS}
+    arguments valid under that function's parameter schema (its definitions, `$defs` or `definitions`,
+    moved to the root of the call's schema, where its references now point)."""
+    options, defs = [], {}
+    for i, f in enumerate(functions):
+        parameters = f.parameters if f.parameters is not None else {"type": "object"}
+        if f.strict:
+            parameters = strict_schema(parameters)
+        parameters, own = _hoisted(parameters, f"f{i}_")
+        defs.update(own)
+        options.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                        "properties": {"name": {"const": f.name}, "arguments": parameters}})
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    schema = {**schema, "x-guidance": JSON_OPTIONS, **({"$defs": defs} if defs else {})}
     calls = 'call ("\\n" call)*' if parallel else "call"
     grammar = (f"start: {calls}\n"
                f"call: {json.dumps(OPEN + chr(10))} body {json.dumps(chr(10) + CLOSE)}\n"
                f"body: %json {json.dumps(schema)}\n")
     return lark_grammar(grammar, param=param)
+
+
+def _hoisted(parameters: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A function's parameter schema without its `$defs` / `definitions`, and those definitions
+    renamed with `prefix` (two functions may both define "Item"); every "#/$defs/X" or
+    "#/definitions/X" reference inside now reads "#/$defs/<prefix>X", the combined schema's root."""
+    defs: dict[str, Any] = {}
+    for key in ("$defs", "definitions"):
+        if isinstance(parameters.get(key), dict):
+            defs.update({prefix + name: s for name, s in parameters[key].items()})
+    if not defs:
+        return parameters, {}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: rewrite(v) for k, v in node.items()}
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for key in ("$defs", "definitions"):
+                    if ref.startswith(f"#/{key}/"):
+                        out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3:]}"
+            return out
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    body = rewrite({k: v for k, v in parameters.items() if k not in ("$defs", "definitions")})
+    return body, {name: rewrite(s) for name, s in defs.items()}
 
 
 # ---- reading calls back ---------------------------------------------------------------------------------

@@ -275,3 +275,49 @@ async def test_bad_constraints_are_400_with_the_field(make_daemon: MakeDaemon) -
                 good = await http.post("/v1/chat/completions", json={
                     "model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert good.status_code == 200                           # and the daemon serves on
+
+
+class LineItem(pydantic.BaseModel):
+    product: str = pydantic.Field(max_length=30)
+    quantity: int = pydantic.Field(ge=1, le=99)
+
+
+class Invoice(pydantic.BaseModel):
+    """A nested model: pydantic writes the item's schema into $defs and refers to it."""
+    customer: str = pydantic.Field(max_length=30)
+    items: list[LineItem] = pydantic.Field(min_length=1, max_length=3)
+
+
+async def test_strict_schemas_are_closed_and_tools_keep_their_definitions(make_daemon: MakeDaemon) -> None:
+    """A strict schema as pydantic writes it (no additionalProperties, optional fields listed) gets
+    only its own keys, every one present; a tool whose parameters use $defs compiles and its
+    arguments validate against them."""
+    city = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                             "country": {"type": "string", "maxLength": 30},
+                                             "population_millions": {"type": "integer", "minimum": 0,
+                                                                     "maximum": 100}}}
+    # (an integer: a number's fraction runs on, bounds or not, until the grammar bounds its digits)
+    invoice_tool = {"type": "function", "function": {"name": "record_invoice", "strict": True,
+                                                     "parameters": Invoice.model_json_schema()}}
+    assert "$defs" in invoice_tool["function"]["parameters"]                # type: ignore[index]
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        async with serving(make_daemon) as (client, _):
+            strict = await client.chat.completions.create(
+                model=SERVED_MODEL, temperature=0, max_completion_tokens=120,
+                messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": city,
+                                                                        "strict": True}})
+            call = await client.chat.completions.create(
+                model=SERVED_MODEL, temperature=0, max_completion_tokens=200, tool_choice="required",
+                messages=[{"role": "user", "content": "Record an invoice for Ann: two apples and a pear."}],
+                tools=[invoice_tool])
+    [choice] = strict.choices
+    assert choice.finish_reason == "stop", choice.message.content
+    value = json.loads(choice.message.content or "")
+    assert set(value) == {"name", "country", "population_millions"}        # closed, and all required
+    [tool_choice] = call.choices
+    assert tool_choice.finish_reason == "tool_calls"
+    made = tool_choice.message.tool_calls or []
+    assert made
+    for c in made:
+        Invoice.model_validate_json(c.function.arguments)                 # type: ignore[union-attr]

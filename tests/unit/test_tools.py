@@ -153,3 +153,43 @@ def test_the_call_grammar_gives_calls_that_validate(llm: LLM, parallel: bool) ->
         assert parallel or len(msg.tool_calls) == 1
         for c in msg.tool_calls:
             jsonschema.validate(json.loads(c.arguments), schemas[c.name])
+
+
+def test_definitions_move_to_the_root_of_the_call_schema_renamed_per_function() -> None:
+    from forge.tools import _hoisted
+
+    params = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                                               "old": {"$ref": "#/definitions/Old"}},
+              "$defs": {"Item": {"type": "object", "properties": {"sub": {"$ref": "#/$defs/Sub"}}},
+                        "Sub": {"type": "string"}},
+              "definitions": {"Old": {"type": "integer"}}}
+    body, defs = _hoisted(params, "f1_")
+    assert "$defs" not in body and "definitions" not in body
+    assert body["properties"]["items"]["items"] == {"$ref": "#/$defs/f1_Item"}
+    assert body["properties"]["old"] == {"$ref": "#/$defs/f1_Old"}
+    assert set(defs) == {"f1_Item", "f1_Sub", "f1_Old"}
+    assert defs["f1_Item"]["properties"]["sub"] == {"$ref": "#/$defs/f1_Sub"}
+    assert _hoisted({"type": "object"}, "f0_") == ({"type": "object"}, {})
+    # two functions defining the same name keep theirs apart, and the grammar compiles
+    other = {**params, "$defs": {**params["$defs"], "Item": {"type": "integer"}}}
+    assert tool_call_grammar([Function("a", None, params), Function("b", None, other)], parallel=True,
+                             param="tools")
+
+
+def test_strict_schemas_are_closed_where_they_do_not_say_otherwise() -> None:
+    from forge.structured import strict_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "number"}}},
+        "b": {"type": "array", "items": {"properties": {"y": {"type": "string"}}}},
+        "c": {"type": "object", "additionalProperties": True, "required": [], "properties": {"z": {}}},
+        "d": {"anyOf": [{"type": "object", "properties": {"w": {}}}, {"type": "null"}]}}}
+    out = strict_schema(schema)
+    assert out["additionalProperties"] is False and out["required"] == ["a", "b", "c", "d"]
+    assert out["properties"]["a"]["additionalProperties"] is False and out["properties"]["a"]["required"] == ["x"]
+    assert out["properties"]["b"]["items"]["required"] == ["y"]
+    assert out["properties"]["c"]["additionalProperties"] is True and out["properties"]["c"]["required"] == []
+    assert out["properties"]["d"]["anyOf"][0]["additionalProperties"] is False
+    assert out["properties"]["d"]["anyOf"][1] == {"type": "null"}
+    assert "additionalProperties" not in schema                              # a new schema
+    assert strict_schema(True) is True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import llguidance
@@ -51,6 +51,7 @@ def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, p
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
+    schema = bounded_numbers(schema)
     options = dict(JSON_OPTIONS)
     if whitespace_pattern is not None:
         options = {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
@@ -70,32 +71,70 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def strict_schema(schema: Any) -> Any:
-    """`schema` under OpenAI's strict semantics (`"strict": true`): every object schema (a "type"
-    of "object", or "properties" given) that does not say additionalProperties is closed, and one
-    without "required" requires all its listed properties; what a schema says itself stands. A new
-    schema; booleans and non-schemas pass through."""
+def _each_schema(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """fn applied to every (sub)schema of `schema`, innermost first, into a new schema; booleans and
+    non-schemas pass through."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in _SUBSCHEMA:
         if key in out:
-            out[key] = strict_schema(out[key])
+            out[key] = _each_schema(out[key], fn)
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [strict_schema(s) for s in out[key]]
+            out[key] = [_each_schema(s, fn) for s in out[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: strict_schema(s) for name, s in out[key].items()}
+            out[key] = {name: _each_schema(s, fn) for name, s in out[key].items()}
     if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = strict_schema(out["additionalProperties"])
-    kind = out.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in out
-    if is_object:
-        out.setdefault("additionalProperties", False)
-        if isinstance(out.get("properties"), dict):
-            out.setdefault("required", list(out["properties"]))
-    return out
+        out["additionalProperties"] = _each_schema(out["additionalProperties"], fn)
+    return fn(out)
+
+
+def _has_type(schema: dict[str, Any], name: str) -> bool:
+    kind = schema.get("type")
+    return kind == name or (isinstance(kind, list) and name in kind)
+
+
+def strict_schema(schema: Any) -> Any:
+    """`schema` under OpenAI's strict semantics (`"strict": true`): every object schema (a "type"
+    of "object", or "properties" given) that does not say additionalProperties is closed, and one
+    without "required" requires all its listed properties; what a schema says itself stands. A new
+    schema."""
+    def close(s: dict[str, Any]) -> dict[str, Any]:
+        if _has_type(s, "object") or "properties" in s:
+            s.setdefault("additionalProperties", False)
+            if isinstance(s.get("properties"), dict):
+                s.setdefault("required", list(s["properties"]))
+        return s
+    return _each_schema(schema, close)
+
+
+# A JSON number a schema leaves unbounded gets these bounds, so that its digits end (a small model
+# will otherwise write "31.21888..." to max_tokens, bounds or not: llguidance has no digit limit):
+# magnitude at most NUMBER_LIMIT (integers exact in a float64 up to 2^53, about 9e15) and, for
+# "number", a multiple of NUMBER_STEP (six decimals). A schema's own minimum / maximum /
+# exclusiveMinimum / exclusiveMaximum / multipleOf stand.
+NUMBER_LIMIT = 10**15
+NUMBER_STEP = 1e-6
+
+
+def bounded_numbers(schema: Any) -> Any:
+    """`schema` with every number and integer schema bounded (NUMBER_LIMIT, NUMBER_STEP) where it
+    does not bound itself. A new schema."""
+    def bound(s: dict[str, Any]) -> dict[str, Any]:
+        number, integer = _has_type(s, "number"), _has_type(s, "integer")
+        if not (number or integer):
+            return s
+        limit: float = NUMBER_LIMIT if integer and not number else float(NUMBER_LIMIT)
+        if "minimum" not in s and "exclusiveMinimum" not in s:
+            s["minimum"] = -limit
+        if "maximum" not in s and "exclusiveMaximum" not in s:
+            s["maximum"] = limit
+        if number and "multipleOf" not in s:
+            s["multipleOf"] = NUMBER_STEP
+        return s
+    return _each_schema(schema, bound)
 
 
 def json_object_grammar() -> str:

@@ -290,13 +290,13 @@ class Invoice(pydantic.BaseModel):
 
 async def test_strict_schemas_are_closed_and_tools_keep_their_definitions(make_daemon: MakeDaemon) -> None:
     """A strict schema as pydantic writes it (no additionalProperties, optional fields listed) gets
-    only its own keys, every one present; a tool whose parameters use $defs compiles and its
-    arguments validate against them."""
+    only its own keys, every one present, and its number ends (the model would write 31.2188...
+    to the limit); a tool whose parameters use $defs compiles and its arguments validate against
+    them."""
     city = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
                                              "country": {"type": "string", "maxLength": 30},
-                                             "population_millions": {"type": "integer", "minimum": 0,
+                                             "population_millions": {"type": "number", "minimum": 0,
                                                                      "maximum": 100}}}
-    # (an integer: a number's fraction runs on, bounds or not, until the grammar bounds its digits)
     invoice_tool = {"type": "function", "function": {"name": "record_invoice", "strict": True,
                                                      "parameters": Invoice.model_json_schema()}}
     assert "$defs" in invoice_tool["function"]["parameters"]                # type: ignore[index]

@@ -193,3 +193,19 @@ def test_strict_schemas_are_closed_where_they_do_not_say_otherwise() -> None:
     assert out["properties"]["d"]["anyOf"][1] == {"type": "null"}
     assert "additionalProperties" not in schema                              # a new schema
     assert strict_schema(True) is True
+
+
+def test_numbers_a_schema_leaves_unbounded_get_bounds_that_end_their_digits() -> None:
+    from forge.structured import NUMBER_LIMIT, NUMBER_STEP, bounded_numbers
+
+    schema = {"type": "object", "properties": {
+        "n": {"type": "number"}, "i": {"type": "integer"}, "own": {"type": "number", "minimum": 0, "multipleOf": 0.5},
+        "either": {"type": ["number", "null"]}, "s": {"type": "string"},
+        "list": {"type": "array", "items": {"type": "integer", "exclusiveMaximum": 10}}}}
+    out = bounded_numbers(schema)["properties"]
+    assert out["n"] == {"type": "number", "minimum": -NUMBER_LIMIT, "maximum": NUMBER_LIMIT, "multipleOf": NUMBER_STEP}
+    assert out["i"] == {"type": "integer", "minimum": -NUMBER_LIMIT, "maximum": NUMBER_LIMIT}
+    assert out["own"] == {"type": "number", "minimum": 0, "multipleOf": 0.5, "maximum": NUMBER_LIMIT}
+    assert out["either"]["multipleOf"] == NUMBER_STEP and out["s"] == {"type": "string"}
+    assert out["list"]["items"] == {"type": "integer", "exclusiveMaximum": 10, "minimum": -NUMBER_LIMIT}
+    assert "minimum" not in schema["properties"]["n"]                        # a new schema

@@ -35,7 +35,7 @@ def parse_size(text: str | int) -> int:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_size: int = 16
-    # Bytes of K/V arrays (sets the number of blocks); None: sized to the model (forge.llm.kv_budget).
+    # Bytes of K/V arrays (sets the number of blocks); None: sized to the model (forge.llm.plan_cache).
     kv_cache_memory: int | None = None
     max_model_len: int | None = None         # None: the model's context length
     max_num_seqs: int = 64                   # sequences running at once

@@ -65,7 +65,7 @@ def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, p
         raise InvalidRequest(f"invalid JSON schema: {exc}", param=param) from None
 
 
-# Keywords whose values are schemas, or lists or maps of schemas: where strict_schema looks for objects.
+# Keywords whose values are schemas, or lists or maps of schemas: where _each_schema looks for subschemas.
 _SUBSCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -46,8 +46,6 @@ void forge_swiglu(const float *restrict gate_up, int64_t rows, int64_t f, float 
  * five stages of butterflies (with AVX-512 in registers, a stage per permute). forge.llama.kv_dtype.
  * hadamard32 makes the same additions in the same order (the same bits). */
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
 /* One stage within a vector: lane i gets x[i] + x[i ^ h] where bit h of i is clear, x[i ^ h] - x[i]
  * where it is set (the butterfly a + b, a - b of the scalar loop, the same roundings). */
 static inline __m512 butterfly(__m512 x, __m512 partner, __mmask16 upper) {

@@ -267,12 +267,13 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
 #if defined(__AVX512F__)
             /* 16 keys at a time: each query's 16 dot products as vectors of partial sums, added
              * across lanes together (a scalar sum per dot product cost more than the products) */
+            int64_t at[16], next[16];               /* this block of 16 keys' offsets, and the next's */
+            if (hd % 16 == 0 && softcap <= 0.0f && p + 16 <= len)
+                keys16(table, p, block_size, kv_stride, g * hd, next);
             if (hd % 16 == 0 && softcap <= 0.0f)
                 for (; p + 16 <= len; p += 16) {
-                    int64_t at[16];
-                    keys16(table, p, block_size, kv_stride, g * hd, at);
+                    memcpy(at, next, sizeof at);
                     if (p + 32 <= len) {     /* the next 16 keys' rows on their way (see prefetch_row) */
-                        int64_t next[16];
                         keys16(table, p + 16, block_size, kv_stride, g * hd, next);
                         for (int e = 0; e < 16; e++)
                             prefetch_row(k, next[e], (int)sizeof(KV_T), hd * (int64_t)sizeof(KV_T));

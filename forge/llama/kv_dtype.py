@@ -23,12 +23,13 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.config import KV_CACHE_DTYPES
+from forge.kernels import compiled
 
 F32 = npt.NDArray[np.float32]
 
 _STORAGE: dict[str, type[np.generic]] = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
                                          "int8": np.int8}
-INT8_GROUP = 32          # values per scale of an int8 cache (the compiled kernels' KV_INT8_GROUP)
+INT8_GROUP = compiled.INT8_GROUP   # values per scale of an int8 cache (the compiled kernels' KV_INT8_GROUP)
 _INV127 = np.float32(1) / np.float32(127)
 _F16_MAX = np.float32(65504)
 

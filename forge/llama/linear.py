@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from forge.config import MATMUL_STRATEGIES
 from forge.kernels import compiled
-from forge.llama.weights import PoolKernel, Weight
+from forge.llama.weight_types import PoolKernel, Weight
 
 F32 = npt.NDArray[np.float32]
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,34 +27,11 @@ from forge.kernels.block_linear import BlockMatrix, as_blocks
 from forge.kernels.blocks import SUPPORTED, affine_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
+from forge.llama.linear import Q8Matrix
+from forge.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
-
-
-class LinearKernel(Protocol):
-    """A weight matrix held by a kernel (forge.kernels): matmul(x) = x @ W, W of shape [in, out]."""
-    nbytes: int
-
-    @property
-    def shape(self) -> tuple[int, int]: ...
-
-    def matmul(self, x: F32) -> F32: ...
-
-
-class PoolKernel(LinearKernel, Protocol):
-    """A kernel whose products of dense_rows rows and more run on the engine's MatmulPool, each
-    thread taking a range of output columns (forge.kernels.onnx_linear on the AMX tiles)."""
-    dense_rows: int | None
-
-    def split_rows(self, x: F32) -> Any: ...
-
-    def column_cuts(self, num_parts: int) -> list[tuple[int, int]]: ...
-
-    def dense_into(self, xs: Any, out: F32, cut: tuple[int, int]) -> None: ...
-
-
-Weight = F32 | LinearKernel     # what forge.llama.linear.matmul(x, w) multiplies by
 
 
 class QuantEmbedding:
@@ -333,7 +310,6 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden, fast=src.fast)
     elif c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
         # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
-        from forge.llama.linear import Q8Matrix
 
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)

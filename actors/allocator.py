@@ -2,7 +2,7 @@
 
 It answers the scheduler's AllocateStep with a StepAllocation, first freeing the sequences the
 step names. It holds no K/V data; the model worker's arrays are addressed by the block ids granted
-here. Nothing else in the daemon holds the PagedKVCache: the scheduler knows only its layout.
+here. Nothing else in the daemon holds the BlockAllocator: the scheduler knows only its layout.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from forge.block_allocator import BlockAllocator
 from forge.messages import AllocateStep, CacheStats, StepAllocation
-from forge.paged_cache import PagedKVCache
 
 
 class AllocatorActor:
-    def __init__(self, cache: PagedKVCache, inbox: MemoryObjectReceiveStream[AllocateStep],
+    def __init__(self, cache: BlockAllocator, inbox: MemoryObjectReceiveStream[AllocateStep],
                  replies: MemoryObjectSendStream[StepAllocation]) -> None:
         self._cache = cache
         self._inbox = inbox

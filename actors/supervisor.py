@@ -30,15 +30,15 @@ from actors.metrics import Metrics
 from actors.router import Router
 from actors.scheduler import SchedulerActor
 from actors.stats import Sources
-from actors.tokeniser import TokeniserActor, TokeniserInbox
+from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
+from forge.block_allocator import BlockAllocator
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
 from forge.llama.linear import configure_matmul
 from forge.llm import CachePlan, LoadedModel, load_draft, plan_cache
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
-from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.scheduler import SchedulerConfig
 from forge.structured import Grammars
@@ -109,7 +109,7 @@ class Daemon:
         if plan.warning is not None:
             log.warning("kv_cache_short", reason=plan.warning)
         num_blocks, max_model_len = plan.num_blocks, plan.max_model_len
-        cache = PagedKVCache(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
+        cache = BlockAllocator(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
         eos = loaded.tokenizer.eos_token_id
         core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
                           vocab_size=loaded.model.config.vocab_size, end_token_ids=loaded.tokenizer.end_token_ids)

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from forge.block_allocator import CacheLayout
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.messages import (
     AllocateStep,
@@ -24,7 +25,6 @@ from forge.messages import (
     StepOutput,
     TokensEmitted,
 )
-from forge.paged_cache import CacheLayout
 from forge.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig
 from forge.sequence import Sequence
@@ -211,7 +211,7 @@ class EngineCore:
             if req is None:            # aborted while its step ran, or finished by an earlier token
                 continue
             seq = req.seq
-            self.scheduler.push_token(seq.id, tok.token_id, False)
+            self.scheduler.push_token(seq.id, tok.token_id)
             runs.setdefault(seq.id, []).append(tok)
             # Under a grammar the end comes when the grammar allows it, min_tokens or not.
             if tok.token_id in req.stop_ids and (len(seq.output) >= req.params.min_tokens

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from forge.block_allocator import BlockAllocator
 from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.detokenizer import IncrementalDetokenizer
@@ -27,7 +28,6 @@ from forge.llama.kv_cache import KVCache
 from forge.llama.linear import configure_matmul
 from forge.llama.model import LlamaModel
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
-from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
@@ -202,7 +202,7 @@ class LLMEngine:
         if plan.warning is not None:
             print(f"forge: warning: {plan.warning}", file=sys.stderr, flush=True)
         num_blocks, self.max_model_len = plan.num_blocks, plan.max_model_len
-        self.cache = PagedKVCache(num_blocks, config.block_size,
+        self.cache = BlockAllocator(num_blocks, config.block_size,
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.core = EngineCore(
             SchedulerConfig.of(config), self.cache.layout(), eos_token_id=self.tokenizer.eos_token_id,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from forge.paged_cache import SeqId
+from forge.block_allocator import SeqId
 from forge.speculative import Lookahead
 
 TokenId = int
@@ -37,7 +37,7 @@ class Sequence:
     num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
-    cache_salt: str | None = None    # prefix-cache isolation (forge.paged_cache.salt_root)
+    cache_salt: str | None = None    # prefix-cache isolation (forge.block_allocator.salt_root)
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id

@@ -9,10 +9,10 @@ import random
 import time
 from typing import Any
 
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import SchedulerConfig
 from forge.seed.engine import Engine
 from forge.seed.model import TinyTransformer
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import SchedulerConfig
 from forge.seed.speculative import SpeculativeDecoder
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge.errors import EngineError
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import LocalScheduler, SchedulerConfig
 from forge.seed.model import Model
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import Scheduler, SchedulerConfig
 from forge.sequence import Sequence, TokenId
 
 MAX_ITERATIONS = 1_000_000
@@ -26,7 +26,7 @@ class GenerationOutput:
 class Engine:
     def __init__(self, model: Model, config: SchedulerConfig, cache: PagedKVCache) -> None:
         self.model = model
-        self.scheduler = LocalScheduler(config, cache)
+        self.scheduler = Scheduler(config, cache)
         self._outputs: dict[int, list[TokenId]] = {}
 
     def submit(self, id: int, prompt: list[TokenId], max_new_tokens: int) -> None:

@@ -13,10 +13,10 @@ from actors.allocator import AllocatorActor
 from actors.metrics import Metrics
 from actors.scheduler import SchedulerActor
 from actors.worker import ModelWorkerActor
+from forge.block_allocator import BlockAllocator
 from forge.engine_core import EngineCore
 from forge.llama.model import LlamaModel
 from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
-from forge.paged_cache import PagedKVCache
 from forge.runner import ModelRunner
 from forge.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
@@ -28,13 +28,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
     return LlamaModel.load(write_tiny_llama(Path(tmp_path_factory.mktemp("m")) / "tiny.gguf"))
 
 
-async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], PagedKVCache]:
+async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], BlockAllocator]:
     """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser.
 
     Once the scheduler has no work left, every per-request table of the three actors is empty.
     """
-    cache = PagedKVCache(32, 4, enable_prefix_caching=True)
-    core = EngineCore(SchedulerConfig(max_batch_size=4, max_num_batched_tokens=16, policy="shortest-first"),
+    cache = BlockAllocator(32, 4, enable_prefix_caching=True)
+    core = EngineCore(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, policy="shortest-first"),
                       cache.layout(), eos_token_id=EOS_ID,
                       max_model_len=64, vocab_size=model.config.vocab_size)
     runner = ModelRunner(model, num_blocks=32, block_size=4, eos_token_id=EOS_ID)

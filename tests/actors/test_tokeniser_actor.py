@@ -20,7 +20,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from actors.metrics import Metrics
 from actors.router import Router
-from actors.tokeniser import TokeniserActor
+from actors.tokeniser_actor import TokeniserActor
 from forge.chat import ChatTemplate
 from forge.messages import (
     Abort,

@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from forge.messages import BlockAsk
-from forge.paged_cache import OutOfBlocks, PagedKVCache
+from forge.seed.paged_cache import OutOfBlocks, PagedKVCache
 
 NUM_BLOCKS = 8
 BLOCK_SIZE = 4

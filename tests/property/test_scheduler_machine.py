@@ -6,8 +6,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import LocalScheduler, SchedulerConfig
+from forge.scheduler import SchedulerConfig
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import Scheduler
 from forge.sequence import SeqState, Sequence
 
 BLOCK_SIZE = 4
@@ -21,7 +22,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.cache = PagedKVCache(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
-        self.sched = LocalScheduler(SchedulerConfig(max_batch_size=MAX_BATCH, max_num_batched_tokens=12,
+        self.sched = Scheduler(SchedulerConfig(max_num_seqs=MAX_BATCH, max_num_batched_tokens=12,
                                                policy=self.policy), self.cache)
         self.submitted: set[int] = set()
         self.finished: set[int] = set()

@@ -4,10 +4,10 @@ import pytest
 
 import forge.seed.engine
 from forge.errors import EngineError
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import SchedulerConfig
 from forge.seed.engine import Engine
 from forge.seed.model import TinyTransformer
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import SchedulerConfig
 
 
 def greedy(model: TinyTransformer, prompt: list[int], max_new: int) -> list[int]:

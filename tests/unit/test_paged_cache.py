@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from forge.messages import BlockAsk
-from forge.paged_cache import BlockTable, CacheError, OutOfBlocks, PagedKVCache, UnknownSequence
+from forge.seed.paged_cache import BlockTable, CacheError, OutOfBlocks, PagedKVCache, UnknownSequence
 
 
 def test_block_size_must_be_positive() -> None:

@@ -3,25 +3,27 @@ from __future__ import annotations
 import pytest
 
 from forge.errors import CapacityError
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import AGING_STEPS, LocalScheduler, SchedulerConfig
+from forge.schedule_policy import AGING_STEPS
+from forge.scheduler import SchedulerConfig
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import Scheduler
 from forge.sequence import SeqState, Sequence
 from forge.speculative import Lookahead, SpeculativeConfig
 
 
-def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> LocalScheduler:
-    return LocalScheduler(SchedulerConfig(**config), PagedKVCache(num_blocks, block_size))
+def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), PagedKVCache(num_blocks, block_size))
 
 
-def run_step(sched: LocalScheduler, token: int = 7) -> list[int]:
+def run_step(sched: Scheduler, token: int = 7) -> list[int]:
     plan = sched.schedule()
     for seq_id in plan.decode_batch:
         sched.push_token(seq_id, token, False)
     return plan.decode_batch
 
 
-def test_admits_up_to_max_batch_size() -> None:
-    sched = make(max_batch_size=2)
+def test_admits_up_to_max_num_seqs() -> None:
+    sched = make(max_num_seqs=2)
     for i in range(3):
         sched.submit(Sequence(i, [1, 2, 3], 4))
     plan = sched.schedule()
@@ -106,7 +108,7 @@ def test_a_sequence_larger_than_the_whole_cache_is_refused() -> None:
 
 def test_prefix_cache_hit_skips_computed_tokens() -> None:
     cache = PagedKVCache(32, 4, enable_prefix_caching=True)
-    sched = LocalScheduler(SchedulerConfig(), cache)
+    sched = Scheduler(SchedulerConfig(), cache)
     prompt = list(range(1, 14))
     sched.submit(Sequence(1, prompt, 2))
     while sched.has_work():
@@ -124,7 +126,7 @@ def shares(plan) -> dict[int, int]:  # noqa: ANN001
 def test_a_cached_prompt_costs_the_budget_only_its_uncached_tokens() -> None:
     for policy in ("fcfs", "shortest-first"):
         cache = PagedKVCache(64, 4, enable_prefix_caching=True)
-        sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=8, policy=policy), cache)
+        sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, policy=policy), cache)
         shared = list(range(1, 21))                   # 5 full blocks
         sched.submit(Sequence(1, shared + [50], 1))
         while sched.has_work():
@@ -162,7 +164,7 @@ def test_shortest_first_runs_decodes_before_an_older_prefill() -> None:
 
 
 def test_shortest_first_serves_a_long_waiting_prompt_after_aging_steps() -> None:
-    sched = make(num_blocks=256, max_num_batched_tokens=4, max_batch_size=4, policy="shortest-first")
+    sched = make(num_blocks=256, max_num_batched_tokens=4, max_num_seqs=4, policy="shortest-first")
     sched.submit(Sequence(0, [5] * 12, 1))            # long; short prompts keep arriving after it
     first_step_of_0, finished = None, set()
     for step in range(1, AGING_STEPS + 5):
@@ -201,7 +203,7 @@ def test_shortest_first_ranks_a_waiting_prompt_by_its_uncached_tokens() -> None:
     """A long prompt whose prefix was computed before costs only its tail: it goes before a shorter
     prompt that would compute all of its tokens, though it arrived later."""
     cache = PagedKVCache(64, 4, enable_prefix_caching=True)
-    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first"), cache)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first"), cache)
     shared = list(range(1, 37))                               # 9 full blocks
     sched.submit(Sequence(1, shared + [50], 1))
     while sched.has_work():
@@ -217,7 +219,7 @@ def test_speculative_guesses_take_only_the_budget_no_prompt_can_use() -> None:
     """A decoding sequence's guesses come after every prompt's share: while a waiting prompt needs
     the rest of the step, the step carries none; once the prompts have theirs, the guesses return."""
     spec = SpeculativeConfig("ngram", num_tokens=4)
-    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first", speculative=spec),
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, policy="shortest-first", speculative=spec),
                            PagedKVCache(64, 4))
     looping = Sequence(1, [1, 2, 3] * 4, 20)          # repeats itself: the n-gram proposer always has a guess
     looping.lookahead = Lookahead(4)
@@ -242,7 +244,7 @@ def test_prompts_behind_one_new_prefix_are_one_job_computed_once() -> None:
     group's cost is shared out over its members), while the others wait for it instead of computing
     the same blocks; then they cost the step only their last tokens."""
     cache = PagedKVCache(64, 4, enable_prefix_caching=True)
-    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=32, policy="shortest-first"), cache)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, policy="shortest-first"), cache)
     prefix = list(range(10, 22))                      # 3 full blocks
     for seq_id in (1, 2, 3):
         sched.submit(Sequence(seq_id, prefix + [seq_id], 4))

@@ -6,8 +6,9 @@ import pytest
 
 from actors.cli import register
 from forge.cli import build_parser, engine_config
-from forge.paged_cache import PagedKVCache
-from forge.scheduler import MIN_PREFILL_TOKENS, LocalScheduler, SchedulerConfig
+from forge.scheduler import MIN_PREFILL_TOKENS, SchedulerConfig
+from forge.seed.paged_cache import PagedKVCache
+from forge.seed.scheduler import Scheduler
 from forge.sequence import Sequence
 from forge.step_cost import MIN_STEPS, StepCostModel
 
@@ -35,9 +36,9 @@ def test_steps_of_one_size_give_a_cost_through_the_origin() -> None:
     assert model.tokens_within(0.1) == 50
 
 
-def decoding_scheduler(max_step_s: float | None, num_decoding: int) -> LocalScheduler:
+def decoding_scheduler(max_step_s: float | None, num_decoding: int) -> Scheduler:
     """num_decoding sequences past their prefill, and one long prompt waiting."""
-    sched = LocalScheduler(SchedulerConfig(max_batch_size=64, max_num_batched_tokens=512, max_step_s=max_step_s,
+    sched = Scheduler(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, max_step_s=max_step_s,
                                            policy="shortest-first"), PagedKVCache(512, 16))
     for i in range(num_decoding):
         sched.submit(Sequence(i, [5, 6, 7], 50))
@@ -69,7 +70,7 @@ def test_prompts_advance_even_when_the_decode_rows_alone_exceed_the_target() -> 
 
 
 def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
-    sched = LocalScheduler(SchedulerConfig(max_num_batched_tokens=512, max_step_s=0.05), PagedKVCache(512, 16))
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_step_s=0.05), PagedKVCache(512, 16))
     for tokens in (64, 128, 256, 512):
         sched.observe_step(tokens, 0.020 + 0.002 * tokens)
     sched.submit(Sequence(1, list(range(1000)), 10))

@@ -1,4 +1,5 @@
-"""Paged KV-cache bookkeeping: block ids, block tables, reference counts and the prefix cache.
+"""The block allocator of the paged K/V cache: block ids, block tables, reference counts and the
+prefix cache.
 
 Only bookkeeping lives here; the K/V arrays themselves belong to the model runner, which reads
 them through the block tables this module hands out. Nothing here knows about models or requests
@@ -92,7 +93,7 @@ class CacheLayout:
     enable_prefix_caching: bool = False
 
 
-class PagedKVCache:
+class BlockAllocator:
     """Allocates fixed-size blocks to sequences. Invariant: free + used = total, always."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
@@ -119,7 +120,7 @@ class PagedKVCache:
     def layout(self) -> CacheLayout:
         return CacheLayout(self._num_blocks, self._block_size, self.enable_prefix_caching)
 
-    # ---- the seed's surface -------------------------------------------------------------
+    # ---- blocks and sequences ------------------------------------------------------------
 
     def block_size(self) -> int:
         return self._block_size
@@ -132,16 +133,6 @@ class PagedKVCache:
 
     def used_blocks(self) -> int:
         return self._num_blocks - self.free_blocks()
-
-    def utilisation(self) -> float:
-        return self.used_blocks() / self._num_blocks if self._num_blocks else 0.0
-
-    def admit(self, seq: SeqId) -> None:
-        """Register a sequence with no tokens. Admitting a known sequence changes nothing."""
-        self._seqs.setdefault(seq, _SeqEntry(BlockTable(), []))
-
-    def contains(self, seq: SeqId) -> bool:
-        return seq in self._seqs
 
     def blocks_needed_for(self, seq: SeqId, extra_tokens: int) -> int:
         """New blocks `seq` needs to hold `extra_tokens` more tokens (an unknown sequence holds none)."""
@@ -175,22 +166,6 @@ class PagedKVCache:
         entry = self._seqs.get(seq)
         return entry.table if entry else None
 
-    def seq_len(self, seq: SeqId) -> int:
-        entry = self._seqs.get(seq)
-        return entry.table.num_tokens if entry else 0
-
-    def internal_fragmentation(self) -> int:
-        """Token slots allocated but unused, over all sequences."""
-        return sum(e.table.slack(self._block_size) for e in self._seqs.values())
-
-    def evict_largest(self) -> SeqId | None:
-        """Free the sequence holding the most tokens (ties: the lowest id) and return its id."""
-        if not self._seqs:
-            return None
-        victim = min(self._seqs, key=lambda s: (-self._seqs[s].table.num_tokens, s))
-        self.free(victim)
-        return victim
-
     def sequences(self) -> list[SeqId]:
         return list(self._seqs)
 
@@ -211,7 +186,7 @@ class PagedKVCache:
         if not self.enable_prefix_caching:
             return 0
         bs = self._block_size
-        max_blocks = (len(token_ids) - 1) // bs
+        max_blocks = max(0, (len(token_ids) - 1) // bs)
         self.num_prefix_queries += len(token_ids)
         parent = root
         missed: str | None = None

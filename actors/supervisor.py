@@ -7,17 +7,16 @@ the drain timeout, then the process exits 0. An actor that crashes takes the dae
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskStatus
 from hypercorn.asyncio import serve
@@ -32,15 +31,10 @@ from actors.scheduler import SchedulerActor
 from actors.stats import Sources
 from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
-from forge.block_allocator import BlockAllocator
 from forge.config import EngineConfig
-from forge.engine_core import EngineCore
-from forge.kernels import compiled
-from forge.llama.linear import configure_matmul
-from forge.llm import CachePlan, LoadedModel, load_draft, plan_cache
+from forge.engine import build_engine, serving
+from forge.loading import LoadedModel, load_draft
 from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
-from forge.runner import ModelRunner
-from forge.scheduler import SchedulerConfig
 from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
@@ -103,28 +97,16 @@ class Daemon:
                 progress=_progress))
         loaded, cfg = self.loaded, self.config.engine
         draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
-        draft_model = draft.model if draft is not None else None
-        configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
-        plan = plan_cache(loaded.model, cfg, draft_model)
-        if plan.warning is not None:
-            log.warning("kv_cache_short", reason=plan.warning)
-        num_blocks, max_model_len = plan.num_blocks, plan.max_model_len
-        cache = BlockAllocator(num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
-        eos = loaded.tokenizer.eos_token_id
-        core = EngineCore(SchedulerConfig.of(cfg), cache.layout(), eos_token_id=eos, max_model_len=max_model_len,
-                          vocab_size=loaded.model.config.vocab_size, end_token_ids=loaded.tokenizer.end_token_ids)
-        # Two grammar engines over one vocabulary: the gateway's checks constraints at the edge, the
-        # worker's makes the matchers (no object is shared between actors).
+        parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
+        if parts.plan.warning is not None:
+            log.warning("kv_cache_short", reason=parts.plan.warning)
+        # The gateway checks constraints at the edge with a grammar engine of its own over the same
+        # vocabulary; the worker's makes the matchers (no object is shared between actors).
         edge_grammars = await anyio.to_thread.run_sync(Grammars, loaded.tokenizer)
-        runner = await anyio.to_thread.run_sync(lambda: ModelRunner(
-            loaded.model, num_blocks=num_blocks, block_size=cfg.block_size, eos_token_id=eos,
-            kv_cache_dtype=cfg.kv_cache_dtype, grammars=Grammars(loaded.tokenizer),
-            end_token_ids=loaded.tokenizer.end_token_ids, draft_model=draft_model,
-            draft_layers=cfg.draft_layers, draft_p_min=cfg.draft_p_min))
-        kv_commit_s = await anyio.to_thread.run_sync(runner.commit_kv_memory) if cfg.kv_cache_commit else None
+        served = serving(loaded, cfg, parts, served_model_name=self.config.gateway.served_model_name, draft=draft)
         # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
-        # The cache allocator actor is the only owner of `cache` from here on.
+        # The cache allocator actor is the only owner of the block allocator from here on.
         to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
         to_sched, sched_in = anyio.create_memory_object_stream[Tokenised | Abort](math.inf)
         to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
@@ -132,9 +114,9 @@ class Daemon:
         to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
         worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
         router = Router()
-        self.allocator = AllocatorActor(cache, alloc_in, alloc_out)
-        self.worker = ModelWorkerActor(runner, worker_in, worker_out)
-        self.scheduler = SchedulerActor(core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
+        self.allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out)
+        self.worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
+        self.scheduler = SchedulerActor(parts.core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
                                         from_allocator=from_alloc, to_worker=to_worker,
                                         from_worker=from_worker, to_tokeniser=to_tok.clone())
         self.tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
@@ -147,30 +129,17 @@ class Daemon:
                 scheduler = self.scheduler
                 self.gateway.pipeline = Pipeline(
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
-                    template=loaded.chat_template, max_model_len=max_model_len,
+                    template=loaded.chat_template, max_model_len=served.max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
                     grammars=edge_grammars, step_age=scheduler.step_age)
-                attention = "compiled" if loaded.model.fused_attention else "numpy"
-                self.metrics.kernels.labels(backend=loaded.kernels.name, numerics=loaded.kernels.numerics,
-                                            attention=attention).set(1)
+                self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
+                                            attention=served.attention).set(1)
                 allocator = self.allocator
                 self.gateway.stats.sources = Sources(
                     scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
-                    serving=self._serving(loaded, plan, attention=attention))
+                    serving=msgspec.to_builtins(served))
                 tg.start_soon(self.gateway.stats.run_sampler)
-                log.info("ready", model=loaded.path, architecture=loaded.model.config.arch.name,
-                         tokenizer=loaded.tokenizer.kind, kernels=loaded.kernels.name,
-                         numerics=loaded.kernels.numerics, kernels_reason=loaded.kernels.reason,
-                         attention=attention,
-                         compiled_kernels=compiled.status(),
-                         weights_mib=round(loaded.model.weights.nbytes / 2**20, 1),
-                         draft_weights_mib=round(draft_model.weights.nbytes / 2**20, 1) if draft_model else 0,
-                         kv_cache_dtype=cfg.kv_cache_dtype, num_blocks=num_blocks, block_size=cfg.block_size,
-                         kv_tokens=num_blocks * cfg.block_size,
-                         kv_bytes_per_token=plan.bytes_per_token, kv_budget_mib=round(plan.budget / 2**20, 1),
-                         kv_budget=plan.sized,
-                         kv_commit_s=round(kv_commit_s, 2) if kv_commit_s is not None else "off",
-                         max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs)
+                log.info("ready", **msgspec.structs.asdict(served))
                 task_status.started()
                 self.is_started.set()
                 await self._stop.wait()
@@ -178,28 +147,6 @@ class Daemon:
                 self.gateway.pipeline = None
                 log.info("stopped", inflight=self.gateway.admission.num_inflight)
                 tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
-
-    def _serving(self, loaded: LoadedModel, plan: CachePlan, *, attention: str) -> dict[str, Any]:
-        """What the dashboard shows as "serving": the model and the settings that shape its figures."""
-        cfg = self.config.engine
-        spec = "off" if cfg.speculative == "off" else f"{cfg.speculative}, {cfg.num_speculative_tokens} tokens"
-        if cfg.draft_model is not None:
-            spec += f", draft {Path(cfg.draft_model).name}"
-        elif cfg.draft_layers is not None:
-            spec += f", draft: the first {cfg.draft_layers} layers"
-        return {
-            "served_model_name": self.config.gateway.served_model_name, "model_file": Path(loaded.path).name,
-            "layers": loaded.model.config.num_layers,
-            "weights_mib": round(loaded.model.weights.nbytes / 2**20, 1), "kernels": loaded.kernels.name,
-            "numerics": loaded.kernels.numerics, "attention": attention, "kv_cache_dtype": cfg.kv_cache_dtype,
-            "kv_blocks": plan.num_blocks, "block_size": cfg.block_size,
-            "kv_tokens": plan.num_blocks * cfg.block_size, "kv_bytes_per_token": plan.bytes_per_token,
-            "kv_budget_mib": round(plan.budget / 2**20, 1), "kv_budget": plan.sized,
-            "max_model_len": plan.max_model_len, "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "max_step_ms": cfg.max_step_ms if cfg.max_step_ms is not None else "off",
-            "scheduling_policy": cfg.scheduling_policy, "prefix_caching": "on" if cfg.enable_prefix_caching else "off",
-            "speculative": spec, "version": _version()}
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.drain_timeout) as scope:
@@ -235,13 +182,6 @@ class Daemon:
                     count(m.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
 
         m.on_scrape(refresh)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("forge")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _progress(message: str) -> None:

@@ -109,16 +109,12 @@ class TokeniserActor:
             return
         # A step's tokens come together; a stop string inside them ends the output at the token
         # that completes it, as if they had come one by one.
-        text, taken = stream.detok.push_run(msg.token_ids)
+        text, taken, reason = stream.detok.advance(msg.token_ids, msg.finish_reason)
         ids = msg.token_ids[:taken]
         logprobs = msg.logprobs[:len(ids)]
         stream.num_tokens += len(ids)
-        reason = msg.finish_reason
         if stream.detok.stopped:
-            reason = "stop"
             await self._to_scheduler.send(Abort(request_id=msg.request_id, by_client=False))
-        elif reason is not None:
-            text += stream.detok.flush()
         if reason is not None:
             del self._streams[msg.request_id]
             self._metrics.request_success.labels(finished_reason=reason).inc()

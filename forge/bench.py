@@ -167,7 +167,7 @@ def model_bench(model: str | os.PathLike[str] | None, *, concurrency: Sequence[i
         "mode": "model",
         "model": loaded.name,
         "kernels": loaded.kernels.name, "numerics": loaded.kernels.numerics,
-        "attention": "compiled" if loaded.model.fused_attention else "numpy",
+        "attention": "compiled" if loaded.model.compiled_ops else "numpy",
         "kv_cache_dtype": kv_cache_dtype,
         "blas": _blas_info(),
         "num_cpus": os.cpu_count(),

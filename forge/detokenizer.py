@@ -10,6 +10,8 @@ import codecs
 from collections.abc import Sequence
 from typing import Protocol
 
+from forge.messages import FinishReason
+
 
 class TokenSource(Protocol):
     special_ids: frozenset[int]
@@ -71,6 +73,19 @@ class IncrementalDetokenizer:
             text += self.push(ids[taken:taken + 1])
             taken += 1
         return text, taken
+
+    def advance(self, ids: Sequence[int], finish_reason: FinishReason | None) -> tuple[str, int, FinishReason | None]:
+        """One step's ids and the engine's finish reason for them (None: more to come) -> the text
+        to send, how many ids it covers, and the reason the output ends (None: it goes on). A stop
+        string ends it with "stop" at the id that completes it (`stopped` is then True: the engine
+        still runs the request, and the caller must drop it); an end from the engine releases the
+        text held back. The one rule of stop strings, for the offline engine and the daemon."""
+        text, taken = self.push_run(ids)
+        if self.stopped:
+            return text, taken, "stop"
+        if finish_reason is not None:
+            text += self.flush()
+        return text, taken, finish_reason
 
     def push(self, ids: Sequence[int]) -> str:
         """Feed generated ids; return the text they complete ("" once stopped)."""

@@ -124,7 +124,7 @@ class LlamaModel:
         self.gelu = config.arch.activation == "gelu_tanh"
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
         # keeps the whole forward on the numpy reference.
-        self.fused_attention = weights.kernels != "numpy" and compiled.library() is not None
+        self.compiled_ops = weights.kernels != "numpy" and compiled.library() is not None
         # Big steps split their rows over the pool only when the pool does the matmuls (dense
         # weights): kernels run each product on threads of their own.
         self._rows_split = weights.is_dense
@@ -197,12 +197,12 @@ class LlamaModel:
         num_tokens, hd = batch.num_tokens, c.head_dim
         if num_tokens == 0:
             return np.empty((0, c.vocab_size), dtype=np.float32)
-        on_pool = self.fused_attention and self.weights.kernels == "blocks"   # one set of threads for all
-        plan = plan_attention(batch, c, kv.block_size, fused=self.fused_attention, softcap=c.attn_softcap,
+        on_pool = self.compiled_ops and self.weights.kernels == "blocks"   # one set of threads for all
+        plan = plan_attention(batch, c, kv.block_size, fused=self.compiled_ops, softcap=c.attn_softcap,
                               decode_on_pool=on_pool)
         # The window's own plan only once some query reaches past it: before that it is `plan`.
         reaches_past = self.has_sliding and int(batch.positions.max()) >= c.sliding_window
-        plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.fused_attention, window=c.sliding_window,
+        plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.compiled_ops, window=c.sliding_window,
                                        softcap=c.attn_softcap, decode_on_pool=on_pool)
                         if reaches_past else plan)
         scale = np.float32(c.attention_scale)
@@ -273,12 +273,12 @@ class LlamaModel:
 
     # Looked up at each call, not bound at load, so that scripts/profile_step.py can time them.
     def _norm(self, x: F32, weight: F32, eps: float) -> F32:
-        return (rms_norm_compiled if self.fused_attention else rms_norm)(x, weight, eps)
+        return (rms_norm_compiled if self.compiled_ops else rms_norm)(x, weight, eps)
 
     def _activation(self, gate_up: F32) -> F32:
         if self.gelu:
             return gelu_tanh_gated(gate_up)
-        return (swiglu_compiled if self.fused_attention else swiglu)(gate_up)
+        return (swiglu_compiled if self.compiled_ops else swiglu)(gate_up)
 
 
 def _row_parts(num_tokens: int, num_parts: int) -> list[list[tuple[int, int]]]:

@@ -388,10 +388,10 @@ def test_the_compiled_kernel_refuses_arrays_it_would_misread() -> None:
                                             np.full(1, first, np.int64))
 
 
-def test_the_model_runs_fused_attention_only_off_the_numpy_reference(tmp_path: Path) -> None:
+def test_the_model_runs_compiled_ops_only_off_the_numpy_reference(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128, seed=4)
-    assert not LlamaModel.load(path).fused_attention
-    assert LlamaModel.load(path, choose_kernels("onnxruntime")).fused_attention
+    assert not LlamaModel.load(path).compiled_ops
+    assert LlamaModel.load(path, choose_kernels("onnxruntime")).compiled_ops
 
 
 # ---- half-precision K/V -------------------------------------------------------------------------
@@ -699,7 +699,7 @@ def test_without_the_compiled_kernels_forge_says_why_and_runs_numpy_attention(
     model = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128)
     code = ("import sys; from forge.kernels import choose_kernels, compiled; from forge.llama.model import LlamaModel;"
             f"m = LlamaModel.load({str(model)!r}, choose_kernels('onnxruntime'));"
-            "print(m.fused_attention, compiled.status()); m.forward_context([3, 4, 5])")
+            "print(m.compiled_ops, compiled.status()); m.forward_context([3, 4, 5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "FORGE_HOME": str(tmp_path / "home"), **env})
     assert result.returncode == 0, result.stderr

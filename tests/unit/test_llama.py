@@ -191,7 +191,7 @@ def test_half_precision_kv_prefill_then_decode(tiny_path: Path, reference: np.nd
     """The paged cache in half precision, through the numpy reference attention and through the
     compiled kernels (the decode rows read float16/bfloat16 directly), against float64."""
     model = LlamaModel.load(tiny_path, choose_kernels(kernels))
-    assert model.fused_attention == (kernels != "numpy")
+    assert model.compiled_ops == (kernels != "numpy")
     pager = Pager(model, seed=5, kv_dtype=kv_dtype)
     assert pager.kv.k.itemsize == 2
     got = [pager.step([("a", PROMPT[:4])])["a"]]

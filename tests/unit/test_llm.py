@@ -73,7 +73,7 @@ def assert_same_greedy(reference: Result, other: Result, what: str) -> None:
 
 def assert_idle_and_empty(engine: LLMEngine) -> None:
     assert not engine.has_work()
-    assert engine.cache.free_blocks() == engine.cache.total_blocks()
+    assert engine.allocator.free_blocks() == engine.allocator.total_blocks()
     assert engine.runner.num_tracked() == 0
 
 
@@ -151,7 +151,7 @@ def test_tiny_prefix_cache_hits_reuse_blocks(tiny: LoadedModel, tiny_reference: 
     assert engine.core.num_cached_tokens("a2") == 0          # finished: the core forgot it
     assert first["a"].token_ids == second["a2"].token_ids == tiny_reference["a"][0]
     assert second["c"].token_ids == tiny_reference["c"][0]
-    assert engine.cache.num_prefix_hits > 0
+    assert engine.allocator.num_prefix_hits > 0
     assert_idle_and_empty(engine)
 
 
@@ -185,7 +185,7 @@ def test_abort_frees_every_block(tiny: LoadedModel, prefix_caching: bool, num_st
         engine.add_request(rid, ids, greedy(30, ignore_eos=True))
     for _ in range(num_steps):                 # some mid-prefill (budget 6), some decoding
         engine.step()
-    assert engine.cache.free_blocks() < engine.cache.total_blocks()
+    assert engine.allocator.free_blocks() < engine.allocator.total_blocks()
     for rid in TINY_PROMPTS:
         assert engine.abort(rid)
     assert not engine.abort("a")               # already gone
@@ -304,7 +304,7 @@ def test_batch_layout_does_not_change_greedy_tokens(real: LoadedModel, mixed_ids
     if layout == "preemption":
         assert engine.core.stats().num_preemptions > 0
     if prefix_caching and layout == "chunked-prefill":     # admitted over several steps: the shared
-        assert engine.cache.num_prefix_hits > 0                # prefixes are found in the cache
+        assert engine.allocator.num_prefix_hits > 0                # prefixes are found in the cache
     assert_idle_and_empty(engine)
 
 
@@ -350,7 +350,7 @@ def test_stop_string_ends_with_stop_and_is_not_in_text(llm: LLM) -> None:
     streamed = list(llm.stream(prompt, greedy(16, ignore_eos=True, stop=(stop,))))
     assert "".join(streamed) == stopped.text
     assert not llm.engine.has_work()
-    assert llm.engine.cache.free_blocks() == llm.engine.cache.total_blocks()
+    assert llm.engine.allocator.free_blocks() == llm.engine.allocator.total_blocks()
 
 
 def test_max_tokens_gives_length(llm: LLM) -> None:
@@ -426,7 +426,7 @@ def test_every_end_token_ends_a_request(real: LoadedModel, mixed_ids: list[list[
 def test_the_default_kv_budget_is_sized_to_the_model(tiny: LoadedModel) -> None:
     """Unset, the budget holds max_num_seqs sequences of TYPICAL_SEQ_TOKENS (or one whole context,
     if more) in the cache's dtype; int8 takes fewer bytes for the same tokens."""
-    from forge.llm import TYPICAL_SEQ_TOKENS, plan_cache
+    from forge.cache_plan import TYPICAL_SEQ_TOKENS, plan_cache
 
     model = tiny.model
     context = model.config.max_position
@@ -443,7 +443,7 @@ def test_the_default_kv_budget_is_sized_to_the_model(tiny: LoadedModel) -> None:
 
 
 def test_a_budget_capped_by_memory_says_why_the_context_shrank(tiny: LoadedModel) -> None:
-    from forge.llm import KV_MEMORY_SHARE, plan_cache
+    from forge.cache_plan import KV_MEMORY_SHARE, plan_cache
 
     model = tiny.model
     per_block = KVCache.bytes_per_block(model.config, 4, "float16")
@@ -459,7 +459,7 @@ def test_a_budget_capped_by_memory_says_why_the_context_shrank(tiny: LoadedModel
 
 
 def test_the_machine_memory_is_read_here() -> None:
-    from forge.llm import machine_memory
+    from forge.cache_plan import machine_memory
 
     memory = machine_memory()
     assert memory is not None and memory > 2**28
@@ -471,7 +471,7 @@ def test_a_1_7b_model_serves_32_streams_of_1024_tokens_in_24_gib_by_default() ->
     int8 (float32 would not: 384 KiB a token)."""
     from types import SimpleNamespace
 
-    from forge.llm import plan_cache
+    from forge.cache_plan import plan_cache
 
     model = SimpleNamespace(config=SimpleNamespace(num_layers=24, num_kv_heads=32, head_dim=64, max_position=8192))
     for dtype in ("float16", "int8"):

@@ -149,7 +149,7 @@ def test_greedy_and_seeded_output_is_the_plain_engines(real: LoadedModel) -> Non
         assert spec[rid][0] == tokens, rid                                # token for token
         assert spec[rid][1] == reason, rid                                # max_tokens inside a kept run too
         np.testing.assert_allclose(spec[rid][2], lps, atol=2e-3)          # a logprob for every token
-    assert spec_engine.cache.free_blocks() == spec_engine.cache.total_blocks()
+    assert spec_engine.allocator.free_blocks() == spec_engine.allocator.total_blocks()
     assert spec_engine.core.tracked() == dict.fromkeys(spec_engine.core.tracked(), 0)
 
 
@@ -161,10 +161,10 @@ def test_preemption_and_aborts_mid_speculation(real: LoadedModel) -> None:
     out = run(tight, requests)
     assert tight.core.stats().num_preemptions > 0 and tight.core.spec.num_accepted_tokens > 0
     assert {rid: v[0] for rid, v in out.items()} == {rid: v[0] for rid, v in roomy.items()}
-    assert tight.cache.free_blocks() == tight.cache.total_blocks()
+    assert tight.allocator.free_blocks() == tight.allocator.total_blocks()
     aborting = engine(real, "ngram")
     run(aborting, requests, abort_after={"r0": 5, "r1": 9})
-    assert aborting.cache.free_blocks() == aborting.cache.total_blocks()
+    assert aborting.allocator.free_blocks() == aborting.allocator.total_blocks()
     assert aborting.runner.num_tracked() == 0
 
 
@@ -281,7 +281,7 @@ def test_a_draft_models_guesses_change_no_output(tiny: LoadedModel, tiny_draft: 
     for rid, (tokens, reason, lps) in plain.items():
         assert spec[rid][0] == tokens and spec[rid][1] == reason, rid
         np.testing.assert_allclose(spec[rid][2], lps, atol=1e-4)
-    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+    assert eng.allocator.free_blocks() == eng.allocator.total_blocks()
     assert eng.runner.num_tracked() == 0 and eng.runner.drafter is not None and not eng.runner.drafter.missed()
 
 
@@ -330,7 +330,7 @@ def test_the_draft_keeps_its_cache_in_step(tiny: LoadedModel) -> None:
     assert {rid: v[:2] for rid, v in run(tight, requests).items()} == {rid: v[:2] for rid, v in out.items()}
     assert tight.core.stats().num_preemptions > 0
     assert tight.core.spec.num_accepted_tokens == tight.core.spec.num_draft_tokens > 50
-    assert tight.cache.free_blocks() == tight.cache.total_blocks()
+    assert tight.allocator.free_blocks() == tight.allocator.total_blocks()
 
 
 def test_a_draft_of_the_models_first_layers(real: LoadedModel) -> None:
@@ -342,7 +342,7 @@ def test_a_draft_of_the_models_first_layers(real: LoadedModel) -> None:
     spec = run(eng, requests, late=1)
     assert {rid: v[:2] for rid, v in spec.items()} == {rid: v[:2] for rid, v in plain.items()}
     assert eng.core.spec.num_drafts > 0
-    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+    assert eng.allocator.free_blocks() == eng.allocator.total_blocks()
 
 
 def test_the_real_model_as_its_own_draft(real: LoadedModel) -> None:
@@ -359,14 +359,14 @@ def test_the_real_model_as_its_own_draft(real: LoadedModel) -> None:
     stats = eng.core.spec
     assert stats.num_accepted_tokens >= 0.8 * stats.num_draft_tokens > 0
     run(eng, requests, abort_after={"r0": 3, "r1": 6})
-    assert eng.cache.free_blocks() == eng.cache.total_blocks()
+    assert eng.allocator.free_blocks() == eng.allocator.total_blocks()
     assert eng.runner.num_tracked() == 0 and eng.runner.drafter is not None and not eng.runner.drafter.missed()
 
 
 def test_a_draft_shares_the_cache_budget_and_bounds_the_context(tmp_path: Path, tiny: LoadedModel) -> None:
     """A separate draft keeps its K/V in the same blocks: a block costs both models' bytes, and the
     draft's shorter context bounds the sequences (the target's is 256 here, the draft's 128)."""
-    from forge.llm import plan_cache
+    from forge.cache_plan import plan_cache
     from tests.tiny_gguf import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "long.gguf", vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn=48,
@@ -381,7 +381,7 @@ def test_a_draft_shares_the_cache_budget_and_bounds_the_context(tmp_path: Path, 
     assert (alone.num_blocks, alone.max_model_len) == (100 * both // KVCache.bytes_per_block(target.model.config, 4),
                                                         256)
     eng = LLMEngine(target, config, tiny)
-    assert eng.max_model_len == 128 and eng.cache.total_blocks() == 100
+    assert eng.max_model_len == 128 and eng.allocator.total_blocks() == 100
 
 
 def test_drafts_are_refused_unless_they_fit(real: LoadedModel, tiny: LoadedModel) -> None:

@@ -1,0 +1,123 @@
+"""The engine's one assembly, for the offline LLM and the daemon alike: the cache planned from
+the memory budget, the block allocator, the request side (EngineCore), the model runner; and the
+record of what is served (the daemon's ready line, /stats and the dashboard all read it).
+
+The offline engine drives the parts in its own loop (forge.llm); the daemon hands each to its
+actor (actors/supervisor.py).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from forge.block_allocator import BlockAllocator
+from forge.cache_plan import CachePlan, plan_cache
+from forge.config import EngineConfig
+from forge.engine_core import EngineCore
+from forge.kernels import compiled
+from forge.llama.linear import configure_matmul
+from forge.loading import LoadedModel, check_draft
+from forge.runner import ModelRunner
+from forge.scheduler import SchedulerConfig
+from forge.structured import Grammars
+
+
+@dataclass(slots=True)
+class EngineParts:
+    core: EngineCore            # requests, the scheduler, stop rules
+    allocator: BlockAllocator   # blocks, prefix cache
+    runner: ModelRunner         # the model, the K/V arrays, sampling
+    plan: CachePlan
+    kv_commit_s: float | None   # seconds spent committing the K/V memory at start; None: not committed
+
+
+def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None) -> EngineParts:
+    """Every part of one engine over a loaded model (and its draft, checked to share its
+    vocabulary). Raises ConfigError for a budget that cannot hold one sequence. Sets the process's
+    matmul pool (config.matmul_strategy, blas_threads) and commits the K/V memory when asked."""
+    configure_matmul(config.matmul_strategy, config.blas_threads)
+    if draft is not None:
+        check_draft(loaded, draft)
+    draft_model = draft.model if draft is not None else None
+    plan = plan_cache(loaded.model, config, draft_model)
+    tokenizer = loaded.tokenizer
+    allocator = BlockAllocator(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    core = EngineCore(SchedulerConfig.of(config), allocator.layout(), eos_token_id=tokenizer.eos_token_id,
+                      end_token_ids=tokenizer.end_token_ids, max_model_len=plan.max_model_len,
+                      vocab_size=loaded.model.config.vocab_size)
+    runner = ModelRunner(loaded.model, num_blocks=plan.num_blocks, block_size=config.block_size,
+                         kv_cache_dtype=config.kv_cache_dtype, eos_token_id=tokenizer.eos_token_id,
+                         grammars=Grammars(tokenizer), end_token_ids=tokenizer.end_token_ids,
+                         draft_model=draft_model, draft_layers=config.draft_layers, draft_p_min=config.draft_p_min)
+    kv_commit_s = runner.commit_kv_memory() if config.kv_cache_commit else None
+    return EngineParts(core, allocator, runner, plan, kv_commit_s)
+
+
+class Serving(msgspec.Struct, frozen=True, kw_only=True):
+    """What a daemon serves and the settings that shape its figures, fixed for its life."""
+    served_model_name: str
+    model: str                      # the GGUF file's path
+    model_file: str
+    architecture: str
+    tokenizer: str
+    layers: int
+    weights_mib: float
+    draft_weights_mib: float
+    kernels: str
+    numerics: str
+    kernels_reason: str
+    attention: str                  # "compiled" or "numpy"
+    compiled_kernels: str           # the compiled kernels' build status
+    kv_cache_dtype: str
+    kv_blocks: int
+    block_size: int
+    kv_tokens: int
+    kv_bytes_per_token: int
+    kv_budget_mib: float
+    kv_budget: str                  # "model": sized to the model; "set": --kv-cache-memory
+    kv_commit_s: float | str        # "off" when not committed
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    max_step_ms: float | str        # "off" without a step-time target
+    scheduling_policy: str
+    prefix_caching: str
+    speculative: str
+    version: str
+
+
+def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, served_model_name: str,
+            draft: LoadedModel | None = None) -> Serving:
+    spec = "off" if config.speculative == "off" else f"{config.speculative}, {config.num_speculative_tokens} tokens"
+    if config.draft_model is not None:
+        spec += f", draft {Path(config.draft_model).name}"
+    elif config.draft_layers is not None:
+        spec += f", draft: the first {config.draft_layers} layers"
+    plan, model = parts.plan, loaded.model
+    return Serving(
+        served_model_name=served_model_name, model=loaded.path, model_file=Path(loaded.path).name,
+        architecture=model.config.arch.name, tokenizer=loaded.tokenizer.kind, layers=model.config.num_layers,
+        weights_mib=round(model.weights.nbytes / 2**20, 1),
+        draft_weights_mib=round(draft.model.weights.nbytes / 2**20, 1) if draft is not None else 0,
+        kernels=loaded.kernels.name, numerics=loaded.kernels.numerics, kernels_reason=loaded.kernels.reason,
+        attention="compiled" if model.compiled_ops else "numpy", compiled_kernels=compiled.status(),
+        kv_cache_dtype=config.kv_cache_dtype, kv_blocks=plan.num_blocks, block_size=config.block_size,
+        kv_tokens=plan.num_blocks * config.block_size, kv_bytes_per_token=plan.bytes_per_token,
+        kv_budget_mib=round(plan.budget / 2**20, 1), kv_budget=plan.sized,
+        kv_commit_s=round(parts.kv_commit_s, 2) if parts.kv_commit_s is not None else "off",
+        max_model_len=plan.max_model_len, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_step_ms=config.max_step_ms if config.max_step_ms is not None else "off",
+        scheduling_policy=config.scheduling_policy, prefix_caching="on" if config.enable_prefix_caching else "off",
+        speculative=spec, version=_version())
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("forge")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -10,7 +10,6 @@ Every error a request meets is a RequestError, rendered as OpenAI's error envelo
 from __future__ import annotations
 
 import functools
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from starlette.routing import Route
 
 from actors.admission import Admission, LoadStats
 from actors.dashboard import dashboard_page
+from actors.http_edge import check_key, error_response, json_response, read_body, rejection_reason
 from actors.metrics import Metrics
 from actors.openapi import openapi_document
 from actors.responses import (
@@ -46,15 +46,23 @@ from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.chat import ChatTemplate
-from forge.errors import CapacityError, PromptTooLong, RequestError
+from forge.errors import CapacityError, RequestError
 from forge.messages import Abort, Accepted, Rejected, Submit
+from forge.prepare import (
+    Constraint,
+    chat_template_messages,
+    check_model,
+    functions,
+    prepare_chat,
+    prepare_completion,
+    prepare_generate,
+    template_messages,
+)
 from forge.sampling_params import SamplingParams
 from forge.structured import Grammars
 from forge.tokenizer import Tokenizer
-from forge.tools import Function, messages_with_tools
 
 log = structlog.get_logger("forge.gateway")
-_json = msgspec.json.Encoder()
 
 
 @dataclass(slots=True)
@@ -84,14 +92,6 @@ class Pipeline:
 
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
-
-
-def error_response(exc: RequestError) -> Response:
-    return json_response(wire.error_body(exc.message, exc.type, exc.param, exc.code), exc.status, exc.headers)
 
 
 class Gateway:
@@ -132,7 +132,7 @@ class Gateway:
         return json_response(wire.error_body(message, kind), exc.status_code)
 
     async def _request_error(self, _request: Request, exc: RequestError) -> Response:
-        self.metrics.request_rejected.labels(reason=_rejection_reason(exc)).inc()
+        self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
         return error_response(exc)
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
@@ -142,14 +142,7 @@ class Gateway:
     # ---- edge checks ------------------------------------------------------------------------
 
     def _check_key(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), key.encode()):
-            raise RequestError("invalid or missing API key", status=401, type="authentication_error",
-                               code="invalid_api_key")
+        check_key(request, self.config.api_key)
 
     def _ready(self, request: Request) -> Pipeline:
         self._check_key(request)
@@ -161,35 +154,10 @@ class Gateway:
         return self.pipeline
 
     async def _body(self, request: Request) -> bytes:
-        limit = self.config.max_body_size
-        too_large = RequestError(f"request body over {limit} bytes", status=413, code="body_too_large")
-        # Up to max_drain bytes are read and dropped before the 413: closing a connection with
-        # unread data resets it, and the client would see a reset instead of the 413.
-        max_drain = 4 * limit
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_drain:
-            raise too_large
-        chunks, size = [], 0
-        # A body that never ends (a stalled or hostile client) holds a handler and a connection:
-        # it has body_timeout seconds to arrive whole, then gets a 408 and the connection closes.
-        with anyio.move_on_after(self.config.body_timeout) as scope:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_drain:
-                    raise too_large
-                if size <= limit:
-                    chunks.append(chunk)
-        if scope.cancelled_caught:
-            raise RequestError(f"the request body did not arrive within {self.config.body_timeout:g} s",
-                               status=408, code="body_timeout", headers={"Connection": "close"})
-        if size > limit:
-            raise too_large
-        return b"".join(chunks)
+        return await read_body(request, self.config.max_body_size, self.config.body_timeout)
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.config.served_model_name:
-            raise RequestError(f"the model '{model}' does not exist", param="model", status=404,
-                               code="model_not_found")
+        check_model(model, self.config.served_model_name)
 
     # ---- plain routes -----------------------------------------------------------------------
 
@@ -242,7 +210,8 @@ class Gateway:
         req = api.decode_tokenize(await self._body(request))
         self._check_model(req.model)
         if req.messages is not None:
-            messages, template_tools = _prompt_messages(pipe, req.messages, api.functions(req.tools))
+            entries = chat_template_messages(req.messages)
+            messages, template_tools = template_messages(pipe.template.supports_tools, entries, functions(req.tools))
             text = pipe.template.render(messages, add_generation_prompt=req.add_generation_prompt,
                                         tools=template_tools)
             ids = pipe.tokenizer.encode(text, add_special_tokens=False)
@@ -287,21 +256,19 @@ class Gateway:
             raise
 
     async def _generate(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
-        req = api.decode_generate(body)
-        params = msgspec.structs.replace(api.to_sampling_params(req, default_max_tokens=32), temperature=0.0)
+        req, params = prepare_generate(body)
         rid = f"{wire.new_request_id('cmpl')}-0"
         request.state.response_id = rid.removesuffix("-0")
         reader = await self._start(request, pipe, [Submit(request_id=rid, params=params, text=req.prompt)],
                                     len(body), arrival)
         return await self._respond(request, pipe, reader, lambda: {
-            "text": reader.choices[0].text, "prompt_tokens": reader.choices[0].num_prompt_tokens,
-            "completion_tokens": reader.choices[0].num_completion_tokens})
+            "text": reader.choices[0].text, "prompt_tokens": reader.choices[0].counts.prompt,
+            "completion_tokens": reader.choices[0].counts.completion})
 
     async def _completions(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
-        req = api.decode_completion(body)
-        self._check_model(req.model)
-        params = api.to_sampling_params(req, default_max_tokens=16, grammar=await self._grammar(pipe, req))
-        prompts = api.completion_prompts(req)
+        prep = prepare_completion(body, served_model_name=self.config.served_model_name)
+        await self._check_constraint(pipe, prep.constraint)
+        req, params, prompts = prep.request, prep.params, prep.prompts
         n, base = req.n, wire.new_request_id("cmpl")
         request.state.response_id = base
         submits = []
@@ -321,12 +288,10 @@ class Gateway:
         return await self._respond(request, pipe, reader, lambda: completion_body(reader, shape))
 
     async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
-        req = api.decode_chat(body)
-        self._check_model(req.model)
-        params = api.to_sampling_params(req, default_max_tokens=max(1, pipe.max_model_len),
-                                        grammar=await self._grammar(pipe, req))
-        functions = api.request_functions(req)
-        messages, template_tools = _prompt_messages(pipe, req.messages, functions)
+        prep = prepare_chat(body, served_model_name=self.config.served_model_name, max_model_len=pipe.max_model_len)
+        await self._check_constraint(pipe, prep.constraint)
+        req, params, functions = prep.request, prep.params, prep.functions
+        messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, functions)
         base = wire.new_request_id("chatcmpl")
         request.state.response_id = base
         submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
@@ -341,15 +306,12 @@ class Gateway:
         return await self._respond(request, pipe, reader,
                                    lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
 
-    async def _grammar(self, pipe: Pipeline, req: api.CompletionRequest | api.ChatCompletionRequest) -> str | None:
-        """The request's constraint as grammar text, checked against the vocabulary off the event loop
-        (a large schema may take a while to compile); None without one."""
-        constraint = api.request_constraint(req)
-        if constraint is None:
-            return None
-        await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
-                                                         param=constraint.param))
-        return constraint.grammar
+    async def _check_constraint(self, pipe: Pipeline, constraint: Constraint | None) -> None:
+        """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
+        loop: a large schema may take a while to compile."""
+        if constraint is not None:
+            await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
+                                                             param=constraint.param))
 
     def _header(self, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
@@ -414,34 +376,11 @@ class Gateway:
 
 
 
-def _rejection_reason(exc: RequestError) -> str:
-    """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, invalid."""
-    if exc.status == 401:
-        return "auth"
-    if exc.status == 503:                 # a CapacityError, or one relayed from the engine as data
-        return "draining" if exc.code in ("draining", "loading") else "overload"
-    if exc.code == PromptTooLong.code:
-        return "too_long"
-    return "invalid"
-
-
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:
     """The j-th choice's parameters: a seeded request's choices differ by their seeds."""
     if j == 0 or params.seed is None:
         return params
     return msgspec.structs.replace(params, seed=params.seed + j)
-
-
-def _prompt_messages(pipe: Pipeline, messages: list[api.ChatMessage], functions: list[Function],
-                     ) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
-    """Messages (and tools) as the chat template gets them: a template that reads tools renders them and
-    tool turns itself; for any other, tools and tool turns are written in forge's format."""
-    entries = api.chat_template_messages(messages)
-    if pipe.template.supports_tools:
-        return tuple(entries), tuple(f.as_tool() for f in functions) or None
-    if functions or any(m["role"] == "tool" or "tool_calls" in m for m in entries):
-        entries = messages_with_tools(entries, functions)
-    return tuple(entries), None
 
 
 def _echo_text(pipe: Pipeline, prompt: str | list[int]) -> str:

@@ -20,7 +20,7 @@ from actors.router import SHUTDOWN, ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
-from forge.messages import TextDelta
+from forge.messages import TextDelta, TokenCounts
 from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
@@ -33,11 +33,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_completion_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
+    counts: TokenCounts = TokenCounts()
     error: str | None = None                 # the engine failed this choice
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -55,15 +51,15 @@ class ChoiceReader:
 
     @property
     def num_completion_tokens(self) -> int:
-        return sum(c.num_completion_tokens for c in self.choices)
+        return sum(c.counts.completion for c in self.choices)
 
     def usage(self, n: int) -> Usage:
         """Token counts; the n choices of one prompt share it, so its tokens count once."""
-        prompt = sum(c.num_prompt_tokens for c in self.choices[::n])
+        prompt = sum(c.counts.prompt for c in self.choices[::n])
         return Usage(prompt_tokens=prompt, completion_tokens=self.num_completion_tokens,
-                     cached_tokens=sum(c.num_cached_tokens for c in self.choices[::n]),
-                     draft_tokens=sum(c.num_draft_tokens for c in self.choices),
-                     accepted_tokens=sum(c.num_accepted_tokens for c in self.choices))
+                     cached_tokens=sum(c.counts.cached for c in self.choices[::n]),
+                     draft_tokens=sum(c.counts.draft for c in self.choices),
+                     accepted_tokens=sum(c.counts.accepted for c in self.choices))
 
     async def collect(self, request: Request) -> list[Choice]:
         """Every choice to its end. A client that goes away cancels the wait (the caller aborts)."""
@@ -118,16 +114,12 @@ class ChoiceReader:
         for lp in delta.logprobs:
             choice.logprobs.append(TokenLogprob(text=lp.text, token_bytes=lp.token_bytes, logprob=lp.logprob,
                                                 top=lp.top))
-        choice.num_prompt_tokens = delta.num_prompt_tokens or choice.num_prompt_tokens
-        choice.num_completion_tokens = delta.num_completion_tokens
-        choice.num_cached_tokens = delta.num_cached_tokens or choice.num_cached_tokens
-        choice.num_draft_tokens = delta.num_draft_tokens or choice.num_draft_tokens
-        choice.num_accepted_tokens = delta.num_accepted_tokens or choice.num_accepted_tokens
+        choice.counts = choice.counts.merge(delta.counts)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             m.e2e_request_latency.observe(now - self._arrival)
-            if choice.first_token_at is not None and choice.num_completion_tokens > 1:
-                tpot = (now - choice.first_token_at) / (choice.num_completion_tokens - 1)
+            if choice.first_token_at is not None and choice.counts.completion > 1:
+                tpot = (now - choice.first_token_at) / (choice.counts.completion - 1)
                 m.time_per_output_token.observe(tpot)
                 m.recent_tpot.add(tpot, now)
         if delta.error is not None:

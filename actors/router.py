@@ -19,12 +19,7 @@ SHUTDOWN = "shutdown"
 
 def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
     return TextDelta(request_id=a.request_id, text=a.text + b.text, num_tokens=a.num_tokens + b.num_tokens,
-                     logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason,
-                     num_prompt_tokens=b.num_prompt_tokens or a.num_prompt_tokens,
-                     num_completion_tokens=b.num_completion_tokens or a.num_completion_tokens,
-                     num_cached_tokens=b.num_cached_tokens or a.num_cached_tokens,
-                     num_draft_tokens=b.num_draft_tokens or a.num_draft_tokens,
-                     num_accepted_tokens=b.num_accepted_tokens or a.num_accepted_tokens,
+                     logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason, counts=a.counts.merge(b.counts),
                      error=b.error or a.error)
 
 

@@ -24,7 +24,17 @@ from actors.router import Router
 from forge.chat import ChatTemplate
 from forge.detokenizer import IncrementalDetokenizer
 from forge.errors import InvalidRequest, RequestError
-from forge.messages import Abort, Accepted, Rejected, Submit, TextDelta, Tokenised, TokenLogprobInfo, TokensEmitted
+from forge.messages import (
+    Abort,
+    Accepted,
+    Rejected,
+    Submit,
+    TextDelta,
+    TokenCounts,
+    Tokenised,
+    TokenLogprobInfo,
+    TokensEmitted,
+)
 from forge.tokenizer import Tokenizer
 
 TokeniserInbox = Submit | Abort | Accepted | Rejected | TokensEmitted
@@ -104,8 +114,8 @@ class TokeniserActor:
             del self._streams[msg.request_id]
             self._metrics.request_failed.inc()
             self._router.deliver(TextDelta(request_id=msg.request_id, text="", num_tokens=0, error=msg.error,
-                                           num_prompt_tokens=stream.num_prompt_tokens,
-                                           num_completion_tokens=stream.num_tokens))
+                                           counts=msg.counts.merge(TokenCounts(prompt=stream.num_prompt_tokens,
+                                                                               completion=stream.num_tokens))))
             return
         # A step's tokens come together; a stop string inside them ends the output at the token
         # that completes it, as if they had come one by one.
@@ -121,9 +131,8 @@ class TokeniserActor:
         self._router.deliver(TextDelta(
             request_id=msg.request_id, text=text, num_tokens=len(ids),
             logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in logprobs),
-            finish_reason=reason, num_prompt_tokens=stream.num_prompt_tokens,
-            num_completion_tokens=stream.num_tokens, num_cached_tokens=msg.num_cached_tokens,
-            num_draft_tokens=msg.num_draft_tokens, num_accepted_tokens=msg.num_accepted_tokens))
+            finish_reason=reason,
+            counts=msg.counts.merge(TokenCounts(prompt=stream.num_prompt_tokens, completion=stream.num_tokens))))
 
     def _logprob_info(self, token_id: int, logprob: float | None,
                       top: tuple[tuple[int, float], ...]) -> TokenLogprobInfo:

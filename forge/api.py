@@ -1,40 +1,36 @@
-"""The HTTP wire schema of forge's OpenAI-compatible API: request Structs, their decoders, and pure converters
-from a decoded request to SamplingParams and to chat-template messages. No I/O and no web framework here: the
-gateway hands in the body bytes and gets back a typed request or an InvalidRequest that names the bad field.
-Response shapes live in forge/api_responses.py.
+"""The HTTP wire schema of forge's OpenAI-compatible API: request Structs and their decoders. No I/O and no web
+framework here: a decoder takes the body bytes and gives back a typed request or an InvalidRequest that names
+the bad field. What a request becomes for the engine (sampling params, constraint, prompts) is
+forge/prepare.py's; response shapes are forge/api_responses.py's.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
 
 from forge.errors import InvalidRequest
-from forge.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
-from forge.structured import (
-    choice_grammar,
-    json_object_grammar,
-    json_schema_grammar,
-    lark_grammar,
-    regex_grammar,
-    strict_schema,
+from forge.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
 )
-from forge.tools import Function, tool_call_grammar
 
 _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 MaxTokens = Annotated[int, Meta(ge=1, le=_MAX_INT32)]
-Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=_MAX_INT32)]          # -1 and 0 both mean "no top-k"
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
+Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
 NumChoices = Annotated[int, Meta(ge=1, le=8)]
 MinTokens = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]      # any int64; negatives are seeds too
@@ -178,6 +174,21 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
 
+    @property
+    def tool_mode(self) -> str:
+        """"none", "auto", "required", or the name of the function that must be called."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        if choice is None:
+            return "auto" if self.tools else "none"
+        return choice
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """max_completion_tokens, or its deprecated alias max_tokens; None when neither is set."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
 
 class GenerateRequest(_Wire, frozen=True, kw_only=True):
     """POST /generate, the legacy endpoint."""
@@ -235,7 +246,7 @@ def decode_chat(body: bytes) -> ChatCompletionRequest:
     if req.top_logprobs and not req.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     _check_tools(req)
-    max_tokens = _chat_max_tokens(req)
+    max_tokens = req.max_new_tokens
     if max_tokens is not None and req.min_tokens > max_tokens:
         raise InvalidRequest("min_tokens must not exceed max_completion_tokens", param="min_tokens")
     return req
@@ -306,7 +317,8 @@ def _check_common(req: _Sampling) -> None:
         if not key.isdigit() or int(key) > _MAX_INT32:
             raise InvalidRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+            raise InvalidRequest(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                 f"got {bias} for token {key}",
                                  param="logit_bias")
     rf = req.response_format
     if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema is None):
@@ -328,7 +340,7 @@ def _constraint_fields(req: _Sampling) -> list[tuple[str, bool]]:
               ("guided_json", req.guided_json is not None), ("guided_regex", req.guided_regex is not None),
               ("guided_choice", req.guided_choice is not None), ("guided_grammar", req.guided_grammar is not None)]
     if isinstance(req, ChatCompletionRequest):
-        fields.append(("tool_choice", tool_mode(req) not in ("none", "auto")))
+        fields.append(("tool_choice", req.tool_mode not in ("none", "auto")))
     return fields
 
 
@@ -373,173 +385,3 @@ def _check_messages(messages: list[ChatMessage], param: str) -> None:
             )
         if msg.tool_calls and msg.role != "assistant":
             raise InvalidRequest("only assistant messages carry tool_calls", param=f"{param}[{i}].tool_calls")
-
-
-# ---- pure converters ------------------------------------------------------------------------------------
-
-
-def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
-    """The request's prompts, one per entry: each a string or a list of token ids."""
-    prompt = req.prompt
-    if isinstance(prompt, str):
-        return [prompt]
-    if all(isinstance(t, int) for t in prompt):
-        return [[t for t in prompt if isinstance(t, int)]]  # one token list (the decoder checked homogeneity)
-    out: list[str | list[int]] = []
-    for p in prompt:
-        if isinstance(p, int):
-            out.append([p])                                   # unreachable after decoding; keeps types total
-        else:
-            out.append(p if isinstance(p, str) else list(p))
-    return out
-
-
-def chat_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: {"role", "content"[, "name", "tool_calls", "tool_call_id"]},
-    text parts joined by "\\n", each call's arguments parsed from JSON text (as templates read them)."""
-    out: list[dict[str, Any]] = []
-    for msg in messages:
-        if msg.content is None:
-            content = ""
-        elif isinstance(msg.content, str):
-            content = msg.content
-        else:
-            content = "\n".join(part.text for part in msg.content)
-        entry: dict[str, Any] = {"role": msg.role, "content": content}
-        if msg.name is not None:
-            entry["name"] = msg.name
-        if msg.tool_calls:
-            entry["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
-                for c in msg.tool_calls]
-        if msg.tool_call_id is not None:
-            entry["tool_call_id"] = msg.tool_call_id
-        out.append(entry)
-    return out
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-# ---- constraints and tools -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Constraint:
-    """A request's output constraint: llguidance grammar text, and the field it came from (for errors)."""
-    grammar: str
-    param: str
-
-
-def tool_mode(req: ChatCompletionRequest) -> str:
-    """"none", "auto", "required", or the name of the function that must be called."""
-    choice = req.tool_choice
-    if isinstance(choice, NamedToolChoice):
-        return choice.function.name
-    if choice is None:
-        return "auto" if req.tools else "none"
-    return choice
-
-
-def request_functions(req: ChatCompletionRequest) -> list[Function]:
-    """The tools shown to the model: none under tool_choice "none"."""
-    return [] if tool_mode(req) == "none" else functions(req.tools)
-
-
-def functions(tools: list[Tool] | None) -> list[Function]:
-    return [Function(t.function.name, t.function.description, t.function.parameters, bool(t.function.strict))
-            for t in tools or ()]
-
-
-def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
-    """The request's constraint as a grammar (decode_* allowed at most one). Raises InvalidRequest for a
-    schema, regex or grammar that llguidance cannot even read; whether it compiles against the vocabulary
-    is Grammars.check's to say."""
-    if isinstance(req, ChatCompletionRequest):
-        mode = tool_mode(req)
-        if mode not in ("none", "auto"):
-            functions = [f for f in request_functions(req) if mode == "required" or f.name == mode]
-            return Constraint(tool_call_grammar(functions, parallel=req.parallel_tool_calls and mode == "required",
-                                                param="tools"), "tools")
-    rf = req.response_format
-    if rf is not None and rf.type == "json_object":
-        return Constraint(json_object_grammar(), "response_format")
-    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-        schema = rf.json_schema.schema
-        if rf.json_schema.strict:
-            schema = strict_schema(schema)
-        return Constraint(json_schema_grammar(schema, param="response_format.json_schema.schema"),
-                          "response_format.json_schema.schema")
-    so = req.structured_outputs
-    if so is not None:
-        ws = so.whitespace_pattern
-        if so.json is not None:
-            return Constraint(json_schema_grammar(so.json, whitespace_pattern=ws, param="structured_outputs.json"),
-                              "structured_outputs.json")
-        if so.json_object:
-            return Constraint(json_schema_grammar({"type": "object"}, whitespace_pattern=ws,
-                                                  param="structured_outputs.json_object"), "structured_outputs")
-        if so.regex is not None:
-            return Constraint(regex_grammar(so.regex, param="structured_outputs.regex"), "structured_outputs.regex")
-        if so.choice is not None:
-            return Constraint(choice_grammar(so.choice, param="structured_outputs.choice"),
-                              "structured_outputs.choice")
-        if so.grammar is not None:
-            return Constraint(lark_grammar(so.grammar, param="structured_outputs.grammar"),
-                              "structured_outputs.grammar")
-    if req.guided_json is not None:
-        return Constraint(json_schema_grammar(req.guided_json, whitespace_pattern=req.guided_whitespace_pattern,
-                                              param="guided_json"), "guided_json")
-    if req.guided_regex is not None:
-        return Constraint(regex_grammar(req.guided_regex, param="guided_regex"), "guided_regex")
-    if req.guided_choice is not None:
-        return Constraint(choice_grammar(req.guided_choice, param="guided_choice"), "guided_choice")
-    if req.guided_grammar is not None:
-        return Constraint(lark_grammar(req.guided_grammar, param="guided_grammar"), "guided_grammar")
-    return None
-
-
-def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest | GenerateRequest, *, default_max_tokens: int,
-    grammar: str | None = None,
-) -> SamplingParams:
-    """The request's sampling settings. default_max_tokens (the room left in the context) applies only where
-    the request sets no limit (chat without max_completion_tokens/max_tokens); it never clamps a set limit.
-    grammar: the request's constraint (request_constraint), if any."""
-    if isinstance(req, GenerateRequest):
-        return SamplingParams(max_tokens=req.max_tokens)
-    if isinstance(req, ChatCompletionRequest):
-        max_tokens = _chat_max_tokens(req)
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        max_tokens, logprobs = req.max_tokens, req.logprobs
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    return SamplingParams(
-        max_tokens=max(default_max_tokens, req.min_tokens) if max_tokens is None else max_tokens,
-        temperature=float(req.temperature),
-        top_p=float(req.top_p),
-        top_k=max(req.top_k, 0),
-        min_p=float(req.min_p),
-        seed=req.seed,
-        presence_penalty=float(req.presence_penalty),
-        frequency_penalty=float(req.frequency_penalty),
-        repetition_penalty=float(req.repetition_penalty),
-        stop=tuple(s for s in stop if s),                  # an empty stop string would match everywhere
-        stop_token_ids=tuple(req.stop_token_ids),
-        min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos,
-        logprobs=logprobs,
-        skip_special_tokens=req.skip_special_tokens,
-        logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
-        grammar=grammar,
-        cache_salt=req.cache_salt,
-    )
-
-
-def _chat_max_tokens(req: ChatCompletionRequest) -> int | None:
-    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -279,7 +279,7 @@ class BlockAllocator:
             if seq in preempted:
                 continue
             if ask.is_running:
-                if ask.num_computed >= 0:
+                if ask.num_computed is not None:
                     self.truncate(seq, ask.num_computed)              # rejected drafts' slots back
                 self.commit_computed(seq)                             # last step's K/V are written
                 self.extend_tokens(seq, ask.new_token_ids)

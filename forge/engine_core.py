@@ -23,6 +23,7 @@ from forge.messages import (
     StepAllocation,
     StepBatch,
     StepOutput,
+    TokenCounts,
     TokensEmitted,
 )
 from forge.sampling_params import SamplingParams
@@ -183,7 +184,7 @@ class EngineCore:
             if req is None:
                 continue
             events.append(TokensEmitted(request_id=req.request_id, token_ids=(), error=output.error or "engine fault",
-                                        num_prompt_tokens=len(req.seq.prompt)))
+                                        counts=TokenCounts(prompt=len(req.seq.prompt))))
             self.scheduler.abort(seq_id)
             del self._seq_of[req.request_id]
             self._forget(seq_id)
@@ -227,9 +228,9 @@ class EngineCore:
         seq = req.seq
         event = TokensEmitted(request_id=req.request_id, token_ids=tuple(t.token_id for t in run),
                               logprobs=tuple(run) if req.params.logprobs is not None else (),
-                              finish_reason=reason, num_prompt_tokens=len(seq.prompt),
-                              num_cached_tokens=seq.num_cached_tokens, num_draft_tokens=req.num_draft_tokens,
-                              num_accepted_tokens=req.num_accepted_tokens)
+                              finish_reason=reason,
+                              counts=TokenCounts(prompt=len(seq.prompt), cached=seq.num_cached_tokens,
+                                                 draft=req.num_draft_tokens, accepted=req.num_accepted_tokens))
         if reason is not None:
             self.scheduler.finish(seq.id)
             del self._seq_of[req.request_id]

@@ -133,7 +133,7 @@ class LLM:
                 text, taken, out.finish_reason = detok.advance(ev.token_ids, ev.finish_reason)
                 out.token_ids.extend(ev.token_ids[:taken])
                 out.logprobs.extend(ev.logprobs[:taken])
-                out.num_cached_tokens = ev.num_cached_tokens
+                out.num_cached_tokens = ev.counts.cached
                 if detok.stopped:
                     self.engine.abort(ev.request_id)
                 out.text += text

@@ -30,8 +30,8 @@ class BlockAsk(Message, frozen=True):
     new_token_ids: tuple[int, ...]   # tokens the allocator has not seen yet for this sequence
     max_compute: int                 # most tokens to compute this step (its share of the budget)
     is_running: bool                 # False: admit it now (prefix lookup) if blocks and budget allow
-    num_computed: int = -1           # running: tokens whose K/V are kept (drafts past them were
-                                     # rejected: their slots are taken back); -1: all it holds
+    num_computed: int | None = None  # running: tokens whose K/V are kept (drafts past them were
+                                     # rejected: their slots are taken back); None: all it holds
     num_lookahead: int = 0           # slots for draft tokens after the real ones, if blocks allow
     cache_salt: str | None = None    # waiting: share prefix blocks only with sequences of this salt
 
@@ -120,16 +120,30 @@ class StepOutput(Message, frozen=True):
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
 
+class TokenCounts(Message, frozen=True):
+    """One request's token counts so far, as usage reports them. Every count is cumulative, so a
+    later one replaces an earlier; 0 means not counted where this was made (the engine does not
+    count completion tokens: the tokeniser does, after stop strings)."""
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0              # prompt tokens found in the prefix cache
+    draft: int = 0               # speculation: draft tokens proposed, and kept
+    accepted: int = 0
+
+    def merge(self, later: TokenCounts) -> TokenCounts:
+        """These counts updated by a later message's."""
+        return TokenCounts(prompt=later.prompt or self.prompt, completion=later.completion or self.completion,
+                           cached=later.cached or self.cached, draft=later.draft or self.draft,
+                           accepted=later.accepted or self.accepted)
+
+
 class TokensEmitted(Message, frozen=True):
     """New tokens of one request, and its end when finish_reason is set."""
     request_id: str
     token_ids: tuple[int, ...]
     logprobs: tuple[SampledToken, ...] = ()     # one per token when the request asked
     finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_draft_tokens: int = 0                   # speculation so far: drafts proposed, and kept
-    num_accepted_tokens: int = 0
+    counts: TokenCounts = TokenCounts()
     error: str | None = None                    # the request ended in a fault of the engine (no tokens)
 
 
@@ -202,11 +216,7 @@ class TextDelta(Message, frozen=True):
     num_tokens: int                              # tokens behind this text
     logprobs: tuple[TokenLogprobInfo, ...] = ()
     finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_completion_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
+    counts: TokenCounts = TokenCounts()
     error: str | None = None                     # ended by a fault of the engine: the last delta
 
 

@@ -14,6 +14,11 @@ from forge.errors import InvalidRequest
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 MAX_LOGIT_BIAS = 100.0
+# The ranges a request may ask for: the wire schema (forge.api) declares them from these, and
+# validate() holds every other caller (LLM, the offline engine) to them.
+MAX_TEMPERATURE = 2.0
+MAX_PENALTY = 2.0              # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
+MAX_REPETITION_PENALTY = 2.0   # (0, MAX_REPETITION_PENALTY]
 _MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -52,14 +57,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     def validate(self, *, vocab_size: int) -> None:
         """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
         _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
-        _require(0.0 <= self.temperature <= 2.0, "temperature", f"must be in [0, 2], got {self.temperature}")
+        _require(0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+                 f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
         _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
         for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
-            _require(-2.0 <= value <= 2.0, name, f"must be in [-2, 2], got {value}")
-        _require(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
-                 f"must be in (0, 2], got {self.repetition_penalty}")
+            _require(-MAX_PENALTY <= value <= MAX_PENALTY, name,
+                     f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        _require(0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+                 f"must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
@@ -72,7 +79,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         bad_bias_ids = [t for t, _ in self.logit_bias if not 0 <= t < vocab_size]
         _require(not bad_bias_ids, "logit_bias", f"token ids must be in [0, {vocab_size}), got {bad_bias_ids[:4]}")
         bad_biases = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]
-        _require(not bad_biases, "logit_bias", f"values must be in [-100, 100], got {bad_biases[:4]}")
+        _require(not bad_biases, "logit_bias",
+                 f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bad_biases[:4]}")
         _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
                  f"must fit in a signed 64-bit integer, got {self.seed}")
 

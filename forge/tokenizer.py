@@ -21,58 +21,35 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, normalizers
 from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile, read_gguf
+from forge.tokenizer_models import (
+    BYTE_PIECE,
+    CHAR_TO_BYTE,
+    GPT2_SPLIT_NAMES,
+    SPACE,
+    SPLITS,
+    TOKEN_TYPE_BYTE,
+    TOKEN_TYPE_CONTROL,
+    TOKEN_TYPE_NORMAL,
+    TOKEN_TYPE_USER_DEFINED,
+    Metadata,
+    build_bpe,
+    build_spm,
+    missing_byte_pieces,
+    missing_bytes,
+    spm_merges,
+)
 
-# GGUF token types (tokenizer.ggml.token_type).
-TOKEN_TYPE_NORMAL = 1
-TOKEN_TYPE_CONTROL = 3
-TOKEN_TYPE_USER_DEFINED = 4
-TOKEN_TYPE_BYTE = 6
-
-SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
 # Control tokens that end a turn in the chat formats of the families forge runs: generating one ends
 # a request, as eos does (files name eos once; a chat model may end its turn with another token).
 END_OF_TURN_PIECES = frozenset({"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
                                 "<|endoftext|>", "<|end_of_text|>"})
 
-# The split regex of Llama-3 style byte-level BPE ("llama-bpe" in GGUF files).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Qwen2's split: as Llama 3's, but digits one by one.
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
-# Pre-tokenizer names whose files split as GPT-2 did (byte-level, its own regex).
-_GPT2_SPLIT_NAMES = frozenset({"default", "gpt2", "gpt-2"})
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _byte_to_unicode() -> dict[int, str]:
-    """The byte-level BPE alphabet: every byte value as one printable character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    num_shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + num_shifted)
-            num_shifted += 1
-    return table
-
-
-_BYTE_TO_CHAR = _byte_to_unicode()
-_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
-
-
 class Tokenizer:
     """The tokenizer of one model: byte-level BPE (kind "gpt2") or SentencePiece BPE ("spm").
 
@@ -132,12 +109,12 @@ class Tokenizer:
         if kind == "spm":
             has_unk = unk_token_id is not None and 0 <= unk_token_id < self.vocab_size
             unk = self._tokens[unk_token_id] if has_unk and unk_token_id is not None else None
-            self._bpe = _build_spm(self._tokens, merges, add_space_prefix=add_space_prefix, unk_token=unk)
+            self._bpe = build_spm(self._tokens, merges, add_space_prefix=add_space_prefix, unk_token=unk)
         elif kind == "gpt2":
-            if pre not in _SPLITS and pre != "smollm" and pre not in _GPT2_SPLIT_NAMES:
+            if pre not in SPLITS and pre != "smollm" and pre not in GPT2_SPLIT_NAMES:
                 self.warnings.append(f"unknown pre-tokenizer {pre!r}: splitting text as GPT-2 does (byte-level "
                                      "regex); tokens may differ from the model's own tokenizer")
-            self._bpe = _build_bpe(self._tokens, [m if isinstance(m, str) else " ".join(m) for m in merges], pre)
+            self._bpe = build_bpe(self._tokens, [m if isinstance(m, str) else " ".join(m) for m in merges], pre)
         else:
             raise ModelLoadError(f"unknown tokenizer kind {kind!r}")
         self._bpe.add_special_tokens(
@@ -148,14 +125,14 @@ class Tokenizer:
         # Bytes no token spells are dropped by BPE, each alone (the rest of the text, even the
         # other bytes of the same character, is kept): exactly what the model's own tokenizer does.
         self._bare: _BpeTokenizer | None = None
-        self.missing_bytes = (_missing_bytes(self._tokens, self._added_ids) if kind == "gpt2"
-                              else _missing_byte_pieces(self._tokens, types))
+        self.missing_bytes = (missing_bytes(self._tokens, self._added_ids) if kind == "gpt2"
+                              else missing_byte_pieces(self._tokens, types))
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | Any) -> Tokenizer:
         """Build from a GGUF file (a path, or a GGUFFile already read, to avoid re-reading it)."""
         reader = _open_reader(path_or_reader)
-        meta = _Metadata(reader)
+        meta = Metadata(reader)
         model = meta.string("tokenizer.ggml.model")
         tokens = meta.strings("tokenizer.ggml.tokens")
         if model not in ("gpt2", "llama"):
@@ -232,14 +209,14 @@ class Tokenizer:
         cached = self._bytes_cache[token_id]
         if cached is None and self.kind == "spm":
             piece = self._tokens[token_id]
-            byte = _BYTE_PIECE.fullmatch(piece) if self._types[token_id] == TOKEN_TYPE_BYTE else None
+            byte = BYTE_PIECE.fullmatch(piece) if self._types[token_id] == TOKEN_TYPE_BYTE else None
             cached = bytes((int(byte.group(1), 16),)) if byte else piece.replace(SPACE, " ").encode("utf-8")
             self._bytes_cache[token_id] = cached
         if cached is None:
             piece = self._tokens[token_id]
             # As the decoder does for every token (special ones too): a character of the byte
             # alphabet stands for its byte, any other character for its own UTF-8.
-            cached = b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
+            cached = b"".join(bytes((CHAR_TO_BYTE[c],)) if c in CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
             self._bytes_cache[token_id] = cached
         return cached
 
@@ -267,101 +244,9 @@ class Tokenizer:
         return None if token_id is None else int(token_id)
 
 
-def _build_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str) -> _BpeTokenizer:
-    vocab = {piece: i for i, piece in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise ModelLoadError("tokenizer vocabulary has duplicate tokens")
-    pairs: list[tuple[str, str]] = []
-    for merge in merges:
-        left, sep, right = merge.partition(" ")
-        if not sep or not left or not right:
-            raise ModelLoadError(f"malformed tokenizer merge {merge!r}")
-        pairs.append((left, right))
-    try:
-        bpe = _BpeTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-    except Exception as exc:  # the library reports bad merges (unknown pieces) as plain exceptions
-        raise ModelLoadError(f"invalid tokenizer vocabulary or merges: {exc}") from exc
-    bpe.pre_tokenizer = _pre_tokenizer(pre)
-    bpe.decoder = decoders.ByteLevel()
-    return bpe
-
-
 def _valid_unicode(text: str) -> str:
     """Lone surrogates (not valid Unicode) as U+FFFD, as every encode takes them."""
     return _SURROGATES.sub("\ufffd", text) if _SURROGATES.search(text) else text
-
-
-def spm_merges(tokens: Sequence[str], priority: Sequence[float]) -> list[tuple[str, str]]:
-    """The merges a SentencePiece BPE vocabulary implies: every split of a piece into two pieces of
-    the vocabulary, ranked by the priority of the piece they make (highest first; ties: longer
-    left part, then longer right part, then the order of the vocabulary and of the parts' ids).
-    The same order transformers builds for these files, so the two tokenize alike."""
-    ids = {piece: i for i, piece in enumerate(tokens)}
-    found: list[tuple[float, int, int, int, str, str]] = []
-    for order, piece in enumerate(tokens):
-        if ids.get(piece) != order:
-            continue                                             # a duplicate spelling: the first one counts
-        splits = [(ids[piece[:k]], ids[piece[k:]], k) for k in range(1, len(piece))
-                  if piece[:k] in ids and piece[k:] in ids]
-        for *_, k in sorted(splits):
-            found.append((priority[order], k, len(piece) - k, len(found), piece[:k], piece[k:]))
-    found.sort(key=lambda m: (-m[0], -m[1], -m[2], m[3]))
-    return [(left, right) for *_, left, right in found]
-
-
-def _build_spm(tokens: Sequence[str], merges: Sequence[str] | Sequence[tuple[str, str]], *,
-               add_space_prefix: bool, unk_token: str | None) -> _BpeTokenizer:
-    vocab: dict[str, int] = {}
-    for i, piece in enumerate(tokens):
-        vocab.setdefault(piece, i)
-    pairs = [(m.split(" ", 1)[0], m.split(" ", 1)[-1]) if isinstance(m, str) else m for m in merges]
-    try:
-        spm = _BpeTokenizer(models.BPE(vocab, pairs, unk_token=unk_token, fuse_unk=True, byte_fallback=True))
-    except Exception as exc:  # the library reports bad merges (unknown pieces) as plain exceptions
-        raise ModelLoadError(f"invalid tokenizer vocabulary or merges: {exc}") from exc
-    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
-        # SentencePiece's dummy prefix: "▁" before the text whatever it starts with (and, as in
-        # llama.cpp, after each special token: every stretch of plain text is normalized alone)
-        spm.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
-        steps.append(decoders.Strip(" ", 1, 0))
-    else:
-        spm.normalizer = normalizers.Replace(" ", SPACE)
-    spm.decoder = decoders.Sequence(steps)
-    return spm
-
-
-def _missing_byte_pieces(tokens: Sequence[str], types: Sequence[int]) -> frozenset[int]:
-    """Byte values with no <0xXX> piece: text needing them cannot be spelled by byte fallback."""
-    present = {int(m.group(1), 16) for piece, t in zip(tokens, types, strict=True)
-               if t == TOKEN_TYPE_BYTE and (m := _BYTE_PIECE.fullmatch(piece))}
-    return frozenset(set(range(256)) - present)
-
-
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer named by `tokenizer.ggml.pre`; other names get GPT-2's byte-level splitting
-    (the constructor warns about names it does not know)."""
-    if pre == "smollm":
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    if pre in _SPLITS:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def _missing_bytes(tokens: Sequence[str], added_ids: frozenset[int]) -> frozenset[int]:
-    """Byte values with no token of their own (BPE cannot spell any text containing them)."""
-    present = {piece for i, piece in enumerate(tokens) if len(piece) == 1 and i not in added_ids}
-    return frozenset(b for b, c in _BYTE_TO_CHAR.items() if c not in present)
 
 
 def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> GGUFFile:
@@ -370,56 +255,3 @@ def _open_reader(path_or_reader: str | os.PathLike[str] | Any) -> GGUFFile:
     return read_gguf(path_or_reader)
 
 
-class _Metadata:
-    """Typed access to GGUF metadata; missing keys read as None."""
-
-    def __init__(self, reader: GGUFFile) -> None:
-        self._values = reader.metadata
-
-    def _list(self, key: str) -> list[Any] | None:
-        value = self._values.get(key)
-        if value is None:
-            return None
-        return list(value) if isinstance(value, (list, np.ndarray)) else [value]
-
-    def string(self, key: str) -> str | None:
-        items = self._list(key)
-        return None if not items else _utf8(key, items[0])
-
-    def strings(self, key: str) -> list[str] | None:
-        items = self._list(key)
-        return None if items is None else [_utf8(key, item) for item in items]
-
-    def number(self, key: str) -> int | None:
-        items = self._list(key)
-        return None if not items else _int(key, items[0])
-
-    def numbers(self, key: str) -> list[int] | None:
-        items = self._list(key)
-        return None if items is None else [_int(key, item) for item in items]
-
-    def floats(self, key: str) -> list[float] | None:
-        value = self._values.get(key)
-        if value is None:
-            return None
-        try:
-            return np.asarray(value, dtype=np.float64).reshape(-1).tolist()
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"GGUF metadata {key} must be numbers") from exc
-
-
-def _int(key: str, value: Any) -> int:
-    if isinstance(value, (str, bytes, list)):
-        raise ModelLoadError(f"GGUF metadata {key} must be a number")
-    return int(value)
-
-
-def _utf8(key: str, raw: Any) -> str:
-    if isinstance(raw, str):
-        return raw
-    if not isinstance(raw, bytes):
-        raise ModelLoadError(f"GGUF metadata {key} must be a string")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(f"GGUF metadata {key} is not valid UTF-8") from exc

@@ -272,7 +272,7 @@ def cmd_prefill_kernels(model_path: Path, reps: int) -> None:
 
     def use(compiled_rest: bool) -> Callable[[], None]:
         def set_up() -> None:
-            model.fused_attention = compiled_rest
+            model.compiled_ops = compiled_rest
         return set_up
 
     cases = {f"{t}x{s}": functools.partial(model.forward, batch_for(t, s), kv)
@@ -287,7 +287,7 @@ def cmd_guesses(reps: int) -> None:
     (as before), or every chunk of 2+ rows on the prefill kernel (now)."""
     from types import SimpleNamespace
 
-    from forge.llama import attention
+    from forge.llama import attention, attention_plan
     from forge.llama.kv_cache import Scratch
 
     rng = np.random.default_rng(0)
@@ -313,15 +313,15 @@ def cmd_guesses(reps: int) -> None:
         scratch = Scratch()
 
         def run(batch: ForwardBatch = batch, k: Any = k, v: Any = v, q: Any = q, scratch: Scratch = scratch) -> None:
-            attention.attend(attention.plan_attention(batch, config, BLOCK_SIZE, 1, fused=True), q, k, v, scratch)
+            attention.attend(attention_plan.plan_attention(batch, config, BLOCK_SIZE, 1, fused=True), q, k, v, scratch)
 
         def rows_up_to(n: int) -> Callable[[], None]:
-            return lambda: setattr(attention, "MAX_DECODE_KERNEL_ROWS", n)
+            return lambda: setattr(attention_plan, "MAX_DECODE_KERNEL_ROWS", n)
 
         print(f"32 x {rows} rows, ~{keys} keys:", end=" ")
         sys.stdout.flush()
         paired({"one layer": run}, {"decode kernel": rows_up_to(8), "prefill kernel": rows_up_to(1)}, reps)
-    attention.MAX_DECODE_KERNEL_ROWS = 1
+    attention_plan.MAX_DECODE_KERNEL_ROWS = 1
 
 
 def cmd_burst(model_path: Path, reps: int) -> None:

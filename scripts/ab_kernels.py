@@ -54,10 +54,11 @@ from forge.batch import ForwardBatch
 from forge.bench import matmul_seconds
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
-from forge.kernels import compiled
+from forge.kernels import compiled, products
 from forge.kernels.blocks import affine_blocks
 from forge.kernels.onnx_linear import OnnxLinear
-from forge.llama.attention import attend, plan_attention
+from forge.llama.attention import attend
+from forge.llama.attention_plan import plan_attention
 from forge.llama.kv_dtype import quantize_int8, row_bytes, storage_dtype, to_storage
 from forge.llama.linear import Q8Matrix, active_pool, configure_matmul
 from forge.llm import LoadedModel
@@ -104,7 +105,7 @@ def cmd_attention(reps: int, kv_dtypes: list[str], context: int, shape: str) -> 
             ref[s, h] = (w / w.sum()) @ vals[:, h // (nh // nkv)]
     cases = (("numpy", False, 2, False), ("compiled, 1 thread", True, 1, False),
              ("compiled, 2 threads", True, 2, False), ("compiled, on the pool", True, 2, True))
-    compiled.pool_threads(2)
+    products.pool_threads(2)
     print(f"32 sequences x {context} keys, {nh} query heads, {nkv} KV heads of {hd}")
     for dtype in kv_dtypes:
         scales: tuple[np.ndarray, np.ndarray] | None = None
@@ -265,7 +266,7 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
     bytes of weights read per second, rows x that, and the multiply-adds per second."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from forge.kernels import compiled
+    from forge.kernels import products
 
     rng = np.random.default_rng(0)
 
@@ -277,7 +278,7 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
         return data.reshape(rows, -1)
 
     q4k, q6k = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
-    layers = [(compiled.qparts([(b, int(t))]), b, k) for _ in range(8)
+    layers = [(products.qparts([(b, int(t))]), b, k) for _ in range(8)
               for b, t, k in ((blocks(q4k, 6144, 2048), q4k, 2048), (blocks(q4k, 2048, 2048), q4k, 2048),
                               (blocks(q4k, 16384, 2048), q4k, 2048), (blocks(q6k, 2048, 8192), q6k, 8192))]
     total = sum(b.nbytes for _, b, _ in layers)
@@ -285,10 +286,10 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
     dst = np.zeros_like(src)
     macs = sum(b.shape[0] * k for _, b, k in layers)
     for threads in threads_list:
-        compiled.pool_threads(threads)
-        compiled.parallel_copy(dst, src)
+        products.pool_threads(threads)
+        products.parallel_copy(dst, src)
         t0 = time.perf_counter()
-        compiled.parallel_copy(dst, src)
+        products.parallel_copy(dst, src)
         print(f"threads={threads}: 1 GiB copy reads {src.size / (time.perf_counter() - t0) / 1e9:.1f} GB/s")
         for t in tokens:
             xs = {k: rng.standard_normal((t, k)).astype(np.float32) for k in (2048, 8192)}
@@ -297,7 +298,7 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
                 for mode in numerics:                    # alternating, so drift hits both alike
                     t0 = time.perf_counter()
                     for desc, b, k in layers:
-                        compiled.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32),
+                        products.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32),
                                          fast=mode == "fast")
                     best[mode] = min(best[mode], time.perf_counter() - t0)
             for mode, s in best.items():
@@ -310,18 +311,18 @@ def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
     """One decoding row's products (all layers + the head) as a share of this host's memory
     bandwidth, both measured in this run, alternating: the bandwidth as a 1 GiB copy on the
     kernels' threads (bytes read per second), the products as the weights' bytes read per second."""
-    from forge.kernels import compiled
+    from forge.kernels import products
 
     loaded = LoadedModel.load(model, kernels=kernels, progress=lambda _m: None)
     weights = loaded.model.weights
-    compiled.pool_threads(2)
+    products.pool_threads(2)
     src = np.ones(1 << 30, dtype=np.uint8)
     dst = np.zeros_like(src)
     copies, products = [], []
     for _ in range(rounds):
-        compiled.parallel_copy(dst, src)
+        products.parallel_copy(dst, src)
         t0 = time.perf_counter()
-        compiled.parallel_copy(dst, src)
+        products.parallel_copy(dst, src)
         copies.append(src.size / (time.perf_counter() - t0))
         s = matmul_seconds(weights, 1, num_head_rows=1, min_time_s=0.5, min_reps=3)
         products.append(weights.nbytes / s)

@@ -115,9 +115,9 @@ def _choose_backend(requested: str) -> KernelChoice:
 
 
 def _amx_ready() -> bool:
-    from forge.kernels import compiled
+    from forge.kernels import products
 
-    return compiled.amx_ready()
+    return products.amx_ready()
 
 
 def _compiled_ready() -> bool:
@@ -128,13 +128,13 @@ def _compiled_ready() -> bool:
 
 def _bf16_products() -> bool:
     """Whether the compiled products have the fast numerics here (AVX-512 BF16)."""
-    from forge.kernels import compiled
+    from forge.kernels import products
 
-    return compiled.qmatmul_fast()
+    return products.qmatmul_fast()
 
 
 def _wide_vectors() -> bool:
     """Whether the compiled products run 16-float (AVX-512) vectors here."""
-    from forge.kernels import compiled
+    from forge.kernels import products
 
-    return compiled.qmatmul_lanes() == 16
+    return products.qmatmul_lanes() == 16

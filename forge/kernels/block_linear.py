@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from forge.kernels import compiled
+from forge.kernels import products
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -33,7 +33,7 @@ class BlockMatrix:
 
     def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False) -> None:
         self._parts = parts                                  # keeps the views (and so the mapping) alive
-        self._descriptor = compiled.qparts(parts)
+        self._descriptor = products.qparts(parts)
         self.fast = fast
         self.in_features = in_features
         self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
@@ -53,7 +53,7 @@ class BlockMatrix:
     def matmul(self, x: F32) -> F32:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.out_features), dtype=np.float32)       # [T, N]
-        compiled.qmatmul(x, self.in_features, self._descriptor, out, fast=self.fast)
+        products.qmatmul(x, self.in_features, self._descriptor, out, fast=self.fast)
         return out
 
     def reads(self, array: npt.NDArray[np.generic]) -> bool:
@@ -65,4 +65,4 @@ class BlockMatrix:
         only for a single-part matrix."""
         assert len(self._parts) == 1, "rows() of a stacked BlockMatrix"
         blocks, qtype = self._parts[0]
-        return compiled.dequant_rows(blocks, qtype, self.in_features, ids)
+        return products.dequant_rows(blocks, qtype, self.in_features, ids)

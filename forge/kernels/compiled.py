@@ -164,7 +164,7 @@ def _cpu_identity() -> bytes:
     return "\n".join(wanted).encode()
 
 
-def _ptr(a: npt.NDArray[np.generic]) -> int:
+def ptr(a: npt.NDArray[np.generic]) -> int:
     return int(a.ctypes.data)
 
 
@@ -191,7 +191,7 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     kernel = _DECODE_BY_STORAGE.get(k_cache.dtype)
     if kernel is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_decode_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    _check("paged_decode_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, rows, np.int64,
+    check("paged_decode_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, rows, np.int64,
            block_tables, np.int64, context_lens, np.int64, scratch, np.float32, out, np.float32,
            *((first_keys, np.int64) if first_keys is not None else ()))
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -206,10 +206,10 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if on_pool:
         kernel = kernel.replace("attention_", "attention_pool_")
     rc = getattr(lib, kernel)(
-        _ptr(q), _ptr(k_cache), _ptr(v_cache), k_scales, v_scales, _ptr(rows), _ptr(block_tables),
+        ptr(q), ptr(k_cache), ptr(v_cache), k_scales, v_scales, ptr(rows), ptr(block_tables),
         block_tables.shape[1],
-        _ptr(context_lens), None if first_keys is None else _ptr(first_keys), len(rows),
-        num_heads, num_kv_heads, head_dim, block_size, softcap, _ptr(scratch), _ptr(out))
+        ptr(context_lens), None if first_keys is None else ptr(first_keys), len(rows),
+        num_heads, num_kv_heads, head_dim, block_size, softcap, ptr(scratch), ptr(out))
     if rc == -2:
         raise MemoryError("paged_decode_attention: no memory for a thread's scores")
     if rc != 0:
@@ -228,7 +228,7 @@ def rms_norm(x: F32, weight: F32, eps: float, out: F32) -> None:
             or weight.shape != (h,) or not weight.flags.c_contiguous or out.shape != (n, h)
             or not out.flags.c_contiguous):
         raise ValueError("rms_norm needs float32 x [n, H] with contiguous rows, weight [H] and out [n, H]")
-    lib.forge_rms_norm(_ptr(x), n, h, x.strides[0] // 4, _ptr(weight), eps, _ptr(out), h)
+    lib.forge_rms_norm(ptr(x), n, h, x.strides[0] // 4, ptr(weight), eps, ptr(out), h)
 
 
 def swiglu(gate_up: F32, out: F32) -> None:
@@ -237,10 +237,10 @@ def swiglu(gate_up: F32, out: F32) -> None:
     lib = library()
     assert lib is not None, "swiglu called without the compiled kernels"
     n, two_f = gate_up.shape
-    _check("swiglu", gate_up, np.float32, out, np.float32)
+    check("swiglu", gate_up, np.float32, out, np.float32)
     if two_f % 2 or out.shape != (n, two_f // 2):
         raise ValueError("swiglu needs gate_up [n, 2F] and out [n, F]")
-    lib.forge_swiglu(_ptr(gate_up), n, two_f // 2, _ptr(out))
+    lib.forge_swiglu(ptr(gate_up), n, two_f // 2, ptr(out))
 
 
 # The prefill kernel's key chunk (prefill_attention.c's KC): its scratch holds the gathered keys and
@@ -265,7 +265,7 @@ def _scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
     for s in scales:
         if s.dtype != np.float16 or s.shape != want or not s.flags.c_contiguous or k_cache.shape[-1] % INT8_GROUP:
             raise ValueError(f"{name}: int8 scales must be C-contiguous float16 {want}")
-    return _ptr(scales[0]), _ptr(scales[1])
+    return ptr(scales[0]), ptr(scales[1])
 
 
 def hadamard32_(x: F32, scale: float) -> None:
@@ -276,7 +276,7 @@ def hadamard32_(x: F32, scale: float) -> None:
     assert lib is not None, "hadamard32_ called without the compiled kernels"
     if x.dtype != np.float32 or not x.flags.c_contiguous or x.size % INT8_GROUP:
         raise ValueError("hadamard32_ needs C-contiguous float32 of a multiple of 32 values")
-    lib.forge_hadamard32(_ptr(x), x.size // INT8_GROUP, scale)
+    lib.forge_hadamard32(ptr(x), x.size // INT8_GROUP, scale)
 
 
 def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.NDArray[np.float16] | None = None,
@@ -302,8 +302,8 @@ def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.ND
         raise ValueError("kv_store needs float32 rows [T, nkv, hd] of contiguous rows, in-range int64 slots and a "
                          "C-contiguous cache (int8 with its float16 scales)")
     slots = np.ascontiguousarray(slots)
-    lib.forge_kv_store(_ptr(x), x.strides[0] // 4, len(x), row_len, _ptr(slots), _ptr(values),
-                       None if scales is None else _ptr(scales), kv_type)
+    lib.forge_kv_store(ptr(x), x.strides[0] // 4, len(x), row_len, ptr(slots), ptr(values),
+                       None if scales is None else ptr(scales), kv_type)
 
 
 def prefill_scratch_floats(num_keys: int, head_dim: int) -> int:
@@ -335,7 +335,7 @@ def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: n
     kv_type = _KV_TYPE.get(k_cache.dtype)
     if kv_type is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"no paged_prefill_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    _check("paged_prefill_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, tables, np.int64,
+    check("paged_prefill_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, tables, np.int64,
            row0, np.int64, pos0, np.int64, num_keys, np.int64, ranges, np.int64, scratch, np.float32, out, np.float32)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -347,203 +347,20 @@ def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: n
             or (num_segs and int(num_keys.max()) > tables.shape[1] * block_size)):
         raise ValueError("paged_prefill_attention: ranges, tables or out disagree with q")
     k_scales, v_scales = _scale_pointers("paged_prefill_attention", k_cache, scales)
-    rc = lib.paged_prefill_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), k_scales, v_scales, kv_type,
-                                     _ptr(tables), tables.shape[1],
-                                     _ptr(row0), _ptr(pos0), _ptr(num_keys), _ptr(ranges), len(ranges), window,
-                                     num_heads, num_kv_heads, head_dim, block_size, _ptr(scratch), scratch.size,
-                                     _ptr(out))
+    rc = lib.paged_prefill_attention(ptr(q), ptr(k_cache), ptr(v_cache), k_scales, v_scales, kv_type,
+                                     ptr(tables), tables.shape[1],
+                                     ptr(row0), ptr(pos0), ptr(num_keys), ptr(ranges), len(ranges), window,
+                                     num_heads, num_kv_heads, head_dim, block_size, ptr(scratch), scratch.size,
+                                     ptr(out))
     if rc != 0:
         raise ValueError(f"paged_prefill_attention: head_dim {head_dim} or a scratch of {scratch.size} floats is "
                          "beyond the kernel's limits")
 
 
-Q8_0_BLOCK_BYTES = 34       # a float16 scale and 32 int8 values
-
-
-def q8_0_matmul(x: F32, blocks: npt.NDArray[np.uint8], out: F32, v_lo: int, v_hi: int) -> None:
-    """out[:, v_lo:v_hi] = x @ W[v_lo:v_hi].T for W [V, K] in Q8_0 blocks ([V, K / 32 * 34] bytes):
-    see q8_matmul.c. x [T, K] and out [T, V] C-contiguous float32 (checked)."""
-    lib = library()
-    assert lib is not None, "q8_0_matmul called without the compiled kernels"
-    num_rows, k = x.shape
-    v_total = out.shape[1]
-    if (x.dtype != np.float32 or out.dtype != np.float32 or blocks.dtype != np.uint8
-            or not (x.flags.c_contiguous and out.flags.c_contiguous and blocks.flags.c_contiguous)):
-        raise ValueError("q8_0_matmul needs C-contiguous float32 x and out and uint8 blocks")
-    if (blocks.shape != (v_total, k // 32 * Q8_0_BLOCK_BYTES) or out.shape[0] != num_rows
-            or not 0 <= v_lo <= v_hi <= v_total):
-        raise ValueError(f"q8_0_matmul: shapes {x.shape}, {blocks.shape}, {out.shape} "
-                         f"or range [{v_lo}, {v_hi}) disagree")
-    rc = lib.q8_0_matmul(_ptr(x), num_rows, k, _ptr(blocks), v_lo, v_hi, v_total, _ptr(out))
-    if rc == -2:
-        raise MemoryError(f"q8_0_matmul: no memory for its buffers of K={k}")
-    if rc != 0:
-        raise ValueError(f"q8_0_matmul: K={k} is not whole blocks of 32 or over 8192")
-
-
-
-# ---- AMX (amx_gemm.c) ------------------------------------------------------------------------------
-
-_amx: bool | None = None
-
-
-def amx_ready() -> bool:
-    """Whether the compiled kernels have AMX tiles and Linux lets this process use them (asked once)."""
-    global _amx
-    lib = library()
-    with _lock:
-        if _amx is None:
-            _amx = lib is not None and lib.amx_enable() == 0
-        return _amx
-
-
-AMX_ROWS = 32      # activations are padded to a multiple of this many rows
-AMX_COLS = 32      # weights are widened in panels of this many output columns
-U16 = npt.NDArray[np.uint16]
-
-
-def amx_split_rows(x: F32, hi: U16, lo: U16) -> None:
-    """x [m, k] float32 -> its bfloat16 halves hi, lo [m_pad, k] (m_pad a multiple of AMX_ROWS, the
-    rows past m zero): see amx_gemm.c."""
-    lib = _amx_library()
-    m, k = x.shape
-    _check("amx_split_rows", x, np.float32, hi, np.uint16, lo, np.uint16)
-    if hi.shape != lo.shape or hi.ndim != 2 or hi.shape[1] != k or hi.shape[0] < m:
-        raise ValueError("amx_split_rows: shapes disagree")
-    if lib.amx_split_rows(_ptr(x), m, k, hi.shape[0], _ptr(hi), _ptr(lo)) != 0:
-        raise ValueError(f"amx_split_rows: {hi.shape[0]} rows or k={k} not multiples of {AMX_ROWS}")
-
-
-def amx_gemm_planes(ah: U16, al: U16, m: int, planes: list[npt.NDArray[np.uint8]], scale: F32, offset: F32,
-                    out: F32, n_lo: int, n_hi: int) -> None:
-    """out[:m, n_lo:n_hi] = x @ W[:, n_lo:n_hi] on the AMX tiles, in bfloat16x3 (~1e-5 relative to
-    the float32 product): x as amx_split_rows left it in ah, al; W [K, N] the affine block matrix
-    held as 4-bit `planes` ([N, K/bs, bs/2] each, as forge.kernels.onnx_linear packs them) with
-    per-block `scale` and `offset` [N, K/bs]. out C-contiguous float32 [>= m, N]."""
-    lib = _amx_library()
-    m_pad, k = ah.shape
-    num_rows, num_blocks = scale.shape
-    half = planes[0].shape[2] if planes and planes[0].ndim == 3 else 0
-    _check("amx_gemm_planes", ah, np.uint16, al, np.uint16, out, np.float32, scale, np.float32, offset, np.float32,
-           *[a for q in planes for a in (q, np.uint8)])
-    if (al.shape != ah.shape or not planes or any(q.shape != (num_rows, num_blocks, half) for q in planes)
-            or offset.shape != scale.shape or num_blocks * half * 2 != k or out.ndim != 2 or out.shape[1] != num_rows
-            or out.shape[0] < m or m > m_pad or not 0 <= n_lo <= n_hi <= num_rows):
-        raise ValueError("amx_gemm_planes: shapes or column range disagree")
-    pointers = (ctypes.c_void_p * len(planes))(*(_ptr(q) for q in planes))
-    rc = lib.amx_gemm_planes(_ptr(ah), _ptr(al), m, m_pad, k, ctypes.addressof(pointers), len(planes), _ptr(scale),
-                             _ptr(offset), 2 * half, n_lo, n_hi, _ptr(out) + 4 * n_lo, out.shape[1])
-    if rc == -2:
-        raise MemoryError("amx_gemm_planes: no memory for its panel buffers")
-    if rc != 0:
-        raise ValueError(f"amx_gemm_planes: {m_pad} rows, k={k}, block size {2 * half}, {len(planes)} planes or "
-                         f"{n_hi - n_lo} columns beyond its limits")
-
-
-def _amx_library() -> ctypes.CDLL:
-    if not amx_ready():
-        raise RuntimeError("the AMX kernels are not available on this host")
-    assert _library is not None
-    return _library
-
-
-def _check(kernel: str, *pairs: object) -> None:
+def check(kernel: str, *pairs: object) -> None:
     """Every array C-contiguous with its dtype, (array, dtype, array, dtype, ...), before `kernel`
     reads them through raw pointers (a wrong one would read stray memory)."""
     for a, dtype in zip(pairs[::2], pairs[1::2], strict=True):
         assert isinstance(a, np.ndarray)
         if a.dtype != dtype or not a.flags.c_contiguous:
             raise ValueError(f"{kernel} needs C-contiguous {np.dtype(dtype).name} arrays")  # type: ignore[call-overload]
-
-
-# ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
-
-# The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
-QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30})
-
-
-class QPart(ctypes.Structure):
-    """One part of a stacked weight, as qmatmul.c's qpart: the file's rows of blocks."""
-    _fields_ = [("data", ctypes.c_void_p), ("rows", ctypes.c_int64), ("type", ctypes.c_int64)]
-
-
-def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart]:
-    """The ctypes descriptor of (blocks [rows, bytes per row], ggml type) parts, stacked along rows.
-    The arrays must outlive it (the caller keeps them)."""
-    for blocks, qtype in parts:
-        if blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous or qtype not in QMATMUL_TYPES:
-            raise ValueError("qmatmul parts must be C-contiguous uint8 [rows, bytes] of a type it reads")
-    return (QPart * len(parts))(*(QPart(_ptr(b), b.shape[0], int(t)) for b, t in parts))
-
-
-def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None,
-            fast: bool = False) -> None:
-    """out [T, N] = x [T, k] @ W.T, W the parts of `descriptor` stacked (see qmatmul.c): float32
-    activations and accumulation (`fast`: x and the weights rounded to bfloat16, float32
-    accumulation; only where qmatmul_fast() is true), on the kernel pool's threads. x and out
-    C-contiguous float32. `lib`: another level's build (library_at), else the process's."""
-    lib = lib or library()
-    assert lib is not None, "qmatmul called without the compiled kernels"
-    _check("qmatmul", x, np.float32, out, np.float32)
-    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
-        raise ValueError(f"qmatmul: x {x.shape} or out {out.shape} disagree with K={k}")
-    rc = lib.forge_qmatmul(_ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), _ptr(out),
-                           out.shape[1], int(fast))
-    if rc == -2:
-        raise ValueError("qmatmul: this build has no fast numerics (AVX-512 BF16)")
-    if rc == -3:
-        raise MemoryError("qmatmul: no memory to round x to bfloat16")
-    if rc != 0:
-        raise ValueError(f"qmatmul: K={k} is not whole blocks of the parts' types, or too many parts")
-
-
-def dequant_rows(blocks: npt.NDArray[np.uint8], qtype: int, k: int, rows: I64) -> F32:
-    """Rows `rows` of a [R, k] matrix held as `blocks` (ggml type qtype), widened to float32 [n, k]
-    exactly as qmatmul reads them."""
-    lib = library()
-    assert lib is not None, "dequant_rows called without the compiled kernels"
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    if blocks.dtype != np.uint8 or not blocks.flags.c_contiguous or (len(rows) and (
-            rows.min() < 0 or rows.max() >= blocks.shape[0])):
-        raise ValueError("dequant_rows: rows outside the matrix, or blocks not C-contiguous uint8")
-    out = np.empty((len(rows), k), dtype=np.float32)
-    if lib.forge_dequant_rows(_ptr(blocks), qtype, k, _ptr(rows), len(rows), _ptr(out)) != 0:
-        raise ValueError(f"dequant_rows: type {qtype} or K={k} not read by qmatmul")
-    return out
-
-
-# Pause loops a pool worker spins after a job before it sleeps (FORGE_POOL_SPIN overrides): the
-# next product of a step follows within microseconds, a futex wake-up costs tens of them.
-POOL_SPIN = 20000
-
-
-def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
-    """Size the compiled kernels' own thread pool (the calling thread counted); returns the count
-    in force (1 without the compiled kernels)."""
-    lib = lib or library()
-    if lib is None:
-        return 1
-    spin = int(os.environ.get("FORGE_POOL_SPIN", POOL_SPIN))
-    return int(lib.forge_pool_threads(num_threads, spin))
-
-
-def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> None:
-    """dst[...] = src on the kernel pool's threads (the benchmarks' memory-bandwidth probe)."""
-    lib = library()
-    assert lib is not None, "parallel_copy called without the compiled kernels"
-    _check("parallel_copy", dst, np.uint8, src, np.uint8)
-    if dst.shape != src.shape:
-        raise ValueError("parallel_copy: shapes differ")
-    lib.forge_parallel_copy(_ptr(dst), _ptr(src), src.size)
-
-
-def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether qmatmul has the `fast` numerics here (built with AVX-512 BF16: the CPU has it)."""
-    lib = lib or library()
-    return lib is not None and bool(lib.forge_qmatmul_fast())
-
-
-def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
-    """The vector width qmatmul.c was built with on this host (16: AVX-512, 8: AVX2 or less)."""
-    lib = lib or library()
-    return 0 if lib is None else int(lib.forge_qmatmul_lanes())

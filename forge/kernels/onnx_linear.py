@@ -28,7 +28,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from forge.kernels import compiled
+from forge.kernels import products
 from forge.kernels.blocks import AffineBlocks
 
 F32 = npt.NDArray[np.float32]
@@ -99,8 +99,8 @@ class OnnxLinear:
         # accuracy; not under int8 activations). They widen from the planes, scales and offsets
         # kept here: about the planes' size again, since onnxruntime holds its own packed copy and
         # frees the one it was given.
-        amx = (amx and accuracy_level == ACCURACY_FP32 and self.in_features % compiled.AMX_ROWS == 0
-               and self.out_features % compiled.AMX_COLS == 0 and compiled.amx_ready())
+        amx = (amx and accuracy_level == ACCURACY_FP32 and self.in_features % products.AMX_ROWS == 0
+               and self.out_features % products.AMX_COLS == 0 and products.amx_ready())
         self.dense_rows = DENSE_MIN_ROWS if amx else None
         self._planes = packed if amx else []
         if not amx:
@@ -127,22 +127,22 @@ class OnnxLinear:
         """x [T, K] as its bfloat16 halves, ready for dense_into (shared by the threads of a split;
         split on the calling thread: on two it was slower, a hand-off costing more than the pass)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        m_pad = -(-x.shape[0] // compiled.AMX_ROWS) * compiled.AMX_ROWS
+        m_pad = -(-x.shape[0] // products.AMX_ROWS) * products.AMX_ROWS
         hi = np.empty((m_pad, x.shape[1]), dtype=np.uint16)
         lo = np.empty_like(hi)
-        compiled.amx_split_rows(x, hi, lo)
+        products.amx_split_rows(x, hi, lo)
         return SplitRows(hi, lo, x.shape[0])
 
     def column_cuts(self, num_parts: int) -> list[tuple[int, int]]:
         """The output columns in num_parts ranges for dense_into, whole panels each."""
-        panels = self.out_features // compiled.AMX_COLS
-        bounds = [round(panels * i / num_parts) * compiled.AMX_COLS for i in range(num_parts + 1)]
+        panels = self.out_features // products.AMX_COLS
+        bounds = [round(panels * i / num_parts) * products.AMX_COLS for i in range(num_parts + 1)]
         return [(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
 
     def dense_into(self, xs: SplitRows, out: F32, cut: tuple[int, int]) -> None:
         """out[:, lo:hi] = x @ W[:, lo:hi] on the calling thread's AMX tiles (bfloat16x3, each panel
         of columns widened from the planes as it is reached). out C-contiguous float32 [T, N]."""
-        compiled.amx_gemm_planes(xs.hi, xs.lo, xs.num_rows, self._planes, self._scale, self._offset, out, *cut)
+        products.amx_gemm_planes(xs.hi, xs.lo, xs.num_rows, self._planes, self._scale, self._offset, out, *cut)
 
 
 class SplitRows(NamedTuple):

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from forge.config import MATMUL_STRATEGIES
-from forge.kernels import compiled
+from forge.kernels import products
 from forge.llama.weight_types import PoolKernel, Weight
 
 F32 = npt.NDArray[np.float32]
@@ -274,5 +274,5 @@ class Q8Matrix:
         out = np.empty((x.shape[0], self._rows), dtype=np.float32)                 # [T, V]
         pool = _active
         cuts = _column_cuts(self._rows, pool.num_parts)
-        pool.run_parts(lambda cut: compiled.q8_0_matmul(x, self._blocks, out, cut[0], cut[1]), cuts)
+        pool.run_parts(lambda cut: products.q8_0_matmul(x, self._blocks, out, cut[0], cut[1]), cuts)
         return out

@@ -21,7 +21,8 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
 from forge.kernels import KernelChoice, compiled
-from forge.llama.attention import attend, plan_attention, softcap_
+from forge.llama.attention import attend, softcap_
+from forge.llama.attention_plan import plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit

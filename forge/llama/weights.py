@@ -22,7 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
-from forge.kernels import KernelChoice, compiled
+from forge.kernels import KernelChoice, compiled, products
 from forge.kernels.block_linear import BlockMatrix, as_blocks
 from forge.kernels.blocks import SUPPORTED, affine_blocks
 from forge.llama.config import LlamaConfig
@@ -116,7 +116,7 @@ class _TensorSource:
         self.fast = self._blocks and self._kernels is not None and self._kernels.bf16   # bfloat16 products
         self._num_threads = _usable_cores()
         if self._blocks:
-            compiled.pool_threads(self._num_threads)
+            products.pool_threads(self._num_threads)
 
     def matrix(self, names: list[str], shapes: list[tuple[int, int]], *, f_ordered: bool = False,
                row_orders: list[I64 | None] | None = None) -> Weight:
@@ -127,7 +127,7 @@ class _TensorSource:
         file's row row_orders[i][r] becomes row r: a reordering, or a part of a fused tensor)."""
         orders = row_orders or [None] * len(names)
         if self._blocks and shapes[0][1] % 32 == 0 and all(
-                int(self._tensor(n).tensor_type) in compiled.QMATMUL_TYPES for n in names):
+                int(self._tensor(n).tensor_type) in products.QMATMUL_TYPES for n in names):
             return self._block_matrix(names, shapes, orders)
         if self._kernels is not None and all(self._tensor(n).tensor_type in SUPPORTED for n in names):
             from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear

@@ -5,12 +5,12 @@ from __future__ import annotations
 import anyio
 
 from actors.router import Router
-from forge.messages import Accepted, Rejected, TextDelta
+from forge.messages import Accepted, Rejected, TextDelta, TokenCounts
 
 
 def delta(rid: str, text: str, finish: bool = False) -> TextDelta:
     return TextDelta(request_id=rid, text=text, num_tokens=1, finish_reason="length" if finish else None,
-                     num_prompt_tokens=3, num_completion_tokens=len(text))
+                     counts=TokenCounts(prompt=3, completion=len(text)))
 
 
 async def test_an_unread_choice_coalesces_into_one_delta_and_delivery_never_waits() -> None:

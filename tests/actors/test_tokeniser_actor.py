@@ -114,7 +114,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
         await rig.settle()
         [(_, delta)] = await group.next_deltas()
         assert delta.finish_reason == "stop" and delta.text == " "
-        assert delta.num_tokens == delta.num_completion_tokens == 1 == len(delta.logprobs)
+        assert delta.num_tokens == delta.counts.completion == 1 == len(delta.logprobs)
         assert [type(m) for m in rig.scheduler_got()] == [Tokenised, Abort]
 
 
@@ -162,5 +162,5 @@ async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_de
         for delta in merged.values():
             assert isinstance(delta, TextDelta) and delta.num_tokens == len(words)
             assert delta.text == tokenizer.decode(list(words)) and delta.finish_reason == "length"
-            assert delta.num_completion_tokens == len(words)
+            assert delta.counts.completion == len(words)
         assert not group.unfinished

@@ -20,10 +20,10 @@ from forge.api import (
     decode_detokenize,
     decode_generate,
     decode_tokenize,
-    to_sampling_params,
 )
 from forge.api_responses import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
 from forge.errors import InvalidRequest
+from forge.prepare import chat_template_messages, completion_prompts, to_sampling_params
 from forge.sampling_params import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
@@ -219,7 +219,7 @@ def test_error_message_is_readable() -> None:
 def test_four_prompt_forms_decode(prompt: Any, prompts: list[Any]) -> None:
     req = completion(prompt=prompt)
     assert req.prompt == prompt
-    assert api.completion_prompts(req) == prompts
+    assert completion_prompts(req) == prompts
 
 
 def test_completion_defaults() -> None:
@@ -249,7 +249,7 @@ def test_chat_accepts_every_role_and_text_parts() -> None:
         {"role": "tool", "content": "t", "tool_call_id": "c1"},
     ]
     req = chat(messages=messages, tools=[], tool_choice="none", response_format={"type": "text"})
-    assert api.chat_template_messages(req.messages) == [
+    assert chat_template_messages(req.messages) == [
         {"role": "system", "content": "s"},
         {"role": "developer", "content": "d"},
         {"role": "user", "content": "a\nb", "name": "u"},

@@ -15,7 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.kernels import compiled
+from forge.kernels import compiled, products
 from forge.kernels.block_linear import BlockMatrix, as_blocks
 from forge.kernels.blocks import affine_blocks
 
@@ -66,7 +66,7 @@ def random_matrix(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: i
 def product(lib: ctypes.CDLL, x: npt.NDArray[np.float32], parts: list[tuple[npt.NDArray[np.uint8], int]],
             k: int) -> npt.NDArray[np.float32]:
     out = np.empty((x.shape[0], sum(p.shape[0] for p, _ in parts)), dtype=np.float32)
-    compiled.qmatmul(np.ascontiguousarray(x), k, compiled.qparts(parts), out, lib=lib)
+    products.qmatmul(np.ascontiguousarray(x), k, products.qparts(parts), out, lib=lib)
     return out
 
 
@@ -82,7 +82,7 @@ def assert_matches_reference(got: npt.NDArray[np.float32], x: npt.NDArray[np.flo
 @pytest.fixture(scope="module", params=RUNNABLE)
 def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
     built = compiled.library_at(request.param)
-    compiled.pool_threads(2, lib=built)
+    products.pool_threads(2, lib=built)
     return built
 
 
@@ -132,22 +132,22 @@ def test_one_thread_and_two_give_the_same_bits() -> None:
     blocks, _ = random_matrix(rng, Q.Q4_K, 100, 512)
     x = rng.standard_normal((9, 512)).astype(np.float32)
     lib = compiled.library_at("native")
-    compiled.pool_threads(1, lib=lib)
+    products.pool_threads(1, lib=lib)
     one = product(lib, x, [(blocks, int(Q.Q4_K))], 512)
-    compiled.pool_threads(2, lib=lib)
+    products.pool_threads(2, lib=lib)
     np.testing.assert_array_equal(product(lib, x, [(blocks, int(Q.Q4_K))], 512), one)
 
 
 def test_every_level_builds() -> None:
     """Each level compiles here, whether or not this CPU can run it."""
     for isa in compiled.ISA_FLAGS:
-        assert compiled.qmatmul_lanes(compiled.library_at(isa)) in (8, 16)
+        assert products.qmatmul_lanes(compiled.library_at(isa)) in (8, 16)
 
 
 def test_the_levels_have_their_vector_widths() -> None:
-    assert compiled.qmatmul_lanes(compiled.library_at("baseline")) == 8
-    assert compiled.qmatmul_lanes(compiled.library_at("avx2")) == 8
-    native = compiled.qmatmul_lanes(compiled.library_at("native"))
+    assert products.qmatmul_lanes(compiled.library_at("baseline")) == 8
+    assert products.qmatmul_lanes(compiled.library_at("avx2")) == 8
+    native = products.qmatmul_lanes(compiled.library_at("native"))
     assert native == (16 if "avx512f" in FLAGS else 8)
 
 
@@ -159,7 +159,7 @@ def test_bad_shapes_and_types_are_refused() -> None:
     with pytest.raises(ValueError, match="disagree"):
         BlockMatrix([(blocks, int(Q.Q4_K))], 256).matmul(np.zeros((1, 255), np.float32))
     with pytest.raises(ValueError, match="type it reads"):
-        compiled.qparts([(blocks, int(Q.Q2_K))])
+        products.qparts([(blocks, int(Q.Q2_K))])
 
 
 def test_the_block_matrix_multiplies_and_looks_rows_up() -> None:
@@ -197,7 +197,7 @@ def test_the_default_model_is_multiplied_from_its_files_pages(default_model_path
 
 # ---- the fast numerics: bfloat16 products (AVX-512 BF16) ---------------------------------------
 
-FAST = compiled.qmatmul_fast(compiled.library_at("native"))
+FAST = products.qmatmul_fast(compiled.library_at("native"))
 
 
 def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -210,7 +210,7 @@ def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 def fast_product(x: npt.NDArray[np.float32], parts: list[tuple[npt.NDArray[np.uint8], int]],
                  k: int) -> npt.NDArray[np.float32]:
     out = np.empty((x.shape[0], sum(p.shape[0] for p, _ in parts)), dtype=np.float32)
-    compiled.qmatmul(np.ascontiguousarray(x), k, compiled.qparts(parts), out, lib=compiled.library_at("native"),
+    products.qmatmul(np.ascontiguousarray(x), k, products.qparts(parts), out, lib=compiled.library_at("native"),
                      fast=True)
     return out
 
@@ -258,7 +258,7 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(qtype: GGMLQua
 def test_the_other_levels_have_no_fast_numerics() -> None:
     """bfloat16 products are AVX-512 BF16 code: the avx2 and baseline builds refuse them."""
     for isa in ("avx2", "baseline"):
-        assert not compiled.qmatmul_fast(compiled.library_at(isa))
+        assert not products.qmatmul_fast(compiled.library_at(isa))
     assert FAST == ("avx512_bf16" in FLAGS)
 
 

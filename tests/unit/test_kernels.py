@@ -25,11 +25,12 @@ from hypothesis import strategies as st
 
 from forge.batch import ForwardBatch
 from forge.config import KV_CACHE_DTYPES
-from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled
+from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled, products
 from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 from forge.llama import linear as linear_mod
-from forge.llama.attention import AttentionPlan, attend, plan_attention
+from forge.llama.attention import attend
+from forge.llama.attention_plan import AttentionPlan, plan_attention
 from forge.llama.kv_cache import KVCache
 from forge.llama.kv_dtype import (
     INT8_GROUP,
@@ -156,13 +157,13 @@ def test_backends_are_chosen_by_name() -> None:
     assert choose_kernels("numpy").backend == "numpy"
     # auto: the AMX tiles where the host has them, else the file's blocks where the compiled
     # kernels have AVX-512, else onnxruntime (installed with forge)
-    wide = compiled.qmatmul_lanes() == 16
-    assert choose_kernels("auto").backend == ("onnxruntime" if compiled.amx_ready() or not wide else "blocks")
+    wide = products.qmatmul_lanes() == 16
+    assert choose_kernels("auto").backend == ("onnxruntime" if products.amx_ready() or not wide else "blocks")
     assert choose_kernels("blocks").name == "blocks"
     fast = choose_kernels("fast")
     assert (fast.backend, fast.int8_activations, fast.name) == ("onnxruntime", True, "fast")
     assert set(KERNELS) == {"auto", "blocks", "amx", "onnxruntime", "fast", "numpy"}
-    assert choose_kernels("auto").amx == compiled.amx_ready()      # amx wherever the host has it
+    assert choose_kernels("auto").amx == products.amx_ready()      # amx wherever the host has it
     assert not choose_kernels("onnxruntime").amx and choose_kernels("onnxruntime").name == "onnxruntime"
     with pytest.raises(ValueError, match="kernels must be one of"):
         choose_kernels("cuda")
@@ -182,7 +183,7 @@ def test_numerics_are_chosen_apart_from_the_backend() -> None:
         choose_kernels("numpy", "fast")
     with pytest.raises(ValueError, match="numerics must be one of"):
         choose_kernels("auto", "exact")
-    if compiled.qmatmul_fast():
+    if products.qmatmul_fast():
         for name in ("auto", "blocks"):
             chosen = choose_kernels(name, "fast")
             assert (chosen.backend, chosen.bf16, chosen.amx, chosen.numerics) == ("blocks", True, False, "fast")
@@ -221,7 +222,7 @@ BF16X3 = 6e-5
 def amx_here() -> bool:
     """Whether this host runs the AMX kernels. Where it cannot, what the tests check is the refusal:
     `auto` must not pick them and asking for them by name must fail with a clear error."""
-    if compiled.amx_ready():
+    if products.amx_ready():
         return True
     assert not choose_kernels("auto").amx
     with pytest.raises(ValueError, match="AMX"):
@@ -367,7 +368,7 @@ def assert_the_pool_gives_the_same(batch: ForwardBatch, config: SimpleNamespace,
                                    scales: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """The decode rows as one call split by (row, KV head) over the compiled products' two
     threads give the same bits as the parts on the engine's pool."""
-    compiled.pool_threads(2)
+    products.pool_threads(2)
     pool_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window, softcap=softcap,
                                decode_on_pool=True)
     assert (pool_plan.pool_decode is not None) == bool(fused_plan.fused_parts) and not pool_plan.fused_parts
@@ -652,7 +653,7 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
     want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v, scales=scales)
     fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
-    from forge.llama.attention import MAX_DECODE_KERNEL_ROWS
+    from forge.llama.attention_plan import MAX_DECODE_KERNEL_ROWS
     long_rows = sum(n for n in query_lens if n > MAX_DECODE_KERNEL_ROWS)
     assert fused_plan.fused_prefill
     assert sum(t.hi - t.lo for part in fused_plan.prefill_parts for p in part for t in p.tiles) == long_rows
@@ -755,7 +756,7 @@ def test_the_q8_kernel_built_without_avx512_gives_the_same_products(tmp_path: Pa
     for num_tokens in (1, 3, 8, 9, 12, 33):
         x = rng.standard_normal((num_tokens, cols)).astype(np.float32)
         native = np.empty((num_tokens, rows), np.float32)
-        compiled.q8_0_matmul(x, data, native, 0, rows)
+        products.q8_0_matmul(x, data, native, 0, rows)
         got = np.empty_like(native)
         rc = lib.q8_0_matmul(ctypes.c_void_p(x.ctypes.data), ctypes.c_int64(num_tokens), ctypes.c_int64(cols),
                              ctypes.c_void_p(data.ctypes.data), ctypes.c_int64(0), ctypes.c_int64(rows),

@@ -55,3 +55,84 @@ def test_the_serving_path_never_imports_the_seed_toys(path: Path) -> None:
 def test_the_benchmark_client_does_not_reach_into_the_daemon(path: Path) -> None:
     bad = {m for m in imported_modules(path) if m.split(".")[0] == "actors"}
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+# ---- the size and shape of the code ----------------------------------------------------------------
+
+MAX_MODULE_LINES = 400
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
+    """The project's modules `path` imports, a package's submodules named in `from pkg import mod` included."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {m for m in out if m in known} - {module_name(path, root)}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return cycles
+
+
+@pytest.mark.parametrize("path", sources("forge") + sources("actors"), ids=ids)
+def test_no_module_grows_past_its_limit(path: Path) -> None:
+    """A module past MAX_MODULE_LINES holds more than one concern: split it by concern."""
+    num_lines = len(path.read_text().splitlines())
+    assert num_lines <= MAX_MODULE_LINES, f"{ids(path)} has {num_lines} lines (at most {MAX_MODULE_LINES})"
+
+
+def test_no_modules_import_each_other() -> None:
+    """The import graph of forge/ and actors/ has no cycle, of two modules or more, counting every import
+    statement wherever it stands: a lazy import hides a cycle, it does not remove it."""
+    paths = {module_name(p): p for p in sources("forge") + sources("actors")}
+    graph = {name: project_imports(path, set(paths)) for name, path in paths.items()}
+    assert not import_cycles(graph), f"modules that import each other: {import_cycles(graph)}"
+
+
+def test_the_cycle_check_sees_a_lazy_pair_and_a_longer_ring(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    known = {"pkg", "pkg.a", "pkg.b"}
+    graph = {module_name(p, tmp_path): project_imports(p, known, tmp_path) for p in (tmp_path / "pkg").glob("*.py")}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert import_cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    assert import_cycles({"x": {"y"}, "y": set()}) == []

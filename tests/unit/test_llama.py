@@ -15,7 +15,7 @@ from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
 from forge.gguf_file import read_gguf
 from forge.kernels import choose_kernels
-from forge.llama import KVCache, LlamaConfig, LlamaModel, attention, kv_cache
+from forge.llama import KVCache, LlamaConfig, LlamaModel, attention_plan, kv_cache
 from forge.llama import linear as linear_mod
 from forge.llama import model as model_mod
 from tests.tiny_gguf import write_tiny_llama
@@ -243,8 +243,8 @@ def test_batch_independence(tiny: LlamaModel, tiny_path: Path) -> None:
 def test_small_temporaries_split_the_work(tiny: LlamaModel, reference: np.ndarray,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny budgets force one decode group per sequence and one-row prefill tiles."""
-    monkeypatch.setattr(attention, "MAX_TEMP_FLOATS", 1)
-    monkeypatch.setattr(attention, "MAX_PREFILL_TILE_ROWS", 2)
+    monkeypatch.setattr(attention_plan, "MAX_TEMP_FLOATS", 1)
+    monkeypatch.setattr(attention_plan, "MAX_PREFILL_TILE_ROWS", 2)
     pager = Pager(tiny, seed=5)
     first = pager.step([("a", PROMPT[:7]), ("b", PROMPT[:3]), ("c", PROMPT[:5])])
     close(first["a"], reference[:7])
@@ -254,15 +254,15 @@ def test_small_temporaries_split_the_work(tiny: LlamaModel, reference: np.ndarra
 
 
 @pytest.mark.parametrize("num_threads", [2, 3])
-@pytest.mark.parametrize("max_temp", [attention.MAX_TEMP_FLOATS, 1])
+@pytest.mark.parametrize("max_temp", [attention_plan.MAX_TEMP_FLOATS, 1])
 def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        num_threads: int, max_temp: int) -> None:
     """Decode parts on a split pool give the serial forward's logits; max_temp 1: a group per sequence."""
-    monkeypatch.setattr(attention, "MAX_TEMP_FLOATS", max_temp)
-    plans: list[attention.AttentionPlan] = []
+    monkeypatch.setattr(attention_plan, "MAX_TEMP_FLOATS", max_temp)
+    plans: list[attention_plan.AttentionPlan] = []
 
-    def spy(*args: object, **kwargs: object) -> attention.AttentionPlan:
-        plans.append(attention.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> attention_plan.AttentionPlan:
+        plans.append(attention_plan.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
         return plans[-1]
 
     monkeypatch.setattr(model_mod, "plan_attention", spy)
@@ -273,7 +273,7 @@ def test_parallel_decode_equals_serial(tiny: LlamaModel, tiny_path: Path, monkey
     monkeypatch.setattr(linear_mod, "_active", pool)
     try:
         for parallel in (True, False):
-            monkeypatch.setattr(attention, "MIN_PARALLEL_DECODE_SEQS", 2 if parallel else 1 << 30)
+            monkeypatch.setattr(attention_plan, "MIN_PARALLEL_DECODE_SEQS", 2 if parallel else 1 << 30)
             pager = Pager(tiny, seed=7)
             pager.step(list(histories.items()))
             got[parallel] = pager.step(list(new.items()))
@@ -295,12 +295,12 @@ def test_parallel_prefill_equals_serial(tiny: LlamaModel, tiny_path: Path, monke
                                         num_threads: int) -> None:
     """Prefill tiles dealt over a split pool (one long chunk split tile by tile, short chunks whole,
     alongside decodes) give the serial forward's logits."""
-    monkeypatch.setattr(attention, "MAX_PREFILL_TILE_ROWS", 2)
-    monkeypatch.setattr(attention, "MIN_PARALLEL_PREFILL_COST", 0)
-    plans: list[attention.AttentionPlan] = []
+    monkeypatch.setattr(attention_plan, "MAX_PREFILL_TILE_ROWS", 2)
+    monkeypatch.setattr(attention_plan, "MIN_PARALLEL_PREFILL_COST", 0)
+    plans: list[attention_plan.AttentionPlan] = []
 
-    def spy(*args: object, **kwargs: object) -> attention.AttentionPlan:
-        plans.append(attention.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> attention_plan.AttentionPlan:
+        plans.append(attention_plan.plan_attention(*args, **kwargs))  # type: ignore[arg-type]
         return plans[-1]
 
     monkeypatch.setattr(model_mod, "plan_attention", spy)

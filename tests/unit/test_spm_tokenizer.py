@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from forge.detokenizer import IncrementalDetokenizer
-from forge.tokenizer import Tokenizer, spm_merges
+from forge.tokenizer import Tokenizer
+from forge.tokenizer_models import spm_merges
 from tests import tiny_families
 
 DATA: dict[str, Any] = json.loads(

@@ -1,0 +1,73 @@
+"""The HTTP edge's small parts: JSON and error responses, the API key check, reading a body within limits."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from forge import api_responses as wire
+from forge.errors import PromptTooLong, RequestError
+
+_json = msgspec.json.Encoder()
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(exc: RequestError) -> Response:
+    return json_response(wire.error_body(exc.message, exc.type, exc.param, exc.code), exc.status, exc.headers)
+
+
+def check_key(request: Request, key: str | None) -> None:
+    """The API key, when one is set: `Authorization: Bearer <key>` (401 otherwise), compared in constant time."""
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    token = given[7:] if given[:7].lower() == "bearer " else ""
+    if not hmac.compare_digest(token.encode(), key.encode()):
+        raise RequestError("invalid or missing API key", status=401, type="authentication_error",
+                           code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes (413 beyond), within `timeout` seconds (408 after)."""
+    too_large = RequestError(f"request body over {limit} bytes", status=413, code="body_too_large")
+    # Up to max_drain bytes are read and dropped before the 413: closing a connection with
+    # unread data resets it, and the client would see a reset instead of the 413.
+    max_drain = 4 * limit
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_drain:
+        raise too_large
+    chunks, size = [], 0
+    # A body that never ends (a stalled or hostile client) holds a handler and a connection:
+    # it has `timeout` seconds to arrive whole, then gets a 408 and the connection closes.
+    with anyio.move_on_after(timeout) as scope:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_drain:
+                raise too_large
+            if size <= limit:
+                chunks.append(chunk)
+    if scope.cancelled_caught:
+        raise RequestError(f"the request body did not arrive within {timeout:g} s",
+                           status=408, code="body_timeout", headers={"Connection": "close"})
+    if size > limit:
+        raise too_large
+    return b"".join(chunks)
+
+
+def rejection_reason(exc: RequestError) -> str:
+    """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, invalid."""
+    if exc.status == 401:
+        return "auth"
+    if exc.status == 503:                 # a CapacityError, or one relayed from the engine as data
+        return "draining" if exc.code in ("draining", "loading") else "overload"
+    if exc.code == PromptTooLong.code:
+        return "too_long"
+    return "invalid"

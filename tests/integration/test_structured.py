@@ -39,13 +39,15 @@ TOPICS = ["a space adventure", "a love story in Paris", "a bank robbery", "pengu
           "a high-school band", "a volcano", "a dog who finds home", "a silent film star", "a hacker",
           "a mountain rescue", "two rival chefs", "a time traveller", "a football final", "a desert island",
           "an old lighthouse"]
+# Strict (closed, every property required, as these already are): the openai client's stream helper
+# parses only strict tools.
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
+    "name": "get_weather", "description": "The current weather in a city.", "strict": True,
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
                    "properties": {"city": {"type": "string", "maxLength": 40},
                                   "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
 TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a time zone.",
+    "name": "get_time", "description": "The local time in a time zone.", "strict": True,
     "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
                    "properties": {"zone": {"type": "string", "maxLength": 40}}}}}
 SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": TIME["function"]["parameters"]}

@@ -51,7 +51,7 @@ def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, p
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
-    schema = bounded_numbers(schema)
+    schema = enforced_schema(schema)
     options = dict(JSON_OPTIONS)
     if whitespace_pattern is not None:
         options = {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
@@ -135,6 +135,39 @@ def bounded_numbers(schema: Any) -> Any:
             s["multipleOf"] = NUMBER_STEP
         return s
     return _each_schema(schema, bound)
+
+
+# An object schema that lists its properties and says nothing of others (no additionalProperties,
+# patternProperties or unevaluatedProperties) is closed: the keys it lists, no others. JSON Schema
+# would leave it open, and a small model then adds keys of its own until max_tokens (pydantic's
+# model_json_schema(), what instructor and LangChain send, never says additionalProperties). vLLM's
+# default grammar engine does the same (xgrammar's strict mode); llguidance has no option for it.
+_OTHER_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties",
+               "allOf", "anyOf", "oneOf", "$ref")     # the last four: keys may come from elsewhere
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with every object schema that lists "properties" and says nothing of other keys
+    closed (additionalProperties false). Left open: one that takes keys from elsewhere too (allOf,
+    anyOf, oneOf, $ref beside its properties) and the parts of an allOf (each lists only its share
+    of the keys: closed, they would exclude each other). A new schema."""
+    closed: set[int] = set()
+
+    def close(s: dict[str, Any]) -> dict[str, Any]:
+        for part in s.get("allOf") or ():
+            if isinstance(part, dict) and id(part) in closed:
+                del part["additionalProperties"]
+        if isinstance(s.get("properties"), dict) and not any(k in s for k in _OTHER_KEYS):
+            s["additionalProperties"] = False
+            closed.add(id(s))
+        return s
+    return _each_schema(schema, close)
+
+
+def enforced_schema(schema: Any) -> Any:
+    """What forge's JSON grammars enforce of a schema: its numbers bounded (bounded_numbers), its
+    listed objects closed (closed_objects)."""
+    return closed_objects(bounded_numbers(schema))
 
 
 def json_object_grammar() -> str:

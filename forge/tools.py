@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.structured import JSON_OPTIONS, bounded_numbers, lark_grammar, strict_schema
+from forge.structured import JSON_OPTIONS, enforced_schema, lark_grammar, strict_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # The head of a call as forge's grammar writes it (and as models trained on the format do).
@@ -103,7 +103,7 @@ def tool_call_grammar(functions: Sequence[Function], *, parallel: bool, param: s
         parameters = f.parameters if f.parameters is not None else {"type": "object"}
         if f.strict:
             parameters = strict_schema(parameters)
-        parameters, own = _hoisted(bounded_numbers(parameters), f"f{i}_")
+        parameters, own = _hoisted(enforced_schema(parameters), f"f{i}_")
         defs.update(own)
         options.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                         "properties": {"name": {"const": f.name}, "arguments": parameters}})

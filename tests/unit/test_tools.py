@@ -209,3 +209,41 @@ def test_numbers_a_schema_leaves_unbounded_get_bounds_that_end_their_digits() ->
     assert out["either"]["multipleOf"] == NUMBER_STEP and out["s"] == {"type": "string"}
     assert out["list"]["items"] == {"type": "integer", "exclusiveMaximum": 10, "minimum": -NUMBER_LIMIT}
     assert "minimum" not in schema["properties"]["n"]                        # a new schema
+
+
+def test_objects_that_list_their_keys_are_closed_unless_they_say_otherwise() -> None:
+    from forge.structured import closed_objects
+
+    item = {"properties": {"p": {"type": "string"}}}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                                               "open": {"properties": {"x": {}}, "additionalProperties": True},
+                                               "free": {"type": "object"},
+                                               "mixed": {"properties": {"a": {}}, "allOf": [item, item]}},
+              "$defs": {"Item": item}}
+    out = closed_objects(schema)
+    assert out["additionalProperties"] is False and out["$defs"]["Item"]["additionalProperties"] is False
+    props = out["properties"]
+    assert props["open"]["additionalProperties"] is True                      # what a schema says stands
+    assert props["free"] == {"type": "object"}                                # lists no keys: any object
+    # Keys from an allOf: neither the object nor its parts are closed (they would exclude each other).
+    assert "additionalProperties" not in props["mixed"]
+    assert all("additionalProperties" not in part for part in props["mixed"]["allOf"])
+    assert "additionalProperties" not in schema and "additionalProperties" not in item     # a new schema
+
+
+def test_a_closed_object_refuses_keys_it_does_not_list(default_model_path: Path) -> None:
+    """Through the grammar, on the real tokenizer: the listed key is accepted, another is not."""
+    from forge.structured import Grammars, json_schema_grammar
+    from forge.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(default_model_path)
+    grammars = Grammars(tok)
+    grammar = json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "maximum": 9}}},
+                                  param="schema")
+
+    def accepts(text: str) -> bool:
+        matcher = grammars.matcher(grammar)
+        return all(matcher.consume_token(i) for i in tok.encode_exact(text)) and matcher.is_accepting()
+
+    assert accepts('{"a": 3}') and accepts("{}")
+    assert not accepts('{"a": 3, "b": 4}')

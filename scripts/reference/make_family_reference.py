@@ -20,7 +20,7 @@ separate virtual environment outside the repository):
 
     python3 -m venv /work/refvenv
     /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece
-    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|bpe|gemma3]
+    /work/refvenv/bin/python scripts/reference/make_family_reference.py [--only tiny|spm|bpe|gemma3]
 
 About 2 minutes on two cores (most of it loading Gemma). Every cached greedy run is cross-checked
 against one full forward.
@@ -40,11 +40,11 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
-from scripts.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
+from scripts.reference.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
+from scripts.reference.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
 from tests import tiny_families  # noqa: E402
 
 GEMMA_FILE = Path("/root/.cache/forge/models/gemma-3-270m-q4_k_m.gguf")

@@ -9,7 +9,7 @@ virtual environment outside the repository):
 
     python3 -m venv /work/refvenv
     /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate
-    /work/refvenv/bin/python scripts/make_reference.py [--model PATH] [--out PATH]
+    /work/refvenv/bin/python scripts/reference/make_reference.py [--model PATH] [--out PATH]
 
 It takes 9 to 15 minutes on two shared cores (torch uses 2 threads). Every cached greedy run is cross-checked
 against one full forward. The tokenizer that the GGUF loader builds is plain GPT-2 byte-level BPE; the
@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEFAULT_MODEL = Path("/root/.cache/forge/models") / MODEL_FILE
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2_reference.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "tests" / "data" / "smollm2_reference.json"
 NUM_GREEDY_TOKENS = 48
 NUM_TOP_LOGPROBS = 5
 BOS_ID = 1

@@ -42,9 +42,10 @@ import forge.llama.kv_cache as kv_cache  # noqa: E402
 import forge.llama.linear as linear_mod  # noqa: E402
 import forge.llama.model as model_mod  # noqa: E402
 from forge.batch import ForwardBatch  # noqa: E402
+from forge.hub import default_model_path  # noqa: E402
 from forge.llama.model import LlamaModel  # noqa: E402
 
-DEFAULT_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+DEFAULT_MODEL = default_model_path()
 BLOCK_SIZE = 16
 
 

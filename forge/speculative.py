@@ -29,7 +29,7 @@ DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.
 
 # Each extra guess costs a row of the step: it pays while few sequences decode (the step is bound by
 # reading the weights), less so in a crowd. Measured on input-grounded work, offline (docs/benchmarks.md,
-# `scripts/ab_speculative.py lookahead`): 8 guesses beat 4 by 1-5% at 1-4 streams and lose 4-9% at 8-32.
+# `scripts/ab/ab_speculative.py lookahead`): 8 guesses beat 4 by 1-5% at 1-4 streams and lose 4-9% at 8-32.
 CROWD = 4                                # more sequences decoding than this: a crowd
 CROWDED_TOKENS = 4                       # most guesses per sequence in a crowd
 

@@ -1,5 +1,5 @@
 """Running committed reference data (greedy continuations and top-5 logprobs made by transformers) through
-forge's engine, and comparing: shared by the real-model reference tests and scripts/kv_fidelity.py.
+forge's engine, and comparing: shared by the real-model reference tests and scripts/ab/kv_fidelity.py.
 
 A reference file holds `greedy` cases (prompt_ids, output_ids, the top-2 logit gap of every step),
 `logprobs` cases (prompt_ids, top5 [[id, logprob], ...]) and `num_greedy_tokens`.

@@ -3,7 +3,7 @@
 `state_dict(family)` makes a checkpoint's tensors with numpy from a fixed seed, under the names and
 in the layout Hugging Face transformers uses; `write_gguf(family, path)` writes the same weights the
 way llama.cpp's converter does (Llama's q/k rows permuted into pairs, Gemma's norm weights + 1, the
-GGUF tensor and metadata names). scripts/make_family_reference.py loads the checkpoint into
+GGUF tensor and metadata names). scripts/reference/make_family_reference.py loads the checkpoint into
 transformers (torch, a dev-only venv) and commits its logits; tests/unit/test_families.py writes
 the GGUF and checks forge's logits against them. Both sides build the weights from this file.
 """

@@ -153,8 +153,8 @@ class SplitRows(NamedTuple):
 
 # Steps of at least this many rows multiply on the AMX tiles (where the host has them): there the
 # bfloat16x3 product, widening the weights as it goes, beats onnxruntime's float32 4-bit product
-# (all layers: 1.21x at 64 rows, 1.98x at 512, `scripts/ab_kernels.py --kernels onnxruntime,amx`;
-# decode steps of 64-96 sequences 6-10% faster, `scripts/profile_step.py`; docs/benchmarks.md).
+# (all layers: 1.21x at 64 rows, 1.98x at 512, `scripts/ab/ab_kernels.py --kernels onnxruntime,amx`;
+# decode steps of 64-96 sequences 6-10% faster, `scripts/ab/profile_step.py`; docs/benchmarks.md).
 DENSE_MIN_ROWS = 64
 
 

@@ -123,7 +123,7 @@ def _causal_bias(query_positions: I64, num_keys: int, first_key: int = 0, window
 # attention) where the compiled prefill kernel cannot run ...
 MAX_FUSED_CHUNK_ROWS = 8
 # ... and where it can, up to this many: longer chunks (a decode row with its guesses) share one pass
-# over the keys in the prefill kernel. Measured (scripts/ab_engine.py guesses; 32 sequences, one
+# over the keys in the prefill kernel. Measured (scripts/ab/ab_engine.py guesses; 32 sequences, one
 # layer, one thread): prefill/decode kernel 1.55 at 2 rows, 1.25 at 3, 0.95 at 4 and 0.78 at 5
 # rows of ~800 keys.
 MAX_DECODE_KERNEL_ROWS = 3

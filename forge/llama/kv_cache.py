@@ -141,7 +141,7 @@ class KVCache:
         """Write every page of the K and V arrays once. Until a page is first written it is not the
         process's: the step that first writes a block's K/V takes a page fault for each of its pages
         (a 512-token prefill step writes ~200 per layer), which on some virtual machines costs tens
-        of microseconds each (scripts/ab_engine.py kv-commit). Committing at start moves that to
+        of microseconds each (scripts/ab/ab_engine.py kv-commit). Committing at start moves that to
         start-up, and the memory the cache will use is taken (or refused) then, not under load.
         With `run_parts` (forge.llama.linear's MatmulPool.run_parts) the layers are dealt into
         `num_parts` parts that run at once; the values stay zero."""

@@ -4,7 +4,7 @@ Owns the process's MatmulPool: under "blas" each matmul goes whole to BLAS and i
 "split" the output columns are cut into one slice per thread of a persistent pool of Python threads (the
 caller takes one slice), each slice on 1-thread BLAS while numpy releases the GIL. The pool hands work
 over with one lock per direction per thread: a round trip costs 16-19 us where a concurrent.futures
-executor costs 24-36 us (scripts/ab_engine.py pool), and a decode step makes ~150 hand-offs.
+executor costs 24-36 us (scripts/ab/ab_engine.py pool), and a decode step makes ~150 hand-offs.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ COLUMN_ALIGN = 16
 MIN_SPLIT_MACS = 1 << 16
 # A matmul of fewer rows than this (a single decoding sequence: a matrix-vector product, bound by
 # reading the weight) is split only from MIN_SPLIT_MACS_FEW_ROWS multiply-adds: measured on 2 cores
-# at one row (scripts/ab_engine.py matvec), the gate/up projection (1.8M) 28% faster split and the
+# at one row (scripts/ab/ab_engine.py matvec), the gate/up projection (1.8M) 28% faster split and the
 # 49k-row head (28M) 43%, while q/k/v (0.55M), the output (0.33M) and down (0.88M) projections were
 # 27-48% slower split.
 MIN_SPLIT_ROWS = 2

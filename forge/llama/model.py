@@ -39,7 +39,7 @@ CONTEXT_BLOCK_SIZE = 16
 # contiguous range of the rows through norm, projections, RoPE, SwiGLU and the residual adds (all
 # on both cores, with one hand-off before and one after attention), in tiles of at most ROW_TILE
 # rows to bound the temporaries. Below it each projection's columns are split instead, which keeps
-# the matmuls' rows as many as the step has. Measured (2 cores, 135M, scripts/ab_engine.py rows):
+# the matmuls' rows as many as the step has. Measured (2 cores, 135M, scripts/ab/ab_engine.py rows):
 # 5-10% faster steps at 256-1,000 tokens; tiles of 64-128 rows were slower (each tile reads the
 # layer's 14 MiB of weights again).
 MIN_ROW_SPLIT_TOKENS = 256
@@ -272,7 +272,7 @@ class LlamaModel:
             out = mm(self._activation(mm(self._norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
             xt += out if layer.post_ffn_norm is None else self._norm(out, layer.post_ffn_norm, eps)
 
-    # Looked up at each call, not bound at load, so that scripts/profile_step.py can time them.
+    # Looked up at each call, not bound at load, so that scripts/ab/profile_step.py can time them.
     def _norm(self, x: F32, weight: F32, eps: float) -> F32:
         return (rms_norm_compiled if self.compiled_ops else rms_norm)(x, weight, eps)
 

@@ -1,6 +1,6 @@
 """Every model family forge runs, against Hugging Face transformers on the same weights.
 
-tests/data/tiny_families_reference.json (scripts/make_family_reference.py) holds, per family, the
+tests/data/tiny_families_reference.json (scripts/reference/make_family_reference.py) holds, per family, the
 logits transformers computes for a tiny random checkpoint (tests/tiny_families.py) at every position
 of a 20-token input. Here the same weights are written to GGUF as llama.cpp's converter lays them out
 and run by forge: the whole input in one prefill, and as a short prefill followed by one-token decode

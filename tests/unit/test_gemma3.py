@@ -1,7 +1,7 @@
 """The real Gemma 3 270M file (gemma3, SentencePiece with byte fallback, Q4_K/Q5_0/Q6_K/Q8_0 tensors)
 against Hugging Face transformers loading the same GGUF.
 
-tests/data/gemma3_270m_reference.json (scripts/make_family_reference.py) holds tokenizer cases,
+tests/data/gemma3_270m_reference.json (scripts/reference/make_family_reference.py) holds tokenizer cases,
 greedy continuations with the top-2 logit gap of every step (one prompt of 619 tokens, past the
 512-token sliding window) and top-5 logprobs. The greedy and logprob cases run as one engine batch
 on the default kernels (the file's blocks kept quantized).

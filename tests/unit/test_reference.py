@@ -1,6 +1,6 @@
 """forge against reference data from an independent float32 implementation of the default model.
 
-tests/data/smollm2_reference.json (made by scripts/make_reference.py) holds tokenizer cases, chat
+tests/data/smollm2_reference.json (made by scripts/reference/make_reference.py) holds tokenizer cases, chat
 renderings, greedy continuations with the top-2 logit gap of every step, and top-5 logprobs.
 The model file must be installed (tests/conftest.py); the greedy and logprob cases run as one engine batch.
 """

@@ -1,7 +1,7 @@
 """SentencePiece BPE vocabularies (tokenizer.ggml.model = 'llama': Llama 2, Mistral, TinyLlama), against
 the sentencepiece library itself.
 
-tests/data/spm_tokenizer_reference.json (scripts/make_family_reference.py) holds a 700-piece model
+tests/data/spm_tokenizer_reference.json (scripts/reference/make_family_reference.py) holds a 700-piece model
 trained by sentencepiece as Llama 2's was (byte fallback, dummy prefix, digits split), stored as such
 GGUF files store theirs (<unk>, <s>, </s>, 256 <0xXX> byte pieces, then the pieces with their scores;
 no merges), and sentencepiece's ids and decodings for a corpus. transformers' GGUF loader differs

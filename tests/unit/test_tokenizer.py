@@ -188,7 +188,7 @@ BPE_DATA: dict[str, Any] = json.loads(
 
 @pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
 def test_pre_tokenizers_match_transformers(pre: str) -> None:
-    """A byte-level vocabulary trained by tokenizers (scripts/make_family_reference.py) under Qwen2's
+    """A byte-level vocabulary trained by tokenizers (scripts/reference/make_family_reference.py) under Qwen2's
     and Llama 3's split rules: forge's ids are transformers' for every text of the corpus."""
     tokens = BPE_DATA["tokens"]
     tok = Tokenizer(tokens, BPE_DATA["merges"], pre=pre,

@@ -22,15 +22,15 @@
 
 Figures only.
 
-    .venv/bin/python scripts/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
-    .venv/bin/python scripts/ab_kernels.py --kernels onnxruntime,amx --tokens 32,64,128,512 --head-rows 1
-    .venv/bin/python scripts/ab_kernels.py attention [--kv-dtypes float32,float16,int8] [--context 200]
+    .venv/bin/python scripts/ab/ab_kernels.py [products] [--model PATH] [--tokens 1,8,32,128] [--rounds 3]
+    .venv/bin/python scripts/ab/ab_kernels.py --kernels onnxruntime,amx --tokens 32,64,128,512 --head-rows 1
+    .venv/bin/python scripts/ab/ab_kernels.py attention [--kv-dtypes float32,float16,int8] [--context 200]
         [--shape 135m|1.7b]
-    .venv/bin/python scripts/ab_kernels.py head
-    .venv/bin/python scripts/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
-    .venv/bin/python scripts/ab_kernels.py int8
-    .venv/bin/python scripts/ab_kernels.py bandwidth --kernels blocks --model PATH
-    .venv/bin/python scripts/ab_kernels.py layers --tokens 1,2,4,8,16,32 --rounds 3
+    .venv/bin/python scripts/ab/ab_kernels.py head
+    .venv/bin/python scripts/ab/ab_kernels.py head-march --march x86-64-v3,native --baseline 257b046
+    .venv/bin/python scripts/ab/ab_kernels.py int8
+    .venv/bin/python scripts/ab/ab_kernels.py bandwidth --kernels blocks --model PATH
+    .venv/bin/python scripts/ab/ab_kernels.py layers --tokens 1,2,4,8,16,32 --rounds 3
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def cmd_int8(model: str | None, reps: int) -> None:
     import json
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from forge.config import EngineConfig
     from tests.reference_cases import greedy_agrees, run_reference
 
@@ -236,7 +236,7 @@ def cmd_int8(model: str | None, reps: int) -> None:
             figures.append(timed(lambda v=variant, xs=xs: [sessions[v][id(w)].run(None, {"x": xs[w.in_features]})
                                                            for w in first], reps))
         print(f"{rows:4d}   " + "   ".join(f"{f * 1e3:10.2f}" for f in figures))
-    data = json.loads((Path(__file__).resolve().parents[1] / "tests/data/smollm2_reference.json").read_text())
+    data = json.loads((Path(__file__).resolve().parents[2] / "tests/data/smollm2_reference.json").read_text())
     print("\nthe reference data, steps of 64+ rows on each path:")
     print("path              greedy (to first near-tie)   max top-5 logprob error")
     original = OnnxLinear.matmul

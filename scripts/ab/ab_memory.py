@@ -1,8 +1,8 @@
 """onnxruntime's memory patterns, on or off: resident memory over many batches, and speed.
 
-    .venv/bin/python scripts/ab_memory.py rss --mem-pattern off --rounds 12
-    MALLOC_ARENA_MAX=2 .venv/bin/python scripts/ab_memory.py rss --mem-pattern on --rounds 12
-    .venv/bin/python scripts/ab_memory.py speed --mem-pattern on     # alternate on/off, a few rounds
+    .venv/bin/python scripts/ab/ab_memory.py rss --mem-pattern off --rounds 12
+    MALLOC_ARENA_MAX=2 .venv/bin/python scripts/ab/ab_memory.py rss --mem-pattern on --rounds 12
+    .venv/bin/python scripts/ab/ab_memory.py speed --mem-pattern on     # alternate on/off, a few rounds
 
 `rss`: rounds of LLM.generate over random batches (4-24 prompts of 5-400 words, 8-64 greedy tokens
 each, a 512 MiB KV cache), printing the process's RSS after each round: a step's row count changes

@@ -2,7 +2,7 @@
 daemon meets (streamed and plain, chat and completions, clients that leave, over-long prompts, a
 burst past the admission bound now and then), then checks that it kept nothing.
 
-    .venv/bin/python scripts/soak.py --minutes 10
+    .venv/bin/python scripts/ops/soak.py --minutes 10
 
 The KV cache is 512 MiB by default here: its pages become resident as blocks are first used, and
 a cache this size is all touched within the warm-up minute, so RSS after warm-up measures growth

@@ -15,7 +15,7 @@ serving runs.
              with --speculative off, --draft-layers 8, and the model as its own --draft-model (every
              guess kept: what the machinery costs when the draft costs as much as the target)
 
-    .venv/bin/python scripts/ab_speculative.py [chat json rows lookahead draft] [--rounds 2]
+    .venv/bin/python scripts/ab/ab_speculative.py [chat json rows lookahead draft] [--rounds 2]
 """
 
 from __future__ import annotations

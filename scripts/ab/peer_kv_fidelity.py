@@ -1,14 +1,14 @@
 """How much llama-server's 8-bit K/V cache changes its own greedy output: the yardstick for forge's int8.
 
-Starts the natively built llama-server (scripts/peer_llama.sh) on the default model once per cache
+Starts the natively built llama-server (scripts/peer/peer_llama.sh) on the default model once per cache
 type (`-ctk T -ctv T`, --cache-types: f16 first, then q8_0 and the others), runs every greedy case of
 the committed reference data (prompt token ids, greedy, the reference's number of tokens, eos
 ignored) through each, and prints how many continuations of each type equal the first type's,
 and how many equal transformers' reference, up to the reference's first near-tie
-(tests/reference_cases.greedy_agrees). scripts/kv_fidelity.py prints forge's figures the same two
+(tests/reference_cases.greedy_agrees). scripts/ab/kv_fidelity.py prints forge's figures the same two
 ways. Figures only.
 
-    .venv/bin/python scripts/peer_kv_fidelity.py [--llama-server PATH] [--port 8093] [--cache-types f16,q8_0,bf16]
+    .venv/bin/python scripts/ab/peer_kv_fidelity.py [--llama-server PATH] [--port 8093] [--cache-types f16,q8_0,bf16]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from forge.hub import resolve_model  # noqa: E402
 from tests.reference_cases import greedy_agrees  # noqa: E402
@@ -79,11 +79,11 @@ def continuations(binary: str, model: str, port: int, cache_type: str, data: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-server", default=None, help="its binary (default: scripts/peer_llama.sh's)")
+    parser.add_argument("--llama-server", default=None, help="its binary (default: scripts/peer/peer_llama.sh's)")
     parser.add_argument("--port", type=int, default=8093)
     parser.add_argument("--cache-types", default="f16,q8_0,bf16,q4_0")
     args = parser.parse_args()
-    binary = args.llama_server or subprocess.run(["bash", str(ROOT / "scripts/peer_llama.sh")], check=True,
+    binary = args.llama_server or subprocess.run(["bash", str(ROOT / "scripts/peer/peer_llama.sh")], check=True,
                                                  capture_output=True, text=True).stdout.strip()
     data = json.loads((ROOT / "tests/data/smollm2_reference.json").read_text())
     model = str(resolve_model(None, lambda _m: None))

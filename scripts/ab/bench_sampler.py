@@ -5,8 +5,8 @@ per row (as a real model's are), and each row's penalty counts hold 200 distinct
 best of --repeats runs per case, per step and per row. Not part of forge and not run by tests: a
 measuring tool (it was tests/unit/test_sampling.py's test_speed_report, which asserted nothing).
 
-    .venv/bin/python scripts/bench_sampler.py
-    .venv/bin/python scripts/bench_sampler.py --rows 64 --repeats 10
+    .venv/bin/python scripts/ab/bench_sampler.py
+    .venv/bin/python scripts/ab/bench_sampler.py --rows 64 --repeats 10
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from forge.penalties import TokenCounts  # noqa: E402
 from forge.sampler import Sampler, SamplingBatch  # noqa: E402

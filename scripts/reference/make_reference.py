@@ -5,11 +5,11 @@ log-probabilities, chat-template renderings and tokenizer cases, all computed by
 implementation of the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized to float32 on load).
 
 How to run it (NOT run by CI, and not a forge dependency: it needs torch and transformers, which live in a separate
-virtual environment outside the repository):
+virtual environment, the reference venv, that scripts/reference/refvenv.sh creates and prints the python of):
 
-    python3 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate
-    /work/refvenv/bin/python scripts/make_reference.py [--model PATH] [--out PATH]
+    "$(scripts/reference/refvenv.sh)" scripts/reference/make_reference.py [--model PATH] [--out PATH]
+
+--model defaults to the default model where `forge pull` puts it ($FORGE_HOME/models, by default ~/.cache/forge/models).
 
 It takes 9 to 15 minutes on two shared cores (torch uses 2 threads). Every cached greedy run is cross-checked
 against one full forward. The tokenizer that the GGUF loader builds is plain GPT-2 byte-level BPE; the
@@ -34,10 +34,15 @@ import transformers
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from forge.hub import forge_home  # noqa: E402  (the standard library alone: it runs in the reference venv)
+
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-DEFAULT_MODEL = Path("/root/.cache/forge/models") / MODEL_FILE
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2_reference.json"
+DEFAULT_MODEL = forge_home() / "models" / MODEL_FILE
+DEFAULT_OUT = ROOT / "tests" / "data" / "smollm2_reference.json"
 NUM_GREEDY_TOKENS = 48
 NUM_TOP_LOGPROBS = 5
 BOS_ID = 1

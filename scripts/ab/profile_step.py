@@ -5,8 +5,8 @@ decoding at about --context tokens) and prefill steps, split into matmuls, atten
 activation, sampling, batch building and the rest; then times the same matmuls alone for the same
 token count. Not part of forge and not run by tests: a measuring tool.
 
-    .venv/bin/python scripts/profile_step.py --matmul blas:1 blas:2 split:2 --seqs 1 8 32 64
-    .venv/bin/python scripts/profile_step.py --matmul blas:2 split:2 --spinners 1   # under a competing load
+    .venv/bin/python scripts/ab/profile_step.py --matmul blas:1 blas:2 split:2 --seqs 1 8 32 64
+    .venv/bin/python scripts/ab/profile_step.py --matmul blas:2 split:2 --spinners 1   # under a competing load
 
 The decode set-up skips the real prefill (it would take minutes): a stub forward fills the K/V
 slots with random values, then the real model decodes. Other jobs on the machine skew every
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import forge.llama.model as model_mod  # noqa: E402
 import forge.llama.rope as rope_mod  # noqa: E402

@@ -3,12 +3,12 @@
 forge's real-model figures come from SmolLM2-135M; users serve 1-8B models on CPUs. No such model
 is on the package registry, so this writes random-weight ones with the shapes of the sizes people
 serve, the default model's tokenizer (its metadata copied), as F16 with the `gguf` package, then
-quantizes them with llama.cpp's own `llama-quantize` (from the peer build, scripts/peer_llama.sh):
+quantizes them with llama.cpp's own `llama-quantize` (from the peer build, scripts/peer/peer_llama.sh):
 
     1.7b   SmolLM2-1.7B's shapes: hidden 2048, 24 layers, 32 heads, 32 KV heads, FFN 8192
     7b     Llama-2-7B's shapes:   hidden 4096, 32 layers, 32 heads, 32 KV heads, FFN 11008
 
-    .venv/bin/python scripts/make_bench_models.py 1.7b --quant Q4_K_M Q4_0 [--out DIR]
+    .venv/bin/python scripts/peer/make_bench_models.py 1.7b --quant Q4_K_M Q4_0 [--out DIR]
 
 writes DIR/bench-1.7b-Q4_K_M.gguf etc. (DIR defaults to $FORGE_HOME/bench-models) and prints their
 paths; the F16 file is removed once quantized (--keep-f16 keeps it). The outputs of random weights
@@ -28,7 +28,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from forge.gguf_file import read_gguf  # noqa: E402
 from forge.hub import default_model_path, forge_home  # noqa: E402
@@ -112,7 +112,7 @@ def write_f16(path: Path, shape: Shape, seed: int) -> None:
 
 
 def llama_quantize() -> str:
-    """The peer build's llama-quantize (scripts/peer_llama.sh builds it when it is not there)."""
+    """The peer build's llama-quantize (scripts/peer/peer_llama.sh builds it when it is not there)."""
     found = os.environ.get("LLAMA_QUANTIZE")
     if found:
         return found

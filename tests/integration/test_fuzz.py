@@ -87,7 +87,10 @@ async def test_a_thousand_generated_requests_get_no_5xx_and_only_enveloped_error
         async with running_daemon(daemon) as url:
             run = await anyio.run_process(
                 [st, "run", f"{url}/openapi.json", "--url", url, "-H", f"Authorization: Bearer {KEY}",
-                 "--checks", CHECKS, "--max-examples", "120", "--seed", "7", "--workers", "2",
+                 # One worker: with two, hypothesis compiles code in two threads at once, which trips
+                 # CPython 3.11.7's "AST constructor recursion depth mismatch" (a SystemError inside the
+                 # fuzzer, fixed in 3.11.8) now and then.
+                 "--checks", CHECKS, "--max-examples", "120", "--seed", "7", "--workers", "1",
                  "--generation-database", "none", "--no-color", "--request-timeout", "60",
                  "--report", "junit", "--report-dir", str(tmp_path)],
                 check=False, cwd=tmp_path)

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from actors.admission import Admission, LoadStats
 from actors.dashboard import dashboard_page
+from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response, json_response, read_body, rejection_reason
 from actors.metrics import Metrics
 from actors.openapi import openapi_document
@@ -46,6 +47,7 @@ from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.chat import ChatTemplate
+from forge.engine import Serving
 from forge.errors import CapacityError, RequestError
 from forge.messages import Abort, Accepted, Rejected, Submit
 from forge.prepare import (
@@ -88,6 +90,8 @@ class Pipeline:
     max_model_len: int
     load_stats: LoadStats
     grammars: Grammars
+    serving: Serving                                # what is served (forge.engine)
+    load: Callable[[], int] = lambda: 0             # sequences running and waiting (a router's /get_load)
     step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
 
 
@@ -102,6 +106,8 @@ class Gateway:
         self.is_draining = False
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
         self.stats = Stats(metrics)
+        self.fleet = FleetRoutes(ready=self._ready, body=self._body, healthz=self.healthz,
+                                 served_model_name=config.served_model_name)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
 
@@ -120,6 +126,7 @@ class Gateway:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
+            *self.fleet.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
             HTTPException: self._http_exception, RequestError: self._request_error, Exception: self._unexpected}

@@ -131,7 +131,8 @@ class Daemon:
                     router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
                     template=loaded.chat_template, max_model_len=served.max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
-                    grammars=edge_grammars, step_age=scheduler.step_age)
+                    grammars=edge_grammars, serving=served, step_age=scheduler.step_age,
+                    load=lambda: (lambda s: s.num_running + s.num_waiting)(scheduler.statistics()))
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)
                 allocator = self.allocator

@@ -12,7 +12,7 @@ from actors.supervisor import running_daemon
 from tests.integration.harness import HANG_GUARD_S, PROMPT, SERVED_MODEL, MakeDaemon, assert_error
 
 KEY = "s3cret-Key-0042"
-OPEN = {"/healthz", "/dashboard"}
+OPEN = {"/healthz", "/health", "/dashboard"}     # /health: what LLM routers wait for
 ALMOST = [KEY[:-1], KEY + "3", KEY.lower(), " " + KEY, f"{KEY[:4]} {KEY[4:]}", KEY.replace("0", "O")]
 
 

@@ -1,0 +1,97 @@
+"""What an LLM router asks each replica: the worker contract of vLLM's router (`vllm-router`), which the
+Gateway API Inference Extension's endpoint pickers share. Served beside the OpenAI routes by the gateway.
+
+    GET  /health                     readiness, as /healthz (no key): the router waits for it at start
+    GET  /get_load                   {"load": N}: sequences running and waiting (power_of_two compares them)
+    GET  /get_server_info            the model, the served name, the K/V block size, max_model_len, an
+                                     instance id (kv_aware's cache identity), forge's version
+    GET  /get_model_info             the model's path, name and kind
+    POST /v1/completions/render      {"token_ids": [...]}: the ids the request would run (a list of them
+    POST /v1/chat/completions/render   for several prompts); cache_aware matches them against its prefix
+                                     tree of each replica (it falls back to /tokenize without these)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actors.http_edge import json_response
+from forge.chat import ChatTemplate
+from forge.engine import Serving
+from forge.prepare import prepare_chat, prepare_completion, template_messages
+from forge.tokenizer import Tokenizer
+
+
+class Served(Protocol):
+    """What these routes read of the gateway's pipeline."""
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def template(self) -> ChatTemplate: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def serving(self) -> Serving: ...
+    @property
+    def load(self) -> Callable[[], int]: ...
+
+
+class FleetRoutes:
+    def __init__(self, *, ready: Callable[[Request], Served], body: Callable[[Request], Awaitable[bytes]],
+                 healthz: Callable[[Request], Awaitable[Response]], served_model_name: str) -> None:
+        """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
+        request body within limits; `healthz`: its health route."""
+        self._ready, self._body, self._healthz = ready, body, healthz
+        self._name = served_model_name
+        self.instance_id = f"forge-{uuid.uuid4().hex[:16]}"      # one per daemon's life
+
+    def routes(self) -> list[Route]:
+        return [Route("/health", self.health, methods=["GET"]),
+                Route("/get_load", self.get_load, methods=["GET"]),
+                Route("/get_server_info", self.server_info, methods=["GET"]),
+                Route("/get_model_info", self.model_info, methods=["GET"]),
+                Route("/v1/completions/render", self.render_completion, methods=["POST"]),
+                Route("/v1/chat/completions/render", self.render_chat, methods=["POST"])]
+
+    async def health(self, request: Request) -> Response:
+        return await self._healthz(request)
+
+    async def get_load(self, request: Request) -> Response:
+        pipe = self._ready(request)
+        return json_response({"load": pipe.load()})
+
+    async def server_info(self, request: Request) -> Response:
+        pipe = self._ready(request)
+        served = pipe.serving
+        return json_response({
+            "model_id": self._name, "model_path": served.model,
+            "served_model_name": self._name, "instance_id": self.instance_id,
+            "kv_block_size": served.block_size, "max_model_len": served.max_model_len,
+            "max_num_seqs": served.max_num_seqs, "kv_cache_dtype": served.kv_cache_dtype,
+            "prefix_caching": served.prefix_caching == "on", "worker_type": "regular", "version": served.version})
+
+    async def model_info(self, request: Request) -> Response:
+        pipe = self._ready(request)
+        served = pipe.serving
+        return json_response({"model_path": served.model, "served_model_name": self._name,
+                              "architecture": served.architecture, "is_generation": True,
+                              "max_model_len": served.max_model_len})
+
+    async def render_completion(self, request: Request) -> Response:
+        pipe = self._ready(request)
+        prep = prepare_completion(await self._body(request), served_model_name=self._name)
+        rendered = [{"token_ids": p if isinstance(p, list) else pipe.tokenizer.encode(p)} for p in prep.prompts]
+        return json_response(rendered[0] if len(rendered) == 1 else rendered)
+
+    async def render_chat(self, request: Request) -> Response:
+        pipe = self._ready(request)
+        prep = prepare_chat(await self._body(request), served_model_name=self._name, max_model_len=pipe.max_model_len)
+        messages, tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)
+        text = pipe.template.render(list(messages), add_generation_prompt=True, tools=tools)
+        return json_response({"token_ids": pipe.tokenizer.encode(text, add_special_tokens=False)})

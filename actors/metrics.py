@@ -13,6 +13,9 @@ from collections.abc import Callable
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from actors.metric_aliases import VllmAliases
+from forge.block_allocator import MISS_REASONS
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
 _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -105,6 +108,29 @@ class Metrics:
         self.recent_itl = LatencyWindow()
         self.recent_tpot = LatencyWindow()
         self._refreshers: list[Callable[[], None]] = []
+
+    def serve(self, *, model_name: str, block_size: int, num_blocks: int, cache_dtype: str, prefix_caching: bool,
+              num_spec_positions: int = 0) -> None:
+        """Once the model is loaded: every labelled series this daemon can produce created at zero,
+        so that replicas of one configuration expose the same label sets from their first scrape
+        (routers that merge replicas' metrics refuse mismatched ones), and the vLLM-named aliases."""
+        for reason in ("stop", "length"):
+            self.request_success.labels(finished_reason=reason)
+        for phase in ("queued", "prefill", "decode"):
+            self.request_aborted.labels(phase=phase)
+        for rejected in ("overload", "draining", "too_long", "auth", "invalid"):
+            self.request_rejected.labels(reason=rejected)
+        for miss in MISS_REASONS:
+            self.prefix_cache_misses.labels(reason=miss)
+        for pos in range(num_spec_positions):
+            self.spec_accepted_per_pos.labels(position=str(pos))
+        self.registry.register(VllmAliases(
+            [self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
+             self.prefix_cache_queries, self.prefix_cache_hits, self.request_success, self.prompt_tokens,
+             self.generation_tokens, self.num_preemptions, self.time_to_first_token, self.inter_token_latency,
+             self.time_per_output_token, self.e2e_request_latency, self.request_queue_time, self.iteration_tokens],
+            model_name, {"block_size": str(block_size), "num_gpu_blocks": str(num_blocks), "cache_dtype": cache_dtype,
+                         "enable_prefix_caching": str(prefix_caching)}))
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
         self._refreshers.append(refresh)

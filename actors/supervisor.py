@@ -135,6 +135,10 @@ class Daemon:
                     load=lambda: (lambda s: s.num_running + s.num_waiting)(scheduler.statistics()))
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)
+                self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,
+                                   num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
+                                   prefix_caching=cfg.enable_prefix_caching,
+                                   num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
                 allocator = self.allocator
                 self.gateway.stats.sources = Sources(
                     scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,

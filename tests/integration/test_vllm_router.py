@@ -22,7 +22,7 @@ import pytest
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.loading import LoadedModel
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config, free_port
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config, free_port
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 SYSTEM = ("You are a patient assistant for a museum of clocks. Answer briefly and kindly, and never invent "
@@ -119,3 +119,39 @@ async def test_the_router_serves_forge_replicas_with_no_shim(loaded: LoadedModel
         # Every request was rendered on each replica first; the repeats of one conversation stay on one.
         assert all(r.count("/v1/chat/completions/render", 200) >= 5 for r in replicas)
         assert sorted(served) == [0, 5]
+
+
+def series(text: str) -> dict[str, float]:
+    """name{labels} -> value, for every sample of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+async def test_replicas_expose_the_same_series_and_vllms_names(make_daemon: MakeDaemon) -> None:
+    """What routers and endpoint pickers read: each replica of one configuration has the same label sets from
+    its first scrape (routers that merge replicas' metrics refuse others), and vLLM's names carry forge's values
+    with the served model's name."""
+    with anyio.fail_after(HANG_GUARD_S):
+        async with AsyncExitStack() as stack:
+            urls = [await stack.enter_async_context(running_daemon(make_daemon(speculative="ngram")))
+                    for _ in range(2)]
+            async with httpx.AsyncClient() as http:
+                fresh = [series((await http.get(u + "/metrics")).text) for u in urls]
+                body = {"model": SERVED_MODEL, "prompt": "The capital of France is", "max_tokens": 5}
+                done = await http.post(urls[0] + "/v1/completions", json=body)
+                assert done.status_code == 200
+                used = series((await http.get(urls[0] + "/metrics")).text)
+    assert set(fresh[0]) == set(fresh[1])
+    for label in ('{finished_reason="stop"}', '{reason="overload"}', '{phase="decode"}', '{position="0"}'):
+        assert any(key.endswith(label) for key in fresh[0]), label
+    name = f'model_name="{SERVED_MODEL}"'
+    for gauge in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert f"{gauge}{{{name}}}" in fresh[0], gauge
+    assert any(k.startswith("vllm:cache_config_info{") and 'block_size="' in k for k in fresh[0])
+    assert used[f"vllm:generation_tokens_total{{{name}}}"] == used["forge:generation_tokens_total"] == 5
+    assert used[f'vllm:request_success_total{{finished_reason="length",{name}}}'] == 1
+    assert used[f"vllm:time_to_first_token_seconds_count{{{name}}}"] == 1

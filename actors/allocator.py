@@ -41,4 +41,5 @@ class AllocatorActor:
             async for step in self._inbox:
                 for seq_id in step.frees:
                     self._cache.free(seq_id)
-                await self._replies.send(self._cache.allocate_step(step.asks, step.admit_budget))
+                await self._replies.send(self._cache.allocate_step(step.asks, step.admit_budget,
+                                                                   flush=step.flush_prefix_cache))

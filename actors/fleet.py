@@ -6,6 +6,7 @@ Gateway API Inference Extension's endpoint pickers share. Served beside the Open
     GET  /get_server_info            the model, the served name, the K/V block size, max_model_len, an
                                      instance id (kv_aware's cache identity), forge's version
     GET  /get_model_info             the model's path, name and kind
+    POST /flush_cache                forget the prefix cache
     POST /v1/completions/render      {"token_ids": [...]}: the ids the request would run (a list of them
     POST /v1/chat/completions/render   for several prompts); cache_aware matches them against its prefix
                                      tree of each replica (it falls back to /tokenize without these)
@@ -15,15 +16,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
+from anyio.streams.memory import MemoryObjectSendStream
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
+from actors.router import Router
 from forge.chat import ChatTemplate
 from forge.engine import Serving
+from forge.messages import FlushCache, Rejected
 from forge.prepare import prepare_chat, prepare_completion, template_messages
 from forge.tokenizer import Tokenizer
 
@@ -40,6 +44,10 @@ class Served(Protocol):
     def serving(self) -> Serving: ...
     @property
     def load(self) -> Callable[[], int]: ...
+    @property
+    def router(self) -> Router: ...
+    @property
+    def to_tokeniser(self) -> MemoryObjectSendStream[Any]: ...
 
 
 class FleetRoutes:
@@ -56,6 +64,7 @@ class FleetRoutes:
                 Route("/get_load", self.get_load, methods=["GET"]),
                 Route("/get_server_info", self.server_info, methods=["GET"]),
                 Route("/get_model_info", self.model_info, methods=["GET"]),
+                Route("/flush_cache", self.flush_cache, methods=["POST"]),
                 Route("/v1/completions/render", self.render_completion, methods=["POST"]),
                 Route("/v1/chat/completions/render", self.render_chat, methods=["POST"])]
 
@@ -82,6 +91,21 @@ class FleetRoutes:
         return json_response({"model_path": served.model, "served_model_name": self._name,
                               "architecture": served.architecture, "is_generation": True,
                               "max_model_len": served.max_model_len})
+
+    async def flush_cache(self, request: Request) -> Response:
+        """Forget the prefix cache (BlockAllocator.flush_prefix_cache): running requests keep their blocks,
+        later prompts find nothing cached. Sent down the requests' own path, so it lands between steps."""
+        pipe = self._ready(request)
+        rid = f"flush-{uuid.uuid4().hex}"
+        group = pipe.router.open([rid])
+        try:
+            pipe.to_tokeniser.send_nowait(FlushCache(request_id=rid))
+            [verdict] = await group.wait_statuses()
+        finally:
+            pipe.router.close(group)
+        if isinstance(verdict, Rejected):
+            raise verdict.error()
+        return json_response({"status": "flushed"})
 
     async def render_completion(self, request: Request) -> Response:
         pipe = self._ready(request)

@@ -49,7 +49,7 @@ from forge.api_responses import ResponseHeader
 from forge.chat import ChatTemplate
 from forge.engine import Serving
 from forge.errors import CapacityError, RequestError
-from forge.messages import Abort, Accepted, Rejected, Submit
+from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit
 from forge.prepare import (
     Constraint,
     chat_template_messages,
@@ -84,7 +84,7 @@ class GatewayConfig:
 class Pipeline:
     """What the gateway talks to once the model is loaded."""
     router: Router
-    to_tokeniser: MemoryObjectSendStream[Submit | Abort]
+    to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache]
     tokenizer: Tokenizer
     template: ChatTemplate
     max_model_len: int

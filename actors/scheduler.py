@@ -21,6 +21,7 @@ from forge.messages import (
     Abort,
     Accepted,
     AllocateStep,
+    FlushCache,
     Rejected,
     StepAllocation,
     StepBatch,
@@ -29,7 +30,7 @@ from forge.messages import (
     TokensEmitted,
 )
 
-SchedulerInbox = Tokenised | Abort
+SchedulerInbox = Tokenised | Abort | FlushCache
 ToTokeniser = Accepted | Rejected | TokensEmitted
 
 log = structlog.get_logger("forge.scheduler")
@@ -106,6 +107,12 @@ class SchedulerActor:
                 self._num_queued_tokens += len(ids)
                 self._metrics.prompt_tokens.inc(len(ids))
                 await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
+            case FlushCache(request_id=rid):
+                # Between steps the allocator is free: one exchange with no asks, then the answer.
+                await self._to_allocator.send(AllocateStep(frees=(), asks=(), admit_budget=0, flush_prefix_cache=True))
+                flushed = await self._from_allocator.receive()
+                log.info("prefix_cache_flushed", blocks=flushed.num_flushed)
+                await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=0))
             case Abort(request_id=rid, by_client=by_client):
                 # It comes behind its own Tokenised; unknown here, the request already ended.
                 aborted = self._rids.pop(rid, None)

@@ -27,14 +27,14 @@ from actors.allocator import AllocatorActor
 from actors.gateway import Gateway, GatewayConfig, Pipeline
 from actors.metrics import Metrics
 from actors.router import Router
-from actors.scheduler import SchedulerActor
+from actors.scheduler import SchedulerActor, SchedulerInbox
 from actors.stats import Sources
 from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine import build_engine, serving
 from forge.loading import LoadedModel, load_draft
-from forge.messages import Abort, AllocateStep, StepAllocation, StepBatch, StepOutput, Tokenised
+from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
 from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
@@ -108,7 +108,7 @@ class Daemon:
         # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
         # The cache allocator actor is the only owner of the block allocator from here on.
         to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
-        to_sched, sched_in = anyio.create_memory_object_stream[Tokenised | Abort](math.inf)
+        to_sched, sched_in = anyio.create_memory_object_stream[SchedulerInbox](math.inf)
         to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
         alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
         to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)

@@ -21,12 +21,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from actors.metrics import Metrics
 from actors.router import Router
+from actors.scheduler import SchedulerInbox
 from forge.chat import ChatTemplate
 from forge.detokenizer import IncrementalDetokenizer
 from forge.errors import InvalidRequest, RequestError
 from forge.messages import (
     Abort,
     Accepted,
+    FlushCache,
     Rejected,
     Submit,
     TextDelta,
@@ -37,7 +39,7 @@ from forge.messages import (
 )
 from forge.tokenizer import Tokenizer
 
-TokeniserInbox = Submit | Abort | Accepted | Rejected | TokensEmitted
+TokeniserInbox = Submit | Abort | FlushCache | Accepted | Rejected | TokensEmitted
 
 
 @dataclass(slots=True)
@@ -50,7 +52,7 @@ class _Stream:
 class TokeniserActor:
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: Metrics, *,
                  inbox: MemoryObjectReceiveStream[TokeniserInbox],
-                 to_scheduler: MemoryObjectSendStream[Tokenised | Abort]) -> None:
+                 to_scheduler: MemoryObjectSendStream[SchedulerInbox]) -> None:
         self._tok = tokenizer
         self._template = template
         self._router = router
@@ -70,6 +72,8 @@ class TokeniserActor:
                 match msg:
                     case Submit():
                         await self._submit(msg)
+                    case FlushCache():
+                        await self._to_scheduler.send(msg)
                     case Abort(request_id=rid):
                         # Unknown here: it already ended (finished, stopped or rejected).
                         if self._streams.pop(rid, None) is not None:

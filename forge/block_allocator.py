@@ -239,6 +239,19 @@ class BlockAllocator:
         while len(table.blocks) > _divceil(keep, self._block_size):
             self._release_block(table.blocks.pop())
 
+    def flush_prefix_cache(self) -> int:
+        """Forget every cached block: those no sequence holds go back to the free list, those in use
+        stay with their sequences but are never shared again. Returns how many blocks were forgotten.
+        Sequences keep what they hold; only later prompts lose their hits."""
+        num = len(self._hash_of)
+        for block in self._evictable:
+            self._free.append(block)
+        self._evictable.clear()
+        self._hash_of.clear()
+        self._block_of.clear()
+        self._evicted.clear()
+        return num
+
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
 
@@ -260,7 +273,8 @@ class BlockAllocator:
 
     # ---- one engine step ----------------------------------------------------------------
 
-    def allocate_step(self, asks: Sequence[BlockAsk], admit_budget: int | None = None) -> StepAllocation:
+    def allocate_step(self, asks: Sequence[BlockAsk], admit_budget: int | None = None, *,
+                      flush: bool = False) -> StepAllocation:
         """Grant blocks for one step, in the asks' priority order.
 
         A running sequence that cannot get its blocks takes them from the lowest-priority running
@@ -268,10 +282,12 @@ class BlockAllocator:
         be the asking sequence itself. A waiting sequence is admitted only while blocks remain,
         nothing was preempted this step and `admit_budget` (tokens computed by all the admitted,
         after their prefix-cache hits; None: no limit) is not spent; admission stops at the first
-        that does not fit, in the order given.
+        that does not fit, in the order given. `flush`: the prefix cache is forgotten first
+        (flush_prefix_cache; the count is StepAllocation.num_flushed).
         """
         grants: list[Grant] = []
         preempted: list[SeqId] = []
+        num_flushed = self.flush_prefix_cache() if flush else 0
         victims = [a.seq_id for a in asks if a.is_running]            # lowest priority last
         budget = admit_budget if admit_budget is not None else 1 << 62
         for ask in asks:
@@ -321,8 +337,8 @@ class BlockAllocator:
                 self.append(grant.seq_id, want)
                 grants[i] = Grant(seq_id=grant.seq_id, num_cached=0, start=grant.start, num_tokens=grant.num_tokens,
                                   block_ids=tuple(entry.table.blocks), num_lookahead=want)
-        return StepAllocation(grants=tuple(grants), preempted=tuple(preempted),
-                              num_free_blocks=self.free_blocks(), num_total_blocks=self._num_blocks)
+        return StepAllocation(grants=tuple(grants), preempted=tuple(preempted), num_free_blocks=self.free_blocks(),
+                              num_total_blocks=self._num_blocks, num_flushed=num_flushed)
 
     # ---- blocks -------------------------------------------------------------------------
 

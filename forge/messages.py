@@ -50,6 +50,7 @@ class AllocateStep(Message, frozen=True):
     asks: tuple[BlockAsk, ...]
     admit_budget: int | None = None  # tokens the waiting asks may compute in all, counted after
                                      # their prefix-cache hits; None: no limit
+    flush_prefix_cache: bool = False  # drop every cached block first (POST /flush_cache)
 
 
 class StepAllocation(Message, frozen=True):
@@ -57,6 +58,7 @@ class StepAllocation(Message, frozen=True):
     preempted: tuple[int, ...]       # running sequences whose blocks were taken back, in order
     num_free_blocks: int
     num_total_blocks: int
+    num_flushed: int = 0             # cached blocks the flush dropped
 
 
 class CacheStats(Message, frozen=True):
@@ -158,6 +160,12 @@ class Submit(Message, frozen=True):
     messages: tuple[dict[str, Any], ...] | None = None
     tools: tuple[dict[str, Any], ...] | None = None   # for a chat template that renders tools itself
     add_special_tokens: bool = True
+
+
+class FlushCache(Message, frozen=True):
+    """Drop the prefix cache (gateway -> tokeniser -> scheduler -> allocator, on the requests' path);
+    answered with Accepted for `request_id` when done."""
+    request_id: str
 
 
 class Tokenised(Message, frozen=True):

@@ -1,7 +1,8 @@
 """Two forge replicas behind the real vLLM router (`vllm-router`, a test dependency), each policy that needs
 only the HTTP worker contract (round_robin, power_of_two, cache_aware): every request answered correctly,
 plain and streamed, through the router with no shim, and no replica answering 404 to anything the router
-asks (/health, /get_load, the render routes). cache_aware keeps a conversation's repeats on one replica.
+asks (/health, /get_load, the render routes, /flush_cache). cache_aware keeps a conversation's repeats on one
+replica.
 """
 
 from __future__ import annotations
@@ -106,19 +107,29 @@ async def test_the_router_serves_forge_replicas_with_no_shim(loaded: LoadedModel
             streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             completion = await client.completions.create(model=SERVED_MODEL, prompt="The capital of France is",
                                                          temperature=0, max_tokens=4)
-    texts = {r.choices[0].message.content for r in plain}
+            async with httpx.AsyncClient(base_url=str(client.base_url).removesuffix("/v1/")) as http:
+                flushed = await http.post("/flush_cache")          # fanned out to every replica
+            again = await client.chat.completions.create(model=SERVED_MODEL, messages=ask("When was it built?"),
+                                                         temperature=0, max_tokens=12)
+    assert flushed.status_code == 200, flushed.text
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in plain         # type: ignore[union-attr]
+              if r.usage and r.usage.prompt_tokens_details]
+    assert any(cached), "the conversation's repeats found its prompt cached"
+    details = again.usage.prompt_tokens_details if again.usage else None
+    assert not (details and details.cached_tokens), "after the flush, nothing of the prompt is cached"
+    texts = {r.choices[0].message.content for r in [*plain, again]}
     assert len(texts) == 1 and streamed in texts and next(iter(texts))        # greedy: one answer, wherever
     assert completion.choices[0].text and completion.choices[0].finish_reason == "length"
     for replica in replicas:
         assert not [k for k in replica.responses if k[2] == 404], replica.responses
     served = [r.count("/v1/chat/completions", 200) for r in replicas]
-    assert sum(served) == 5
+    assert sum(served) == 6
     if policy == "round_robin":
         assert all(served)
     if policy == "cache_aware":
         # Every request was rendered on each replica first; the repeats of one conversation stay on one.
-        assert all(r.count("/v1/chat/completions/render", 200) >= 5 for r in replicas)
-        assert sorted(served) == [0, 5]
+        assert all(r.count("/v1/chat/completions/render", 200) >= 6 for r in replicas)
+        assert sorted(served) == [0, 6]
 
 
 def series(text: str) -> dict[str, float]:

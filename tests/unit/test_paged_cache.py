@@ -151,3 +151,21 @@ def test_allocate_step_admits_waiting_sequences_within_the_admit_budget() -> Non
     # seq 1 computes 5, seq 2 the 2 left of the budget (a chunk), seq 3 waits for the next step
     assert [(g.seq_id, g.num_tokens) for g in alloc.grants] == [(1, 5), (2, 2)]
     assert not cache.contains(3) and cache.free_blocks() == 16 - 3 - 1
+
+
+def test_a_flush_forgets_cached_blocks_and_leaves_held_ones_with_their_sequences() -> None:
+    cache = PagedKVCache(8, 4, enable_prefix_caching=True)
+    held, gone = list(range(100, 109)), list(range(200, 209))    # 2 full blocks each
+    for seq, prompt in ((1, held), (2, gone)):
+        cache.admit_with_prefix(seq, prompt)
+        cache.append(seq, 9)
+        cache.commit_computed(seq)
+    cache.free(2)                                               # its 2 full blocks stay cached, evictable
+    assert cache.free_blocks() == 8 - 3 and cache.block_map().count("c") == 2
+    assert cache.flush_prefix_cache() == 4                      # 2 held by seq 1, 2 cached
+    assert cache.block_map().count("c") == 0 and cache.free_blocks() == 5
+    assert cache.block_table(1).num_tokens == 9                 # the running sequence keeps its blocks
+    assert cache.admit_with_prefix(3, held) == 0 and cache.admit_with_prefix(4, gone) == 0
+    cache.free(1)                                               # forgotten: back to the free list, not cached
+    assert cache.free_blocks() == 8 and cache.block_map().count("c") == 0
+    assert cache.allocate_step([], flush=True).num_flushed == 0

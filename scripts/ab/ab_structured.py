@@ -6,7 +6,7 @@ pure-decode step time and output tokens/s per arm, and the mask fill alone for t
 `--plain-only` runs the unconstrained arm alone (to compare forge builds: run it with PYTHONPATH set to
 another checkout). Figures, not assertions; the results in docs/benchmarks.md came from this script.
 
-    .venv/bin/python scripts/ab/ab_structured.py [--streams 1,32] [--rounds 2] [--max-new 64]
+    .venv/bin/python scripts/ab/ab_structured.py [--streams 1,32] [--rounds 2] [--max-new 64] [--schema numbers --raw]
 """
 
 from __future__ import annotations
@@ -21,8 +21,17 @@ from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch
 from forge.sampling_params import SamplingParams
 
-SCHEMA = {"type": "object", "required": ["notes"],
-          "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}
+SCHEMAS = {
+    "notes": {"type": "object", "required": ["notes"],
+              "properties": {"notes": {"type": "array", "items": {"type": "string"}}}},
+    # what pydantic writes for an invoice: unbounded numbers, objects that do not say additionalProperties
+    "numbers": {"type": "object", "required": ["customer", "items", "total"], "properties": {
+        "customer": {"type": "string"}, "total": {"type": "number"},
+        "items": {"type": "array", "items": {"type": "object", "required": ["product", "quantity", "unit_price"],
+                                             "properties": {"product": {"type": "string"},
+                                                            "quantity": {"type": "integer"},
+                                                            "unit_price": {"type": "number"}}}}}},
+}
 
 
 def run(engine: LLMEngine, prompts: list[str], params: list[SamplingParams]) -> tuple[list[float], float, int]:
@@ -48,15 +57,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--plain-only", action="store_true")
+    ap.add_argument("--schema", choices=sorted(SCHEMAS), default="notes")
+    ap.add_argument("--raw", action="store_true",
+                    help="also an arm with llguidance's grammar of the schema as given (numbers unbounded, objects "
+                         "open): what forge's own bounds and closing cost a step")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     loaded = LoadedModel.load(progress=lambda _message: None)
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=64))
-    grammar = None
+    grammar = raw = None
     if not args.plain_only:
-        from forge.structured import json_schema_grammar
-        grammar = json_schema_grammar(SCHEMA, param="schema")
-    arms = ["plain"] if args.plain_only else ["plain", "json"]
+        import llguidance
+
+        from forge.structured import JSON_OPTIONS, json_schema_grammar
+        grammar = json_schema_grammar(SCHEMAS[args.schema], param="schema")
+        raw = str(llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps({**SCHEMAS[args.schema], "x-guidance": JSON_OPTIONS})))
+    arms = ["plain"] if args.plain_only else ["plain", "json", *(["raw"] if args.raw else [])]
     results = []
     for streams in (int(s) for s in args.streams.split(",")):
         prompts = [loaded.chat_template.render([{"role": "user", "content": f"Write note {i} about the sea, as JSON."}])
@@ -64,7 +81,7 @@ def main() -> None:
         run(engine, prompts[:1], [SamplingParams(max_tokens=4)])                   # warm
         for rnd in range(args.rounds):
             for arm in arms:
-                extra = {"grammar": grammar} if arm == "json" else {}
+                extra = {"grammar": grammar} if arm == "json" else {"grammar": raw} if arm == "raw" else {}
                 params = [SamplingParams(max_tokens=args.max_new, temperature=0.8, seed=i, ignore_eos=True, **extra)
                           for i in range(streams)]
                 steps, wall, tokens = run(engine, prompts, params)

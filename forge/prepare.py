@@ -196,14 +196,12 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
 
 
 def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest | GenerateRequest, *, default_max_tokens: int,
+    req: CompletionRequest | ChatCompletionRequest, *, default_max_tokens: int,
     grammar: str | None = None,
 ) -> SamplingParams:
     """The request's sampling settings. default_max_tokens (the room left in the context) applies only where
     the request sets no limit (chat without max_completion_tokens/max_tokens); it never clamps a set limit.
     grammar: the request's constraint (request_constraint), if any."""
-    if isinstance(req, GenerateRequest):
-        return SamplingParams(max_tokens=req.max_tokens)
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_new_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -23,7 +23,7 @@ from forge.api import (
 )
 from forge.api_responses import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
 from forge.errors import InvalidRequest
-from forge.prepare import chat_template_messages, completion_prompts, to_sampling_params
+from forge.prepare import chat_template_messages, completion_prompts, prepare_generate, to_sampling_params
 from forge.sampling_params import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
@@ -315,8 +315,9 @@ def test_chat_to_sampling_params_extras() -> None:
 
 
 def test_generate_to_sampling_params() -> None:
-    req = decode_generate(body(prompt="x", max_tokens=4))
-    assert to_sampling_params(req, default_max_tokens=100) == SamplingParams(max_tokens=4)
+    """/generate, the seed's endpoint: its max_tokens, greedy."""
+    req, params = prepare_generate(body(prompt="x", max_tokens=4))
+    assert req.prompt == "x" and params == SamplingParams(max_tokens=4, temperature=0.0)
 
 
 # ---- responses ------------------------------------------------------------------------------------------

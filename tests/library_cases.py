@@ -9,7 +9,6 @@ scripts/ (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -148,10 +147,7 @@ def _why(exc: BaseException) -> str:
 
 def _langchain(method: str) -> Mode:
     async def run(base_url: str, model: str, case: Case, temperature: float) -> str | None:
-        from langchain_openai import ChatOpenAI
-
-        llm = ChatOpenAI(model=model, base_url=base_url, api_key="x", max_retries=0, seed=SEED,  # type: ignore[arg-type]
-                         temperature=temperature, max_tokens=MAX_TOKENS)  # type: ignore[call-arg]
+        llm = _chat_openai(base_url, model, temperature)
         try:
             out = await llm.with_structured_output(case.model, method=method).ainvoke(_messages(case))  # type: ignore[arg-type]
         except Exception as exc:
@@ -160,11 +156,15 @@ def _langchain(method: str) -> Mode:
     return run
 
 
-async def _langchain_bind_tools(base_url: str, model: str, case: Case, temperature: float) -> str | None:
+def _chat_openai(base_url: str, model: str, temperature: float) -> Any:
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=model, base_url=base_url, api_key="x", max_retries=0, seed=SEED,  # type: ignore[arg-type]
-                     temperature=temperature, max_tokens=MAX_TOKENS)  # type: ignore[call-arg]
+    return ChatOpenAI(model=model, base_url=base_url, api_key="x", max_retries=0, seed=SEED,  # type: ignore[arg-type]
+                      temperature=temperature, max_tokens=MAX_TOKENS)  # type: ignore[call-arg]
+
+
+async def _langchain_bind_tools(base_url: str, model: str, case: Case, temperature: float) -> str | None:
+    llm = _chat_openai(base_url, model, temperature)
     try:
         reply = await llm.bind_tools([case.model], tool_choice="required").ainvoke(_messages(case))
         calls = reply.tool_calls  # type: ignore[attr-defined]
@@ -213,7 +213,6 @@ async def parse_rates(base_url: str, model: str, modes: list[str] | None = None,
                       temperatures: tuple[float, ...] = TEMPERATURES) -> dict[tuple[str, float], list[str | None]]:
     """(mode, temperature) -> for each case in CASES' order, None if it parsed, else why not; `concurrency`
     requests at a time."""
-    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
     out: dict[tuple[str, float], list[str | None]] = {}
     limit = anyio.Semaphore(concurrency)
 

@@ -18,13 +18,15 @@ FORBIDDEN_IN_CORE = ("actors", "forge_bench", "asyncio", "anyio", "starlette", "
 
 
 def imported_modules(path: Path) -> set[str]:
-    """Every module the file imports by absolute name, wherever the import statement is."""
+    """Every module the file imports by absolute name, wherever the import statement is; for `from pkg import
+    x`, both pkg and pkg.x (x may be a submodule)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -68,15 +70,8 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def project_imports(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
-    """The project's modules `path` imports, a package's submodules named in `from pkg import mod` included."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {m for m in out if m in known} - {module_name(path, root)}
+    """The project's modules (of `known`) that `path` imports."""
+    return (imported_modules(path) & known) - {module_name(path, root)}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -16,42 +16,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
 
-from anyio.streams.memory import MemoryObjectSendStream
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
-from actors.router import Router
-from forge.chat import ChatTemplate
-from forge.engine import Serving
+from actors.pipeline import Pipeline
 from forge.messages import FlushCache, Rejected
-from forge.prepare import prepare_chat, prepare_completion, template_messages
-from forge.tokenizer import Tokenizer
-
-
-class Served(Protocol):
-    """What these routes read of the gateway's pipeline."""
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-    @property
-    def template(self) -> ChatTemplate: ...
-    @property
-    def max_model_len(self) -> int: ...
-    @property
-    def serving(self) -> Serving: ...
-    @property
-    def load(self) -> Callable[[], int]: ...
-    @property
-    def router(self) -> Router: ...
-    @property
-    def to_tokeniser(self) -> MemoryObjectSendStream[Any]: ...
+from forge.prepare import prepare_chat, prepare_completion
 
 
 class FleetRoutes:
-    def __init__(self, *, ready: Callable[[Request], Served], body: Callable[[Request], Awaitable[bytes]],
+    def __init__(self, *, ready: Callable[[Request], Pipeline], body: Callable[[Request], Awaitable[bytes]],
                  healthz: Callable[[Request], Awaitable[Response]], served_model_name: str) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
         request body within limits; `healthz`: its health route."""
@@ -116,6 +93,4 @@ class FleetRoutes:
     async def render_chat(self, request: Request) -> Response:
         pipe = self._ready(request)
         prep = prepare_chat(await self._body(request), served_model_name=self._name, max_model_len=pipe.max_model_len)
-        messages, tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)
-        text = pipe.template.render(list(messages), add_generation_prompt=True, tools=tools)
-        return json_response({"token_ids": pipe.tokenizer.encode(text, add_special_tokens=False)})
+        return json_response({"token_ids": pipe.chat_prompt_ids(prep.messages, prep.functions)})

@@ -18,19 +18,19 @@ from typing import Any
 import anyio
 import msgspec
 import structlog
-from anyio.streams.memory import MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.admission import Admission, LoadStats
+from actors.admission import Admission
 from actors.dashboard import dashboard_page
 from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response, json_response, read_body, rejection_reason
 from actors.metrics import Metrics
 from actors.openapi import openapi_document
+from actors.pipeline import Pipeline
 from actors.responses import (
     ChoiceReader,
     CompletionShape,
@@ -40,16 +40,14 @@ from actors.responses import (
     completion_body,
     completion_frames,
 )
-from actors.router import ResponseGroup, Router
+from actors.router import ResponseGroup
 from actors.sse import SSEResponse
 from actors.stats import Stats
 from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
-from forge.chat import ChatTemplate
-from forge.engine import Serving
 from forge.errors import CapacityError, RequestError
-from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit
+from forge.messages import Abort, Accepted, Rejected, Submit
 from forge.prepare import (
     Constraint,
     chat_template_messages,
@@ -61,8 +59,6 @@ from forge.prepare import (
     template_messages,
 )
 from forge.sampling_params import SamplingParams
-from forge.structured import Grammars
-from forge.tokenizer import Tokenizer
 
 log = structlog.get_logger("forge.gateway")
 
@@ -78,21 +74,6 @@ class GatewayConfig:
     sse_ping_interval: float = 5.0
     retry_after_s: int = 5
     watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
-
-
-@dataclass(slots=True)
-class Pipeline:
-    """What the gateway talks to once the model is loaded."""
-    router: Router
-    to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache]
-    tokenizer: Tokenizer
-    template: ChatTemplate
-    max_model_len: int
-    load_stats: LoadStats
-    grammars: Grammars
-    serving: Serving                                # what is served (forge.engine)
-    load: Callable[[], int] = lambda: 0             # sequences running and waiting (a router's /get_load)
-    step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
 
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
@@ -217,11 +198,8 @@ class Gateway:
         req = api.decode_tokenize(await self._body(request))
         self._check_model(req.model)
         if req.messages is not None:
-            entries = chat_template_messages(req.messages)
-            messages, template_tools = template_messages(pipe.template.supports_tools, entries, functions(req.tools))
-            text = pipe.template.render(messages, add_generation_prompt=req.add_generation_prompt,
-                                        tools=template_tools)
-            ids = pipe.tokenizer.encode(text, add_special_tokens=False)
+            ids = pipe.chat_prompt_ids(chat_template_messages(req.messages), functions(req.tools),
+                                       add_generation_prompt=req.add_generation_prompt)
         else:
             ids = pipe.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
         return json_response({"tokens": ids, "count": len(ids), "max_model_len": pipe.max_model_len})

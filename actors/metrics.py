@@ -124,11 +124,9 @@ class Metrics:
             self.prefix_cache_misses.labels(reason=miss)
         for pos in range(num_spec_positions):
             self.spec_accepted_per_pos.labels(position=str(pos))
+        own = [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))]
         self.registry.register(VllmAliases(
-            [self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
-             self.prefix_cache_queries, self.prefix_cache_hits, self.request_success, self.prompt_tokens,
-             self.generation_tokens, self.num_preemptions, self.time_to_first_token, self.inter_token_latency,
-             self.time_per_output_token, self.e2e_request_latency, self.request_queue_time, self.iteration_tokens],
+            own,   # the aliases pick their families by name (metric_aliases.ALIASES)
             model_name, {"block_size": str(block_size), "num_gpu_blocks": str(num_blocks), "cache_dtype": cache_dtype,
                          "enable_prefix_caching": str(prefix_caching)}))
 

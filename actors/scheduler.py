@@ -59,6 +59,11 @@ class SchedulerActor:
     def statistics(self) -> CoreStats:
         return self._core.stats()
 
+    def load(self) -> int:
+        """Sequences running and waiting: what a router's /get_load compares across replicas."""
+        stats = self._core.stats()
+        return stats.num_running + stats.num_waiting
+
     def tracked(self) -> dict[str, int]:
         """Sizes of the per-request tables here and in the core: all zero when nothing is in flight."""
         return {"scheduler.arrivals": len(self._arrivals), "scheduler.rids": len(self._rids),

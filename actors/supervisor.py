@@ -24,8 +24,9 @@ from hypercorn.config import Config as HypercornConfig
 
 from actors.access import AccessLog
 from actors.allocator import AllocatorActor
-from actors.gateway import Gateway, GatewayConfig, Pipeline
+from actors.gateway import Gateway, GatewayConfig
 from actors.metrics import Metrics
+from actors.pipeline import Pipeline
 from actors.router import Router
 from actors.scheduler import SchedulerActor, SchedulerInbox
 from actors.stats import Sources
@@ -132,7 +133,7 @@ class Daemon:
                     template=loaded.chat_template, max_model_len=served.max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
                     grammars=edge_grammars, serving=served, step_age=scheduler.step_age,
-                    load=lambda: (lambda s: s.num_running + s.num_waiting)(scheduler.statistics()))
+                    load=scheduler.load)
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)
                 self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,

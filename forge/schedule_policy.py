@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import islice
 
 from forge.prefix_estimate import PrefixEstimate
 from forge.sequence import SeqState, Sequence
@@ -45,9 +46,9 @@ def budget_order(policy: str, running: list[Sequence], step: int) -> list[Sequen
 def admission_order(policy: str, waiting: Iterable[Sequence], limit: int, step: int,
                     prefixes: PrefixEstimate, running: list[Sequence]) -> list[Sequence]:
     """Up to `limit` waiting sequences, in the order the allocator should try to admit them."""
-    waiting = list(waiting)
     if policy == "fcfs":
-        return waiting[:limit]
+        return list(islice(waiting, limit))       # the head of the queue only: no copy of all of it a step
+    waiting = list(waiting)
     if not prefixes.enabled:
         def plain(seq: Sequence) -> tuple[int, int, int]:
             return (0, seq.arrival_step, 0) if is_aged(seq, step) else (1, seq.total_len(), seq.arrival_step)

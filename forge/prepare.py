@@ -23,6 +23,7 @@ from forge.api import (
 from forge.errors import RequestError
 from forge.sampling_params import SamplingParams
 from forge.structured import (
+    CLOSE_WITHIN,
     choice_grammar,
     json_object_grammar,
     json_schema_grammar,
@@ -41,9 +42,11 @@ def check_model(model: str | None, served_model_name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """A request's output constraint: llguidance grammar text, and the field it came from (for errors)."""
+    """A request's output constraint: llguidance grammar text, the field it came from (for errors), and
+    whether its output is JSON, which the runner closes within max_tokens (SamplingParams.close_within)."""
     grammar: str
     param: str
+    json: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ def prepare_completion(body: bytes, *, served_model_name: str) -> PreparedComple
     req = decode_completion(body)
     check_model(req.model, served_model_name)
     constraint = request_constraint(req)
-    params = to_sampling_params(req, default_max_tokens=16, grammar=constraint.grammar if constraint else None)
+    params = to_sampling_params(req, default_max_tokens=16, constraint=constraint)
     return PreparedCompletion(req, params, constraint, completion_prompts(req))
 
 
@@ -84,8 +87,7 @@ def prepare_chat(body: bytes, *, served_model_name: str, max_model_len: int) -> 
     req = decode_chat(body)
     check_model(req.model, served_model_name)
     constraint = request_constraint(req)
-    params = to_sampling_params(req, default_max_tokens=max(1, max_model_len),
-                                grammar=constraint.grammar if constraint else None)
+    params = to_sampling_params(req, default_max_tokens=max(1, max_model_len), constraint=constraint)
     return PreparedChat(req, params, constraint, chat_template_messages(req.messages), request_functions(req))
 
 
@@ -156,25 +158,26 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
         if mode not in ("none", "auto"):
             functions = [f for f in request_functions(req) if mode == "required" or f.name == mode]
             return Constraint(tool_call_grammar(functions, parallel=req.parallel_tool_calls and mode == "required",
-                                                param="tools"), "tools")
+                                                param="tools"), "tools", json=True)
     rf = req.response_format
     if rf is not None and rf.type == "json_object":
-        return Constraint(json_object_grammar(), "response_format")
+        return Constraint(json_object_grammar(), "response_format", json=True)
     if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
         schema = rf.json_schema.schema
         if rf.json_schema.strict:
             schema = strict_schema(schema)
         return Constraint(json_schema_grammar(schema, param="response_format.json_schema.schema"),
-                          "response_format.json_schema.schema")
+                          "response_format.json_schema.schema", json=True)
     so = req.structured_outputs
     if so is not None:
         ws = so.whitespace_pattern
         if so.json is not None:
             return Constraint(json_schema_grammar(so.json, whitespace_pattern=ws, param="structured_outputs.json"),
-                              "structured_outputs.json")
+                              "structured_outputs.json", json=True)
         if so.json_object:
             return Constraint(json_schema_grammar({"type": "object"}, whitespace_pattern=ws,
-                                                  param="structured_outputs.json_object"), "structured_outputs")
+                                                  param="structured_outputs.json_object"), "structured_outputs",
+                              json=True)
         if so.regex is not None:
             return Constraint(regex_grammar(so.regex, param="structured_outputs.regex"), "structured_outputs.regex")
         if so.choice is not None:
@@ -185,7 +188,7 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
                               "structured_outputs.grammar")
     if req.guided_json is not None:
         return Constraint(json_schema_grammar(req.guided_json, whitespace_pattern=req.guided_whitespace_pattern,
-                                              param="guided_json"), "guided_json")
+                                              param="guided_json"), "guided_json", json=True)
     if req.guided_regex is not None:
         return Constraint(regex_grammar(req.guided_regex, param="guided_regex"), "guided_regex")
     if req.guided_choice is not None:
@@ -197,19 +200,21 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
 
 def to_sampling_params(
     req: CompletionRequest | ChatCompletionRequest, *, default_max_tokens: int,
-    grammar: str | None = None,
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     """The request's sampling settings. default_max_tokens (the room left in the context) applies only where
     the request sets no limit (chat without max_completion_tokens/max_tokens); it never clamps a set limit.
-    grammar: the request's constraint (request_constraint), if any."""
+    constraint: the request's (request_constraint), if any; a JSON one closes within the limit."""
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_new_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         max_tokens, logprobs = req.max_tokens, req.logprobs
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if max_tokens is None:
+        max_tokens = max(default_max_tokens, req.min_tokens)
     return SamplingParams(
-        max_tokens=max(default_max_tokens, req.min_tokens) if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,
         temperature=float(req.temperature),
         top_p=float(req.top_p),
         top_k=max(req.top_k, 0),
@@ -225,7 +230,8 @@ def to_sampling_params(
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
-        grammar=grammar,
+        grammar=constraint.grammar if constraint else None,
+        close_within=min(CLOSE_WITHIN, max_tokens // 4) if constraint is not None and constraint.json else 0,
         cache_salt=req.cache_salt,
     )
 

@@ -46,6 +46,7 @@ class _SeqSampling:
     generator: np.random.Generator
     counts: TokenCounts | None
     matcher: Any = None                  # an llguidance matcher for a constrained sequence
+    json_state: tuple[bool, bool] = (False, False)   # a JSON output's (in a string, after a backslash)
 
 
 class ModelRunner:
@@ -132,7 +133,7 @@ class ModelRunner:
         row_states = [s for s, w in zip(states, widths, strict=True) for _ in range(w)]
         rewind = [s.generator.bit_generator.state if c.num_draft and not s.params.is_greedy else None
                   for c, s in zip(chunks, states, strict=True)]
-        allowed = self._allowed(states, widths, masks, logits.shape[1]) if masks is not None else []
+        allowed = self._allowed(chunks, states, masks, logits.shape[1]) if masks is not None else []
         out = self.sampler.sample(logits, SamplingBatch(
             params=[s.params for s in row_states], generators=[s.generator for s in row_states],
             counts=[s.counts for s in row_states],
@@ -157,6 +158,8 @@ class ModelRunner:
                     state.counts.add(token)
                 if state.matcher is not None:
                     state.matcher.consume_token(token)   # an illegal token leaves it in error: only the end follows
+                    if state.params.close_within and self.grammars is not None:
+                        state.json_state = self.grammars.closing.advance(state.json_state, token)
                 if lp is None:
                     sampled.append(SampledToken(seq_id=c.seq_id, token_id=token))
                 else:
@@ -192,13 +195,16 @@ class ModelRunner:
             self._masker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-masks")
         return self._masker.submit(self.grammars.fill_masks, [m for m, _ in work], [d for _, d in work])
 
-    def _allowed(self, states: list[_SeqSampling], widths: list[int], masks: Future[I32],
+    def _allowed(self, chunks: list[SeqChunk], states: list[_SeqSampling], masks: Future[I32],
                  width: int) -> list[BoolArray | None]:
-        """One mask per sampled row (None for an unconstrained one)."""
+        """One mask per sampled row (None for an unconstrained one). A JSON row within its params'
+        close_within of max_tokens keeps only the allowed tokens that close something, when there are any."""
         bitmasks = iter(masks.result())
         allowed: list[BoolArray | None] = []
-        for s, rows in zip(states, widths, strict=True):
-            for _ in range(rows):
+        for c, s in zip(chunks, states, strict=True):
+            json_state = s.json_state
+            drafts = c.token_ids[len(c.token_ids) - c.num_draft:] if c.num_draft else ()
+            for j in range(c.num_draft + 1):
                 if s.matcher is None:
                     allowed.append(None)
                     continue
@@ -206,5 +212,17 @@ class ModelRunner:
                 if not row.any() and self.eos_token_id is not None:   # a matcher in error: end the sequence
                     row = row.copy()
                     row[self.eos_token_id] = True
+                elif s.params.max_tokens - (c.num_output_tokens + j) <= s.params.close_within:
+                    row = self._closing(row, json_state)
+                if j < len(drafts) and s.params.close_within and self.grammars is not None:
+                    json_state = self.grammars.closing.advance(json_state, drafts[j])
                 allowed.append(row)
         return allowed
+
+    def _closing(self, row: BoolArray, json_state: tuple[bool, bool]) -> BoolArray:
+        assert self.grammars is not None
+        closing = self.grammars.closing.mask(json_state)
+        kept = row.copy()
+        kept[: closing.size] &= closing
+        kept[closing.size:] = False
+        return kept if kept.any() else row

@@ -43,6 +43,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias): added to the logits before all else
     grammar: str | None = None          # a constraint as llguidance grammar text (forge.structured)
+    close_within: int = 0               # a JSON grammar's last tokens of max_tokens spent closing it; 0: none
     cache_salt: str | None = None       # prefix-cache isolation: blocks are shared only within a salt
 
     @property
@@ -69,6 +70,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                  f"must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        _require(self.close_within >= 0, "close_within", f"must be at least 0, got {self.close_within}")
         _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
                  f"at most {MAX_STOP_STRINGS} stop sequences, got {len(self.stop)}")
         _require(all(self.stop), "stop", "stop sequences must not be empty")

@@ -7,6 +7,7 @@ pure-decode step time and output tokens/s per arm, and the mask fill alone for t
 another checkout). Figures, not assertions; the results in docs/benchmarks.md came from this script.
 
     .venv/bin/python scripts/ab/ab_structured.py [--streams 1,32] [--rounds 2] [--max-new 64] [--schema numbers --raw]
+        [--close]
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main() -> None:
     ap.add_argument("--raw", action="store_true",
                     help="also an arm with llguidance's grammar of the schema as given (numbers unbounded, objects "
                          "open): what forge's own bounds and closing cost a step")
+    ap.add_argument("--close", action="store_true",
+                    help="add an arm 'close': the json arm closing within max_tokens as the daemon's JSON requests do")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     loaded = LoadedModel.load(progress=lambda _message: None)
@@ -73,7 +76,10 @@ def main() -> None:
         grammar = json_schema_grammar(SCHEMAS[args.schema], param="schema")
         raw = str(llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps({**SCHEMAS[args.schema], "x-guidance": JSON_OPTIONS})))
-    arms = ["plain"] if args.plain_only else ["plain", "json", *(["raw"] if args.raw else [])]
+    arms = ["plain"] if args.plain_only else ["plain", "json", *(["raw"] if args.raw else []),
+                                              *(["close"] if args.close else [])]
+    from forge.structured import CLOSE_WITHIN
+    close_within = min(CLOSE_WITHIN, args.max_new // 4)
     results = []
     for streams in (int(s) for s in args.streams.split(",")):
         prompts = [loaded.chat_template.render([{"role": "user", "content": f"Write note {i} about the sea, as JSON."}])
@@ -81,7 +87,9 @@ def main() -> None:
         run(engine, prompts[:1], [SamplingParams(max_tokens=4)])                   # warm
         for rnd in range(args.rounds):
             for arm in arms:
-                extra = {"grammar": grammar} if arm == "json" else {"grammar": raw} if arm == "raw" else {}
+                extra: dict[str, object] = ({"grammar": grammar} if arm == "json" else {"grammar": raw} if arm == "raw"
+                                            else {"grammar": grammar, "close_within": close_within} if arm == "close"
+                                            else {})
                 params = [SamplingParams(max_tokens=args.max_new, temperature=0.8, seed=i, ignore_eos=True, **extra)
                           for i in range(streams)]
                 steps, wall, tokens = run(engine, prompts, params)

@@ -23,8 +23,15 @@ from forge.api import (
 )
 from forge.api_responses import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
 from forge.errors import InvalidRequest
-from forge.prepare import chat_template_messages, completion_prompts, prepare_generate, to_sampling_params
+from forge.prepare import (
+    chat_template_messages,
+    completion_prompts,
+    prepare_generate,
+    request_constraint,
+    to_sampling_params,
+)
 from forge.sampling_params import SamplingParams
+from forge.structured import CLOSE_WITHIN
 
 USER = [{"role": "user", "content": "hi"}]
 DECODERS = [decode_completion, decode_chat, decode_generate, decode_tokenize, decode_detokenize]
@@ -312,6 +319,25 @@ def test_chat_to_sampling_params_extras() -> None:
     params = to_sampling_params(chat(top_k=40, min_p=0.05, stop_token_ids=[7, 8], ignore_eos=True, n=3),
                                 default_max_tokens=10)
     assert (params.top_k, params.min_p, params.stop_token_ids, params.ignore_eos) == (40, 0.05, (7, 8), True)
+
+
+def test_json_constraints_close_within_the_limit_and_others_do_not() -> None:
+    """A JSON constraint's last tokens go to closing it (CLOSE_WITHIN, a quarter of max_tokens at most);
+    a regex, choice or grammar has nothing to close, and an unconstrained request no grammar at all."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    named = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    cases = [(chat(max_tokens=200, response_format=named), CLOSE_WITHIN),
+             (chat(max_tokens=40, response_format={"type": "json_object"}), 10),
+             (completion(max_tokens=200, structured_outputs={"json": schema}), CLOSE_WITHIN),
+             (completion(max_tokens=3, guided_json=schema), 0),
+             (chat(max_tokens=200, tool_choice="required", tools=[{"type": "function", "function": {"name": "f"}}]),
+              CLOSE_WITHIN),
+             (completion(max_tokens=200, guided_regex="[a-z]+"), 0),
+             (completion(max_tokens=200, structured_outputs={"choice": ["a", "b"]}), 0),
+             (completion(max_tokens=200), 0)]
+    for req, within in cases:
+        params = to_sampling_params(req, default_max_tokens=100, constraint=request_constraint(req))
+        assert params.close_within == within, req
 
 
 def test_generate_to_sampling_params() -> None:

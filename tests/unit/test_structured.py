@@ -20,6 +20,7 @@ from forge.sampler import Sampler, SamplingBatch
 from forge.sampling_params import SamplingParams
 from forge.structured import (
     MAX_CONSTRAINT_CHARS,
+    Closing,
     Grammars,
     allowed_tokens,
     choice_grammar,
@@ -161,6 +162,20 @@ def test_logit_bias_shifts_and_bans() -> None:
         SamplingParams(logit_bias=((0, 100.5),)).validate(vocab_size=4)
 
 
+def test_closing_tokens_depend_on_whether_the_output_is_in_a_string() -> None:
+    vocab = [b'"', b'", "', b'"]}', b"]", b" [", b"}}", b"]]", b"abc", b'"name', b'\\"', b"},", b'"a"', b"<e>"]
+    closing = Closing(vocab, end_ids=[12])
+    names = lambda mask: [vocab[i] for i in np.flatnonzero(mask)]                   # noqa: E731
+    # In a string only its closing quote closes (']]' there is text); '", "' ends an item to start the next.
+    assert names(closing.in_string) == [b'"', b'"]}', b"<e>"]
+    assert names(closing.outside) == [b"]", b"}}", b"]]", b"<e>"]
+    state = (False, False)
+    for token, in_string in ((8, True), (7, True), (9, True), (1, True), (2, False), (11, False), (10, False)):
+        state = closing.advance(state, token)   # '"name' 'abc' '\\"' (escaped) '", "' '"]}' '"a"' '},'
+        assert state[0] is in_string, vocab[token]
+    assert closing.mask((True, False)) is closing.in_string and closing.mask((False, False)) is closing.outside
+
+
 # ---- the engine, on the real model -------------------------------------------------------------------------
 
 def test_json_schema_outputs_validate_at_every_temperature(real: LoadedModel) -> None:
@@ -198,6 +213,24 @@ def test_constraints_compose_with_seeds_preemption_and_limits(real: LoadedModel)
     held = SamplingParams(max_tokens=20, min_tokens=10, temperature=0.0, grammar=choice)
     [(text, reason)] = generate(engine(real), [chat(real, "Yes or no?")], [held]).values()
     assert (text, reason) in (("yes", "stop"), ("no", "stop"))
+
+
+def test_a_json_output_closes_within_its_limit(real: LoadedModel) -> None:
+    """Greedy, the model lists colours until the limit; with close_within, the last tokens of max_tokens go
+    to the tokens that close the string, the array and the object, and the output parses."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["colours"],
+              "properties": {"colours": {"type": "array", "items": {"type": "string"}}}}
+    grammar = json_schema_grammar(schema, param="p")
+    prompts = [chat(real, "Name every colour you know."), chat(real, "List colours.")]
+    looping = [SamplingParams(max_tokens=40, temperature=0.0, grammar=grammar)] * 2
+    assert {reason for _, reason in generate(engine(real), prompts, looping).values()} == {"length"}
+    closing = [SamplingParams(max_tokens=40, temperature=0.0, grammar=grammar, close_within=10)] * 2
+    ended = generate(engine(real), prompts, closing)
+    for text, reason in ended.values():
+        assert reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+        assert len(real.tokenizer.encode(text, add_special_tokens=False)) <= 40
+    assert generate(engine(real), prompts, looping)["r0"][0][:40] == ended["r0"][0][:40]    # the same until then
 
 
 def test_regex_and_grammar_constraints_hold(real: LoadedModel) -> None:

@@ -43,8 +43,10 @@ class Choice:
 class ChoiceReader:
     """Reads the choices of one response to their ends. Used by one task: the response's."""
 
-    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float) -> None:
+    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float,
+                 num_prompt_tokens: int = 0) -> None:
         self.group = group
+        self.num_prompt_tokens = num_prompt_tokens      # as the scheduler accepted the choices (all of them)
         self.choices = [Choice() for _ in group.request_ids]
         self._metrics = metrics
         self._arrival = arrival

@@ -24,9 +24,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.admission import Admission
+from actors.anthropic_route import MessagesRoutes
 from actors.dashboard import dashboard_page
 from actors.fleet import FleetRoutes
-from actors.http_edge import check_key, error_response, json_response, read_body, rejection_reason
+from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
 from actors.lifetime import ResponseLifetime
 from actors.metrics import Metrics
 from actors.openapi import openapi_document
@@ -86,6 +87,8 @@ class Gateway:
                                    retry_after_s=config.retry_after_s)
         self.life = ResponseLifetime(self.admission, metrics, ready=self._ready, body=self._body,
                                      ping_interval=config.sse_ping_interval)
+        self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
+                                       served_model_name=config.served_model_name)
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class Gateway:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
+            *self.messages.routes(),
             *self.fleet.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
@@ -112,15 +116,15 @@ class Gateway:
         message = {404: f"route {request.url.path} not found", 405: "method not allowed"}.get(
             exc.status_code, str(exc.detail))
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return json_response(wire.error_body(message, kind), exc.status_code)
+        return error_response_for(request.url.path, RequestError(message, status=exc.status_code, type=kind))
 
-    async def _request_error(self, _request: Request, exc: RequestError) -> Response:
+    async def _request_error(self, request: Request, exc: RequestError) -> Response:
         self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
-        return error_response(exc)
+        return error_response_for(request.url.path, exc)
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
-        return json_response(wire.error_body("internal error", "server_error"), 500)
+        return error_response_for(request.url.path, RequestError("internal error", status=500, type="server_error"))
 
     # ---- edge checks ------------------------------------------------------------------------
 

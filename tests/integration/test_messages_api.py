@@ -1,7 +1,7 @@
 """The Messages API (POST /v1/messages, /v1/messages/count_tokens) through the official `anthropic`
 client against the real server and the real default model: a message is the chat completion of the
 same prompt, streamed or not; tool calls round-trip; stop sequences, the length limit, the key as
-x-api-key, and errors in the Messages API's envelope."""
+x-api-key, errors in the Messages API's envelope (overload included), and a client that leaves."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from anthropic.types import MessageParam, ToolParam
 
 from actors.supervisor import Daemon, running_daemon
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, wait_idle
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, generated_tokens, wait_idle
 
 QUESTION = "What is the capital of France?"
 WEATHER: ToolParam = {
@@ -215,3 +215,35 @@ async def test_the_client_sees_bad_input_as_the_messages_api_errors(make_daemon:
     assert "claude-nonesuch" in missing.value.body["error"]["message"]        # type: ignore[index]
     assert image.value.body["error"]["type"] == "invalid_request_error"       # type: ignore[index]
     assert "messages[0].content[0]" in image.value.body["error"]["message"]   # type: ignore[index]
+
+
+async def test_a_client_that_goes_away_mid_stream_frees_its_request(make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon()
+    body = {"model": SERVED_MODEL, "max_tokens": 400, "stream": True,
+            "messages": [{"role": "user", "content": "Write a long story about the sea."}]}
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=None) as http:
+            async with http.stream("POST", "/v1/messages", json=body) as reply:
+                raw = b""
+                async for chunk in reply.aiter_raw():
+                    raw += chunk
+                    if b"event: content_block_delta" in raw:
+                        break                                  # and leave
+            assert reply.status_code == 200 and raw.startswith(b"event: message_start\n")
+            await wait_idle(daemon, max_generated=generated_tokens(daemon) + 32)
+    assert generated_tokens(daemon) < 400
+
+
+async def test_overload_is_a_503_overloaded_error_with_retry_after(make_daemon: MakeDaemon) -> None:
+    with anyio.fail_after(HANG_GUARD_S):
+        async with serving(make_daemon(gateway={"max_waiting": 0, "retry_after_s": 7})) as (client, url):
+            with pytest.raises(anthropic.APIStatusError) as refused:
+                await client.messages.create(model=SERVED_MODEL, max_tokens=4,
+                                             messages=[{"role": "user", "content": "Hi"}])
+            async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+                counted = await http.post("/v1/messages/count_tokens", json={
+                    "model": SERVED_MODEL, "messages": [{"role": "user", "content": "Hi"}]})
+    assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "7"
+    assert refused.value.body == {"type": "error", "error": {"type": "overloaded_error",
+                                                             "message": "the server is overloaded; retry later"}}
+    assert counted.status_code == 200                            # counting runs nothing: not admitted

@@ -2,20 +2,19 @@
 
 Requests are validated at the edge (forge.api) and admitted against explicit bounds before any
 tokenising work (actors/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
-the router (actors.responses assembles the body or the SSE frames); a client that goes away, in
-any phase, aborts its requests through the same path, so their blocks are freed at the next step.
+the router (actors.responses assembles the body or the SSE frames; actors.lifetime admits, submits
+and reads them); a client that goes away, in any phase, aborts its requests through the same path,
+so their blocks are freed at the next step.
 Every error a request meets is a RequestError, rendered as OpenAI's error envelope.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import msgspec
 import structlog
 from starlette.applications import Starlette
@@ -25,14 +24,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.admission import Admission
+from actors.anthropic_route import MessagesRoutes
 from actors.dashboard import dashboard_page
 from actors.fleet import FleetRoutes
-from actors.http_edge import check_key, error_response, json_response, read_body, rejection_reason
+from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
+from actors.lifetime import ResponseLifetime
 from actors.metrics import Metrics
 from actors.openapi import openapi_document
 from actors.pipeline import Pipeline
 from actors.responses import (
-    ChoiceReader,
     CompletionShape,
     ToolReading,
     chat_body,
@@ -40,16 +40,13 @@ from actors.responses import (
     completion_body,
     completion_frames,
 )
-from actors.router import ResponseGroup
-from actors.sse import SSEResponse
 from actors.stats import Stats
 from forge import api
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.errors import CapacityError, RequestError
-from forge.messages import Abort, Accepted, Rejected, Submit
+from forge.messages import Submit
 from forge.prepare import (
-    Constraint,
     chat_template_messages,
     check_model,
     functions,
@@ -76,9 +73,6 @@ class GatewayConfig:
     watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
 
 
-Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
-
-
 class Gateway:
     def __init__(self, config: GatewayConfig, metrics: Metrics) -> None:
         self.config = config
@@ -91,6 +85,10 @@ class Gateway:
                                  served_model_name=config.served_model_name)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
+        self.life = ResponseLifetime(self.admission, metrics, ready=self._ready, body=self._body,
+                                     ping_interval=config.sse_ping_interval)
+        self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
+                                       served_model_name=config.served_model_name)
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -107,6 +105,7 @@ class Gateway:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
+            *self.messages.routes(),
             *self.fleet.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
@@ -117,15 +116,15 @@ class Gateway:
         message = {404: f"route {request.url.path} not found", 405: "method not allowed"}.get(
             exc.status_code, str(exc.detail))
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return json_response(wire.error_body(message, kind), exc.status_code)
+        return error_response_for(request.url.path, RequestError(message, status=exc.status_code, type=kind))
 
-    async def _request_error(self, _request: Request, exc: RequestError) -> Response:
+    async def _request_error(self, request: Request, exc: RequestError) -> Response:
         self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
-        return error_response(exc)
+        return error_response_for(request.url.path, exc)
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
-        return json_response(wire.error_body("internal error", "server_error"), 500)
+        return error_response_for(request.url.path, RequestError("internal error", status=500, type="server_error"))
 
     # ---- edge checks ------------------------------------------------------------------------
 
@@ -216,43 +215,27 @@ class Gateway:
     # ---- generation -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Response:
-        return await self._run(request, self._generate)
+        return await self.life.run(request, self._generate)
 
     async def completions(self, request: Request) -> Response:
-        return await self._run(request, self._completions)
+        return await self.life.run(request, self._completions)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._run(request, self._chat)
-
-    async def _run(self, request: Request, handler: Handler) -> Response:
-        """Count the request in flight from its body until its response is done (or it fails).
-
-        A handler that returns has counted its request out (a JSON body) or will when its stream
-        ends (SSE); one that raises has not, and it is counted out here, exactly once.
-        """
-        pipe = self._ready(request)
-        body = await self._body(request)
-        arrival = time.monotonic()
-        self.admission.enter()
-        try:
-            return await handler(request, pipe, body, arrival)
-        except BaseException:
-            self.admission.leave()
-            raise
+        return await self.life.run(request, self._chat)
 
     async def _generate(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         req, params = prepare_generate(body)
         rid = f"{wire.new_request_id('cmpl')}-0"
         request.state.response_id = rid.removesuffix("-0")
-        reader = await self._start(request, pipe, [Submit(request_id=rid, params=params, text=req.prompt)],
+        reader = await self.life.start(request, pipe, [Submit(request_id=rid, params=params, text=req.prompt)],
                                     len(body), arrival)
-        return await self._respond(request, pipe, reader, lambda: {
+        return await self.life.respond(request, pipe, reader, lambda: {
             "text": reader.choices[0].text, "prompt_tokens": reader.choices[0].counts.prompt,
             "completion_tokens": reader.choices[0].counts.completion})
 
     async def _completions(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         prep = prepare_completion(body, served_model_name=self.config.served_model_name)
-        await self._check_constraint(pipe, prep.constraint)
+        await self.life.check_constraint(pipe, prep.constraint)
         req, params, prompts = prep.request, prep.params, prep.prompts
         n, base = req.n, wire.new_request_id("cmpl")
         request.state.response_id = base
@@ -264,101 +247,36 @@ class Gateway:
                     submits.append(Submit(request_id=rid, params=p, text=prompt))
                 else:
                     submits.append(Submit(request_id=rid, params=p, token_ids=tuple(prompt)))
-        reader = await self._start(request, pipe, submits, len(body), arrival)
+        reader = await self.life.start(request, pipe, submits, len(body), arrival)
         echoes = [_echo_text(pipe, prompts[k // n]) if req.echo else "" for k in range(len(submits))]
         shape = CompletionShape(header=self._header(base, req.include_usage), n=n, echoes=echoes,
                                 want_logprobs=req.logprobs is not None)
         if req.stream:
-            return self._sse(request, pipe, reader, completion_frames(reader, shape))
-        return await self._respond(request, pipe, reader, lambda: completion_body(reader, shape))
+            return self.life.sse(request, pipe, reader, completion_frames(reader, shape))
+        return await self.life.respond(request, pipe, reader, lambda: completion_body(reader, shape))
 
     async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         prep = prepare_chat(body, served_model_name=self.config.served_model_name, max_model_len=pipe.max_model_len)
-        await self._check_constraint(pipe, prep.constraint)
+        await self.life.check_constraint(pipe, prep.constraint)
         req, params, functions = prep.request, prep.params, prep.functions
         messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, functions)
         base = wire.new_request_id("chatcmpl")
         request.state.response_id = base
         submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
                           tools=template_tools) for j in range(req.n)]
-        reader = await self._start(request, pipe, submits, len(body), arrival)
+        reader = await self.life.start(request, pipe, submits, len(body), arrival)
         header = self._header(base, req.include_usage)
         want_logprobs = params.logprobs is not None
         tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if functions else None
         if req.stream:
-            return self._sse(request, pipe, reader,
+            return self.life.sse(request, pipe, reader,
                              chat_frames(reader, header, want_logprobs=want_logprobs, tools=tools))
-        return await self._respond(request, pipe, reader,
+        return await self.life.respond(request, pipe, reader,
                                    lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
-
-    async def _check_constraint(self, pipe: Pipeline, constraint: Constraint | None) -> None:
-        """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
-        loop: a large schema may take a while to compile."""
-        if constraint is not None:
-            await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
-                                                             param=constraint.param))
 
     def _header(self, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
                               include_usage=include_usage)
-
-    # ---- a response's lifetime --------------------------------------------------------------
-
-    async def _start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
-                     arrival: float) -> ChoiceReader:
-        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
-        with self.admission.admitting(pipe.load_stats, len(submits), num_bytes // 4):
-            group = pipe.router.open([s.request_id for s in submits])
-            try:
-                for s in submits:
-                    pipe.to_tokeniser.send_nowait(s)
-                statuses = await group.wait_statuses()
-            except BaseException:
-                self._abort(pipe, group)
-                raise
-        rejected = next((s for s in statuses if isinstance(s, Rejected)), None)
-        if rejected is not None:
-            self._abort(pipe, group)
-            raise rejected.error()
-        request.state.prompt_tokens = sum(s.num_prompt_tokens for s in statuses if isinstance(s, Accepted))
-        return ChoiceReader(group, self.metrics, arrival=arrival, ping_interval=self.config.sse_ping_interval)
-
-    async def _respond(self, request: Request, pipe: Pipeline, reader: ChoiceReader,
-                       build: Callable[[], Any]) -> Response:
-        """One JSON body once every choice has ended. (If this raises, _run counts the request out.)"""
-        try:
-            await reader.collect(request)
-        finally:
-            self._abort(pipe, reader.group)
-        request.state.completion_tokens = reader.num_completion_tokens
-        failure = reader.failure()
-        response = error_response(failure) if failure is not None else json_response(build())
-        self.admission.leave()
-        return response
-
-    def _sse(self, request: Request, pipe: Pipeline, reader: ChoiceReader,
-             frames: AsyncIterator[bytes]) -> SSEResponse:
-        async def body() -> AsyncIterator[bytes]:
-            async for frame in frames:
-                yield frame
-            yield wire.SSE_DONE
-
-        def cleanup() -> None:
-            self._abort(pipe, reader.group)
-            request.state.completion_tokens = reader.num_completion_tokens
-            self.admission.leave()
-
-        return SSEResponse(body(), cleanup)
-
-    def _abort(self, pipe: Pipeline, group: ResponseGroup) -> None:
-        """Stop reading the group; its unfinished requests are dropped behind their Submits."""
-        pipe.router.close(group)
-        for i in sorted(group.unfinished):
-            try:
-                pipe.to_tokeniser.send_nowait(Abort(request_id=group.request_ids[i]))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return                        # the daemon stopped (drain timed out): nothing to free
-
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

@@ -1,4 +1,8 @@
-"""The HTTP edge's small parts: JSON and error responses, the API key check, reading a body within limits."""
+"""The HTTP edge's small parts: JSON and error responses, the API key check, reading a body within limits.
+
+The Messages API's routes (/v1/messages...) speak that API's edge: errors in its envelope, and the key
+taken from `x-api-key` as well as `Authorization: Bearer`. Every other route speaks OpenAI's.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from forge import anthropic_responses as anthropic
 from forge import api_responses as wire
 from forge.errors import PromptTooLong, RequestError
 
@@ -20,17 +25,39 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
 
 
+MESSAGES_PATH = "/v1/messages"
+
+
+def speaks_messages(path: str) -> bool:
+    """Whether the route at `path` is one of the Messages API's."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
 def error_response(exc: RequestError) -> Response:
     return json_response(wire.error_body(exc.message, exc.type, exc.param, exc.code), exc.status, exc.headers)
 
 
+def messages_error_response(exc: RequestError) -> Response:
+    """The error in the Messages API's envelope, its type from the status (the same status and headers)."""
+    return json_response(anthropic.error_body(exc.status, exc.message, exc.param), exc.status, exc.headers)
+
+
+def error_response_for(path: str, exc: RequestError) -> Response:
+    """The error in the envelope of the API the route at `path` speaks."""
+    return messages_error_response(exc) if speaks_messages(path) else error_response(exc)
+
+
 def check_key(request: Request, key: str | None) -> None:
-    """The API key, when one is set: `Authorization: Bearer <key>` (401 otherwise), compared in constant time."""
+    """The API key, when one is set: `Authorization: Bearer <key>`, or on the Messages API's routes
+    `x-api-key: <key>` too (401 otherwise), compared in constant time."""
     if key is None:
         return
     given = request.headers.get("authorization", "")
-    token = given[7:] if given[:7].lower() == "bearer " else ""
-    if not hmac.compare_digest(token.encode(), key.encode()):
+    tokens = [given[7:] if given[:7].lower() == "bearer " else ""]
+    if speaks_messages(request.url.path):
+        tokens.append(request.headers.get("x-api-key", ""))
+    matches = [hmac.compare_digest(token.encode(), key.encode()) for token in tokens]
+    if not any(matches):
         raise RequestError("invalid or missing API key", status=401, type="authentication_error",
                            code="invalid_api_key")
 

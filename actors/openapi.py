@@ -1,9 +1,10 @@
 """The gateway's OpenAPI document (GET /openapi.json), generated from the request types themselves.
 
 The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
-(forge/api.py), constraints included, so the document cannot drift from what is accepted. Every
-error is declared as OpenAI's envelope. Success bodies are described loosely (an object, or an
-SSE stream): their exact shapes are OpenAI's (docs/api.md).
+(forge/api.py, forge/anthropic_api.py), constraints included, so the document cannot drift from what
+is accepted. Every error is declared as OpenAI's envelope, but on the Messages API's routes as that
+API's. Success bodies are described loosely (an object, or an SSE stream): their exact shapes are
+OpenAI's, or the Messages API's (docs/api.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from forge import api
+from forge import anthropic_api, api
 
 _REF = "#/components/schemas/{name}"
 
@@ -24,19 +25,38 @@ _ERROR = {
         "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string", "minLength": 1},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 
+_MESSAGES_ERROR = {
+    "type": "object", "required": ["type", "error"], "additionalProperties": False,
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string", "minLength": 1}, "message": {"type": "string", "minLength": 1}}}}}
+
+_MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+            "properties": {"type": {"const": "message"}, "role": {"const": "assistant"},
+                           "content": {"type": "array", "items": {"type": "object", "required": ["type"]}}}}
+
+_TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "additionalProperties": False,
+                "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}
+
 _GENERATED = {"type": "object", "required": ["text", "prompt_tokens", "completion_tokens"],
               "properties": {"text": {"type": "string"}, "prompt_tokens": {"type": "integer", "minimum": 0},
                              "completion_tokens": {"type": "integer", "minimum": 0}}}
 
-_ERRORS = {
-    str(status): {"description": what, "content": {"application/json": {"schema": {"$ref": _REF.format(
-        name="ErrorBody")}}}}
-    for status, what in ((400, "the request is malformed or out of range; `param` names the field"),
-                         (401, "the API key is missing or wrong"),
-                         (404, "no such model, or no such route"),
-                         (408, "the body did not arrive in time"),
-                         (413, "the body is over the size limit"),
-                         (503, "overloaded, loading or draining: try again after Retry-After"))}
+_STATUSES = ((400, "the request is malformed or out of range; `param` names the field"),
+             (401, "the API key is missing or wrong"),
+             (404, "no such model, or no such route"),
+             (408, "the body did not arrive in time"),
+             (413, "the body is over the size limit"),
+             (503, "overloaded, loading or draining: try again after Retry-After"))
+
+
+def _errors(envelope: str) -> dict[str, Any]:
+    return {str(status): {"description": what, "content": {"application/json": {"schema": {
+        "$ref": _REF.format(name=envelope)}}}} for status, what in _STATUSES}
+
+
+_ERRORS = _errors("ErrorBody")
+_MESSAGES_ERRORS = _errors("MessagesErrorBody")     # the Messages API's envelope: its message names the field
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -44,12 +64,13 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None = None, stream: bool = False,
-               ok: dict[str, Any] | None = None, auth: bool = True) -> dict[str, Any]:
+               ok: dict[str, Any] | None = None, auth: bool = True,
+               errors: dict[str, Any] = _ERRORS) -> dict[str, Any]:
     ok = ok or _json({"type": "object"}, "the result")
     if stream:
         ok = {**ok, "content": {**ok["content"], "text/event-stream": {"schema": {"type": "string"}}}}
     op: dict[str, Any] = {"operationId": operation_id, "summary": summary,
-                          "responses": {"200": ok, **{k: v for k, v in _ERRORS.items() if auth or k == "503"}}}
+                          "responses": {"200": ok, **{k: v for k, v in errors.items() if auth or k == "503"}}}
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if not auth:
@@ -60,16 +81,23 @@ def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None =
 @cache
 def openapi_document() -> dict[str, Any]:
     types = (api.CompletionRequest, api.ChatCompletionRequest, api.TokenizeRequest, api.DetokenizeRequest,
-             api.GenerateRequest)
+             api.GenerateRequest, anthropic_api.MessagesRequest, anthropic_api.CountTokensRequest)
     bodies, components = msgspec.json.schema_components(types, ref_template=_REF)
-    completion, chat, tokenize, detokenize, generate = bodies
+    completion, chat, tokenize, detokenize, generate, messages, count_tokens = bodies
     components["ErrorBody"] = _ERROR
+    components["MessagesErrorBody"] = _MESSAGES_ERROR
     text = {"description": "plain text", "content": {"text/plain": {"schema": {"type": "string"}}}}
     paths = {
         "/v1/completions": {"post": _operation("createCompletion", "Complete a prompt", body=completion,
                                                stream=True)},
         "/v1/chat/completions": {"post": _operation("createChatCompletion", "Complete a chat", body=chat,
                                                     stream=True)},
+        "/v1/messages": {"post": _operation("createMessage", "A message (the Messages API's wire format of a chat)",
+                                            body=messages, stream=True, ok=_json(_MESSAGE, "the message"),
+                                            errors=_MESSAGES_ERRORS)},
+        "/v1/messages/count_tokens": {"post": _operation(
+            "countMessageTokens", "The prompt tokens a message would run", body=count_tokens,
+            ok=_json(_TOKEN_COUNT, "the count"), errors=_MESSAGES_ERRORS)},
         "/v1/models": {"get": _operation("listModels", "The model served")},
         "/tokenize": {"post": _operation("tokenize", "Token ids of a prompt or chat", body=tokenize)},
         "/detokenize": {"post": _operation("detokenize", "Text of token ids", body=detokenize)},

@@ -33,6 +33,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    stop_string: str | None = None           # the stop string that ended it, if one did
     counts: TokenCounts = TokenCounts()
     error: str | None = None                 # the engine failed this choice
     first_token_at: float | None = None
@@ -42,8 +43,10 @@ class Choice:
 class ChoiceReader:
     """Reads the choices of one response to their ends. Used by one task: the response's."""
 
-    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float) -> None:
+    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float,
+                 num_prompt_tokens: int = 0) -> None:
         self.group = group
+        self.num_prompt_tokens = num_prompt_tokens      # as the scheduler accepted the choices (all of them)
         self.choices = [Choice() for _ in group.request_ids]
         self._metrics = metrics
         self._arrival = arrival
@@ -117,6 +120,7 @@ class ChoiceReader:
         choice.counts = choice.counts.merge(delta.counts)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
+            choice.stop_string = delta.stop_string
             m.e2e_request_latency.observe(now - self._arrival)
             if choice.first_token_at is not None and choice.counts.completion > 1:
                 tpot = (now - choice.first_token_at) / (choice.counts.completion - 1)

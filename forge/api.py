@@ -217,17 +217,18 @@ class DetokenizeRequest(_Wire, frozen=True, kw_only=True):
 
 # ---- decoding -------------------------------------------------------------------------------------------
 
-_W = TypeVar("_W", bound=_Wire)
+_W = TypeVar("_W", bound=msgspec.Struct)
 _AT_PATH = re.compile(r"^(?P<detail>.*?) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
 _NULL_DEPTH = 5  # body -> messages -> message -> content -> part: nulls count as absent down to parts
-_SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json"})   # JSON schemas: null is a value there
+# JSON schemas and tool inputs: null is a value there
+_SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json", "input_schema", "input"})
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
     """Every decode_* turns a request body into its Struct, or raises InvalidRequest whose param is the JSON
     path of the bad field ("max_tokens", "messages[0].role"; None for the body as a whole). Nothing else."""
-    req = _decode(body, CompletionRequest)
+    req = decode_body(body, CompletionRequest)
     _check_common(req)
     _check_prompt(req.prompt)
     if req.best_of is not None and req.best_of != req.n:
@@ -240,7 +241,7 @@ def decode_completion(body: bytes) -> CompletionRequest:
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:
-    req = _decode(body, ChatCompletionRequest)
+    req = decode_body(body, ChatCompletionRequest)
     _check_common(req)
     _check_messages(req.messages, "messages")
     if req.top_logprobs and not req.logprobs:
@@ -253,11 +254,11 @@ def decode_chat(body: bytes) -> ChatCompletionRequest:
 
 
 def decode_generate(body: bytes) -> GenerateRequest:
-    return _decode(body, GenerateRequest)
+    return decode_body(body, GenerateRequest)
 
 
 def decode_tokenize(body: bytes) -> TokenizeRequest:
-    req = _decode(body, TokenizeRequest)
+    req = decode_body(body, TokenizeRequest)
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequest("exactly one of prompt or messages is required", param="prompt")
     if req.messages is not None:
@@ -266,11 +267,13 @@ def decode_tokenize(body: bytes) -> TokenizeRequest:
 
 
 def decode_detokenize(body: bytes) -> DetokenizeRequest:
-    return _decode(body, DetokenizeRequest)
+    return decode_body(body, DetokenizeRequest)
 
 
-def _decode(body: bytes, kind: type[_W]) -> _W:
-    """Bytes -> a validated Struct, or InvalidRequest. Never raises anything else."""
+def decode_body(body: bytes, kind: type[_W]) -> _W:
+    """Bytes -> a validated Struct of any wire schema, or InvalidRequest naming the bad field. Never raises
+    anything else. Unknown fields are ignored and a null field counts as absent (down to a message's
+    content parts; inside JSON schemas and tool inputs null is a value)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:

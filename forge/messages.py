@@ -224,6 +224,7 @@ class TextDelta(Message, frozen=True):
     num_tokens: int                              # tokens behind this text
     logprobs: tuple[TokenLogprobInfo, ...] = ()
     finish_reason: FinishReason | None = None
+    stop_string: str | None = None               # the stop string that ended it ("stop"), if one did
     counts: TokenCounts = TokenCounts()
     error: str | None = None                     # ended by a fault of the engine: the last delta
 

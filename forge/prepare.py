@@ -84,7 +84,11 @@ def prepare_completion(body: bytes, *, served_model_name: str) -> PreparedComple
 
 def prepare_chat(body: bytes, *, served_model_name: str, max_model_len: int) -> PreparedChat:
     """POST /v1/chat/completions; without a limit a reply may fill the context."""
-    req = decode_chat(body)
+    return prepare_chat_request(decode_chat(body), served_model_name=served_model_name, max_model_len=max_model_len)
+
+
+def prepare_chat_request(req: ChatCompletionRequest, *, served_model_name: str, max_model_len: int) -> PreparedChat:
+    """A decoded chat request (of any wire format that maps onto one) -> what the engine runs."""
     check_model(req.model, served_model_name)
     constraint = request_constraint(req)
     params = to_sampling_params(req, default_max_tokens=max(1, max_model_len), constraint=constraint)

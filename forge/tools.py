@@ -200,6 +200,7 @@ class ToolCallReader:
         self._num_calls = 0
         self._max_calls = max_calls
         self._args_begun = False
+        self._arguments = ""                  # the current call's arguments sent so far
 
     @property
     def num_calls(self) -> int:
@@ -220,11 +221,14 @@ class ToolCallReader:
         if self._state == "head":                             # a block cut short before its head ended
             self._content(events, OPEN + self._buf)
         elif self._state == "arguments":
+            # Cut short (the length limit): drop what began the closing tag, and the call's own closing
+            # brace where the arguments sent so far are whole JSON without it.
             rest = self._buf.rstrip()
-            if rest.endswith("}") and _is_json(rest[:-1]):
+            rest = rest[: len(rest) - _partial_suffix(rest, CLOSE)].rstrip()
+            if rest.endswith("}") and _is_json(self._arguments + rest[:-1]):
                 rest = rest[:-1].rstrip()
             if rest:
-                events.append(ArgumentsDelta(self._num_calls - 1, rest))
+                self._emit_arguments(events, rest)
         else:
             self._content(events, self._buf)
         self._buf, self._state = "", "text"
@@ -268,7 +272,7 @@ class ToolCallReader:
                 if args.endswith("}"):
                     args = args[:-1].rstrip()
                 if args:
-                    events.append(ArgumentsDelta(self._num_calls - 1, args))
+                    self._emit_arguments(events, args)
                 self._buf, self._state = buf[end + len(CLOSE):], "text"
                 return True
             cut = len(buf) - _partial_suffix(buf, CLOSE)
@@ -276,16 +280,20 @@ class ToolCallReader:
             if buf[:cut].endswith("}"):
                 cut = len(buf[: cut - 1].rstrip())
             if cut > 0:
-                events.append(ArgumentsDelta(self._num_calls - 1, buf[:cut]))
+                self._emit_arguments(events, buf[:cut])
                 self._buf = buf[cut:]
             return False
         self._buf = ""                                        # "ignored": everything after the last call
         return False
 
     def _start_call(self, events: list[ToolEvent], name: str) -> None:
-        self._args_begun = False
+        self._args_begun, self._arguments = False, ""
         events.append(CallStart(self._num_calls, new_call_id(), name))
         self._num_calls += 1
+
+    def _emit_arguments(self, events: list[ToolEvent], text: str) -> None:
+        self._arguments += text
+        events.append(ArgumentsDelta(self._num_calls - 1, text))
 
     def _whole_block(self, events: list[ToolEvent], body: str) -> None:
         """A block whose head is not in forge's format: a call if it is the JSON of one, else content."""

@@ -25,6 +25,16 @@ async def test_an_unread_choice_coalesces_into_one_delta_and_delivery_never_wait
     assert got[1].text == "y" and group.unfinished == {1}
 
 
+async def test_a_coalesced_delta_keeps_the_stop_string_that_ended_the_choice() -> None:
+    router = Router()
+    group = router.open(["a"])
+    router.deliver(delta("a", "x"))
+    router.deliver(TextDelta(request_id="a", text="", num_tokens=1, finish_reason="stop", stop_string="END"))
+    with anyio.fail_after(1):
+        [(_, got)] = await group.next_deltas()
+    assert got.text == "x" and got.finish_reason == "stop" and got.stop_string == "END"
+
+
 async def test_the_first_rejection_answers_for_the_whole_response() -> None:
     router = Router()
     group = router.open(["a", "b", "c"])

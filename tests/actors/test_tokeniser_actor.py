@@ -95,6 +95,7 @@ async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(token
         assert await group.wait_statuses() == [Accepted(request_id="r", num_prompt_tokens=3)]
         [(_, delta)] = await group.next_deltas()
         assert delta.finish_reason == "stop" and "Paris" not in delta.text
+        assert delta.stop_string == "Paris"                    # which stop string ended it
         assert not group.unfinished and set(rig.actor.tracked().values()) == {0}
 
 

@@ -131,3 +131,21 @@ def assert_error(resp: httpx.Response, status: int, *, param: str | None = None,
     if type is not None:
         assert err["type"] == type, err
     return err  # type: ignore[no-any-return]
+
+
+def assert_messages_error(resp: httpx.Response, status: int, *, type: str | None = None,
+                          naming: str | None = None) -> dict[str, Any]:
+    """The response is the Messages API's error envelope with this status (and type, and a message that
+    names `naming`, when given)."""
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error", body
+    err = body["error"]
+    assert set(err) == {"type", "message"}, err
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str) and err["type"]
+    if type is not None:
+        assert err["type"] == type, err
+    if naming is not None:
+        assert naming in err["message"], err
+    return err  # type: ignore[no-any-return]

@@ -48,8 +48,9 @@ async def test_the_examples_of_a_doc_run_against_a_live_daemon(make_daemon: Make
                 out = done.stdout.decode()
                 assert done.returncode == 0, f"{block}\n-> {out} {done.stderr.decode()}"
                 assert out.strip() and '"error"' not in out, f"{block}\n-> {out}"
-                if '"stream": true' in block:
-                    assert out.rstrip().endswith("data: [DONE]"), out[-200:]
+                if '"stream": true' in block:           # OpenAI's streams end [DONE]; the Messages API's, message_stop
+                    end = 'data: {"type":"message_stop"}' if "/v1/messages" in block else "data: [DONE]"
+                    assert out.rstrip().endswith(end), out[-200:]
 
             namespace: dict[str, Any] = {"httpx": httpx, "__name__": "doc_example"}
             for block in blocks(doc, "python"):

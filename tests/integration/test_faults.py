@@ -4,6 +4,7 @@ holding nothing for them afterwards."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any
@@ -21,6 +22,7 @@ from tests.integration.harness import (
     SERVED_MODEL,
     MakeDaemon,
     assert_error,
+    assert_messages_error,
     data_payloads,
     sample,
     wait_idle,
@@ -79,6 +81,29 @@ async def test_a_faulty_step_fails_its_requests_and_nothing_else(make_daemon: Ma
             assert (await http.get("/healthz")).status_code == 200
             await wait_idle(daemon)
     assert sample(daemon, "forge:request_failed_total") == 3
+
+
+@pytest.mark.usefixtures("faulty")
+async def test_a_faulty_step_fails_a_message_in_the_messages_apis_envelope(make_daemon: MakeDaemon,
+                                                                           loaded: LoadedModel) -> None:
+    """A message whose prompt holds the trigger: a 500 api_error body, or mid-stream an `error` event
+    (and no message_stop)."""
+    text = loaded.tokenizer.decode([RAISE])
+    body = {"model": SERVED_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+    daemon = make_daemon()
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            ids = (await http.post("/tokenize", json={"messages": body["messages"]})).json()["tokens"]
+            assert RAISE in ids
+            failed = await http.post("/v1/messages", json=body)
+            assert_messages_error(failed, 500, type="api_error", naming="engine failed")
+            streamed = await http.post("/v1/messages", json={**body, "stream": True})
+            events = streamed.content.decode().split("\n\n")
+            assert events[0].startswith("event: message_start\n") and events[-1] == ""
+            name, data = events[-2].split("\n")
+            assert name == "event: error" and json.loads(data.removeprefix("data: "))["error"]["type"] == "api_error"
+            assert "message_stop" not in streamed.text
+            await wait_idle(daemon)
 
 
 async def test_a_stuck_step_turns_healthz_to_503_until_it_moves(make_daemon: MakeDaemon,

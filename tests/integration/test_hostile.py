@@ -1,6 +1,7 @@
 """Hostile and odd input at the HTTP edge: each gets the right answer (served, or a 4xx in the
 OpenAI error envelope), never a 500 or a traceback, and never an effect on a well-formed request
-running beside it. One daemon takes them all, a normal stream in flight throughout."""
+running beside it. One daemon takes them all, a normal stream in flight throughout. The Messages API's
+routes answer in that API's envelope, the message naming the field."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import anyio
 import httpx
 
 from actors.supervisor import running_daemon
-from tests.integration.harness import HANG_GUARD_S, PROMPT, MakeDaemon, data_payloads, wait_idle
+from tests.integration.harness import (
+    HANG_GUARD_S,
+    PROMPT,
+    SERVED_MODEL,
+    MakeDaemon,
+    assert_messages_error,
+    data_payloads,
+    wait_idle,
+)
 
 JSON = {"content-type": "application/json"}
 
@@ -66,6 +75,41 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
     ("a tokenize request with a NUL", "/tokenize", json.dumps({"prompt": "a\u0000"}).encode(), JSON, {200}),
 ]
 
+MESSAGE = {"model": SERVED_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+
+# The Messages API's routes: (what, path, body, status, error type, what the message names)
+MESSAGES_HOSTILE: list[tuple[str, str, Any, int, str, str]] = [
+    ("no max_tokens", "/v1/messages", {k: v for k, v in MESSAGE.items() if k != "max_tokens"}, 400,
+     "invalid_request_error", "max_tokens"),
+    ("a role that is neither user nor assistant", "/v1/messages",
+     {**MESSAGE, "messages": [{"role": "system", "content": "Hi"}]}, 400, "invalid_request_error",
+     "messages[0].role"),
+    ("temperature 1.5 (the Messages API's range is 0-1)", "/v1/messages", {**MESSAGE, "temperature": 1.5}, 400,
+     "invalid_request_error", "temperature"),
+    ("an image block", "/v1/messages",
+     {**MESSAGE, "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, IMAGE]}]},
+     400, "invalid_request_error", "messages[0].content[1]"),
+    ("an image in a tool result", "/v1/messages", {**MESSAGE, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [IMAGE]}]}]}, 400, "invalid_request_error",
+     "messages[0].content[0].content[0]"),
+    ("a model not served", "/v1/messages", {**MESSAGE, "model": "claude-none"}, 404, "not_found_error", "claude-none"),
+    ("a block type nobody knows", "/v1/messages",
+     {**MESSAGE, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}, 400, "invalid_request_error",
+     "messages[0].content[0].type"),
+    ("tool_choice any without tools", "/v1/messages", {**MESSAGE, "tool_choice": {"type": "any"}}, 400,
+     "invalid_request_error", "tool_choice"),
+    ("a reply to continue (a prefill)", "/v1/messages",
+     {**MESSAGE, "messages": [*MESSAGE["messages"], {"role": "assistant", "content": "Sure"}]}, 400,
+     "invalid_request_error", "messages[1].role"),
+    ("a 100,000-deep tool input", "/v1/messages", None, 400, "invalid_request_error", "nested"),
+    ("count_tokens without messages", "/v1/messages/count_tokens", {"model": SERVED_MODEL}, 400,
+     "invalid_request_error", "messages"),
+    ("a route under the Messages API that is not one", "/v1/messages/batches", MESSAGE, 404, "not_found_error", ""),
+]
+DEEP_INPUT = (b'{"model": "%s", "max_tokens": 4, "messages": [{"role": "assistant", "content": [{"type": "tool_use", '
+              b'"id": "t", "name": "f", "input": {"a": ' % SERVED_MODEL.encode() + nested(100_000) + b"}}]}]}")
+
 
 async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(make_daemon: MakeDaemon) -> None:
     daemon = make_daemon()
@@ -89,6 +133,11 @@ async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(ma
                         assert error["message"] and error["type"] == "invalid_request_error", what
                         assert "Traceback" not in resp.text, what
                     assert (await http.get("/healthz")).status_code == 200, what
+                for what, path, message, status, kind, naming in MESSAGES_HOSTILE:
+                    raw = DEEP_INPUT if message is None else json.dumps(message).encode()
+                    resp = await http.post(path, content=raw, headers=JSON)
+                    assert_messages_error(resp, status, type=kind, naming=naming)
+                    assert "Traceback" not in resp.text, what
             assert neighbour["status"] == 200
             text = "".join(p["choices"][0]["text"] for p in neighbour["payloads"] if p.get("choices"))
             plain = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 48, "temperature": 0,

@@ -98,6 +98,23 @@ def test_reading_in_pieces_gives_what_reading_whole_gives(parts: list[str], data
             assert "</tool_call>" not in e.text
 
 
+@pytest.mark.parametrize("in_pieces", [False, True])
+def test_a_call_cut_short_keeps_its_arguments_and_nothing_of_the_call_around_them(in_pieces: bool) -> None:
+    """The length limit may end the text anywhere in a call: what it read of the arguments is a prefix of
+    them, never the call's own closing brace nor the start of its closing tag."""
+    arguments = json.dumps({"city": "Oslo", "n": {"a": "}"}})
+    text = call("get_weather", {"city": "Oslo", "n": {"a": "}"}})
+    start = text.index(arguments)
+    for end in range(start, len(text) + 1):
+        reader = ToolCallReader()
+        pieces = [text[i:i + 3] for i in range(0, end, 3)] if in_pieces else [text[:end]]
+        events = [e for piece in pieces for e in reader.push(piece)] + reader.finish()
+        [(name, got)] = joined(events)[1]
+        assert name == "get_weather" and arguments.startswith(got), (text[:end], got)
+        if end >= start + len(arguments):
+            assert got == arguments, (text[:end], got)
+
+
 def test_streamed_arguments_come_in_pieces_after_the_name() -> None:
     reader = ToolCallReader()
     text = call("get_weather", {"city": "Oslo", "days": 3})

@@ -1,0 +1,127 @@
+"""A response's lifetime on the engine, whatever wire format its route speaks.
+
+Count it in flight from its body on, admit it (503 past the bounds), open its group in the router and
+submit its choices, wait for their verdicts; then read the choices to one JSON body or an SSE stream.
+On every way out (done, client gone, an error) the unfinished choices are aborted behind their Submits
+and the request is counted out of admission exactly once. Routes build bodies and frames; this owns
+nothing of their shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.admission import Admission
+from actors.http_edge import error_response, json_response
+from actors.metrics import Metrics
+from actors.pipeline import Pipeline
+from actors.responses import ChoiceReader
+from actors.router import ResponseGroup
+from actors.sse import SSEResponse
+from forge import api_responses as wire
+from forge.errors import RequestError
+from forge.messages import Abort, Accepted, Rejected, Submit
+from forge.prepare import Constraint
+
+Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
+
+
+class ResponseLifetime:
+    def __init__(self, admission: Admission, metrics: Metrics, *, ready: Callable[[Request], Pipeline],
+                 body: Callable[[Request], Awaitable[bytes]], ping_interval: float) -> None:
+        """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
+        request body within limits; `ping_interval`: seconds of silence before a stream sends a ping."""
+        self.admission = admission
+        self._metrics = metrics
+        self._ready, self._body = ready, body
+        self._ping_interval = ping_interval
+
+    async def run(self, request: Request, handler: Handler) -> Response:
+        """Count the request in flight from its body until its response is done (or it fails).
+
+        A handler that returns has counted its request out (a JSON body) or will when its stream
+        ends (SSE); one that raises has not, and it is counted out here, exactly once.
+        """
+        pipe = self._ready(request)
+        body = await self._body(request)
+        arrival = time.monotonic()
+        self.admission.enter()
+        try:
+            return await handler(request, pipe, body, arrival)
+        except BaseException:
+            self.admission.leave()
+            raise
+
+    async def check_constraint(self, pipe: Pipeline, constraint: Constraint | None) -> None:
+        """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
+        loop: a large schema may take a while to compile."""
+        if constraint is not None:
+            await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
+                                                             param=constraint.param))
+
+    async def start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
+                    arrival: float) -> ChoiceReader:
+        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
+        with self.admission.admitting(pipe.load_stats, len(submits), num_bytes // 4):
+            group = pipe.router.open([s.request_id for s in submits])
+            try:
+                for s in submits:
+                    pipe.to_tokeniser.send_nowait(s)
+                statuses = await group.wait_statuses()
+            except BaseException:
+                self.abort(pipe, group)
+                raise
+        rejected = next((s for s in statuses if isinstance(s, Rejected)), None)
+        if rejected is not None:
+            self.abort(pipe, group)
+            raise rejected.error()
+        num_prompt_tokens = sum(s.num_prompt_tokens for s in statuses if isinstance(s, Accepted))
+        request.state.prompt_tokens = num_prompt_tokens
+        return ChoiceReader(group, self._metrics, arrival=arrival, ping_interval=self._ping_interval,
+                            num_prompt_tokens=num_prompt_tokens)
+
+    async def respond(self, request: Request, pipe: Pipeline, reader: ChoiceReader, build: Callable[[], Any], *,
+                      render_error: Callable[[RequestError], Response] = error_response) -> Response:
+        """One JSON body once every choice has ended, or the engine's failure as `render_error` writes
+        it. (If this raises, `run` counts the request out.)"""
+        try:
+            await reader.collect(request)
+        finally:
+            self.abort(pipe, reader.group)
+        request.state.completion_tokens = reader.num_completion_tokens
+        failure = reader.failure()
+        response = render_error(failure) if failure is not None else json_response(build())
+        self.admission.leave()
+        return response
+
+    def sse(self, request: Request, pipe: Pipeline, reader: ChoiceReader, frames: AsyncIterator[bytes], *,
+            done: bytes | None = wire.SSE_DONE) -> SSEResponse:
+        """The frames as an event stream, then `done` (OpenAI's [DONE]; None for none)."""
+        async def body() -> AsyncIterator[bytes]:
+            async for frame in frames:
+                yield frame
+            if done is not None:
+                yield done
+
+        def cleanup() -> None:
+            self.abort(pipe, reader.group)
+            request.state.completion_tokens = reader.num_completion_tokens
+            self.admission.leave()
+
+        return SSEResponse(body(), cleanup)
+
+    def abort(self, pipe: Pipeline, group: ResponseGroup) -> None:
+        """Stop reading the group; its unfinished requests are dropped behind their Submits."""
+        pipe.router.close(group)
+        for i in sorted(group.unfinished):
+            try:
+                pipe.to_tokeniser.send_nowait(Abort(request_id=group.request_ids[i]))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return                        # the daemon stopped (drain timed out): nothing to free

@@ -111,6 +111,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
         fn.restype = ctypes.c_int
+    lib.forge_decode_by_position.argtypes = [i64]
+    lib.forge_decode_by_position.restype = i64
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, i64, i64, i64, p]
     lib.q8_0_matmul.restype = ctypes.c_int
     for name, args in (("amx_split_rows", [p, i64, i64, i64, p, p]),
@@ -215,6 +217,16 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if rc != 0:
         raise ValueError(f"paged_decode_attention: {group} query heads per KV head or head_dim {head_dim} "
                          "is beyond the kernel's limits (64, 256)")
+
+
+def decode_by_position(heads: int, lib: ctypes.CDLL | None = None) -> int:
+    """Sequences with at least `heads` KV heads of one query head each (MHA) decode position by position
+    (paged_attention.c's decode_heads_: every head of 16 keys at a time, reading each block's rows in
+    one stretch) rather than head by head; the default is 8. Returns the previous threshold; a huge value
+    keeps every sequence head by head (the same results, bit for bit: the tests compare them)."""
+    lib = lib or library()
+    assert lib is not None, "decode_by_position called without the compiled kernels"
+    return int(lib.forge_decode_by_position(heads))
 
 
 def rms_norm(x: F32, weight: F32, eps: float, out: F32) -> None:

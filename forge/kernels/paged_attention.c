@@ -33,20 +33,33 @@
 
 #define MAX_GROUP 64
 #define MAX_HEAD_DIM 256
+/* From this many KV heads (one query head each) a sequence's heads go position by position
+ * (decode_heads_); fewer heads make rows short enough that head by head reads them as well. Set by
+ * forge_decode_by_position (the tests compare both orders bit for bit; ab_kernels.py times them). */
+static int64_t many_heads = 8;
+
+/* Sequences with at least `heads` KV heads (one query head each) decode position by position; returns
+ * the previous threshold. A huge value keeps every sequence head by head. */
+int64_t forge_decode_by_position(int64_t heads) {
+    const int64_t before = many_heads;
+    many_heads = heads;
+    return before;
+}
 
 /* The compiled products' thread pool (qmatmul.c): fn(ctx, i, n) for i < n on its n threads. */
 void forge_run_parallel(void (*fn)(const void *, int, int), const void *ctx, int parallel);
 
-/* A pool thread's scores buffer, grown as needed (never freed: one per thread). */
-static float *scores_buffer(int64_t floats) {
-    static __thread float *buf = NULL;
-    static __thread int64_t size = 0;
-    if (floats > size) {
-        free(buf);
-        buf = malloc((size_t)floats * sizeof(float));
-        size = buf == NULL ? 0 : floats;
+/* A pool thread's scratch buffer `which` (0: decode_part_'s scores, 1: decode_heads_'), grown as needed
+ * (never freed: one each per thread). */
+static float *scratch_buffer(int which, int64_t floats) {
+    static __thread float *buf[2] = {NULL, NULL};
+    static __thread int64_t size[2] = {0, 0};
+    if (floats > size[which]) {
+        free(buf[which]);
+        buf[which] = malloc((size_t)floats * sizeof(float));
+        size[which] = buf[which] == NULL ? 0 : floats;
     }
-    return buf;
+    return buf[which];
 }
 
 /* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
@@ -240,8 +253,98 @@ static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
+#if defined(__AVX512F__)
+/* Heads [g0, g1) of one sequence with one query head per KV head (MHA: 32 KV heads of 64 in the
+ * 1.7B and 7B shapes), position by position: for each block of 16 keys, every head's 16 scores, then
+ * each head's outputs weighed from the same 16 values. A position's row holds all heads side by side
+ * (nkv x hd values: 4 KiB in float16), so the heads of 16 positions read one contiguous stretch of the
+ * block, where taking each head over all its keys in turn (decode_pairs_) reads 128 bytes a page and
+ * waits on the memory. The same arithmetic in the same order as decode_pairs_, so the same results.
+ * hd a multiple of 16, at most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2 with no memory. */
+static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
+                                       const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
+                                       const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
+                                       int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
+                                       float *restrict out) {
+    const int64_t heads = g1 - g0, kv_stride = nkv * hd, nv = hd / 16, span = len - first;
+    float *scores = scratch_buffer(1, heads * span + heads * hd);      /* [heads, span], then [heads, hd] */
+    if (scores == NULL)
+        return -2;
+    float *o = scores + heads * span;
+    float maxes[MAX_GROUP * 4], sums[MAX_GROUP * 4];
+    if (heads > MAX_GROUP * 4)
+        return -2;
+    for (int64_t h = 0; h < heads; h++)
+        maxes[h] = -INFINITY;
+    int64_t at[16], head_at[16];
+    int64_t p = first;
+    for (; p + 16 <= len; p += 16) {
+        keys16(table, p, block_size, kv_stride, 0, at);
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t g = g0 + h;
+            for (int e = 0; e < 16; e++)
+                head_at[e] = at[e] + g * hd;
+            float *sh = scores + h * span - first;
+            scores16(q + (row * nh + g) * hd, 1, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
+            const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(sh + p));
+            if (m16 > maxes[h])
+                maxes[h] = m16;
+        }
+    }
+    row_buffer buf;
+    for (; p < len; p++) {
+        const int64_t base = slot_of(table, p, block_size) * kv_stride;
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t g = g0 + h;
+            const float x = dot(q + (row * nh + g) * hd, KV_ROW(k, k_scales, base + g * hd, &buf, hd), hd);
+            scores[h * span + p - first] = x;
+            if (x > maxes[h])
+                maxes[h] = x;
+        }
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        float *sh = scores + h * span, total = 0.0f;
+        for (int64_t i = 0; i < span; i++) {
+            sh[i] = expf(sh[i] - maxes[h]);
+            total += sh[i];
+        }
+        sums[h] = total;
+    }
+    memset(o, 0, (size_t)(heads * hd) * sizeof(float));
+    for (p = first; p < len; p += 16) {
+        const int n = len - p < 16 ? (int)(len - p) : 16;
+        if (n == 16)
+            keys16(table, p, block_size, kv_stride, 0, at);
+        else
+            for (int e = 0; e < n; e++)
+                at[e] = slot_of(table, p + e, block_size) * kv_stride;
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t g = g0 + h;
+            const float *wh = scores + h * span - first;
+            __m512 acc[MAX_HEAD_DIM / 16];
+            for (int64_t z = 0; z < nv; z++)
+                acc[z] = _mm512_loadu_ps(o + h * hd + 16 * z);
+            for (int e = 0; e < n; e++) {
+                const __m512 w = _mm512_set1_ps(wh[p + e]);
+                for (int64_t z = 0; z < nv; z++)
+                    acc[z] = _mm512_fmadd_ps(w, load16_kv(v, v_scales, at[e] + g * hd + 16 * z, KV_CODE), acc[z]);
+            }
+            for (int64_t z = 0; z < nv; z++)
+                _mm512_storeu_ps(o + h * hd + 16 * z, acc[z]);
+        }
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[h]);
+        float *oh = out + (row * nh + g0 + h) * hd;
+        for (int64_t z = 0; z < nv; z++)
+            _mm512_storeu_ps(oh + 16 * z, _mm512_mul_ps(_mm512_loadu_ps(o + h * hd + 16 * z), inv));
+    }
+    return 0;
+}
+#endif
+
 /* Pairs [i0, i1) of (sequence s, KV head g), pair i = s * nkv + g. */
-static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
+static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                            const uint16_t *k_scales, const uint16_t *v_scales, const int64_t *restrict rows, const int64_t *restrict block_tables,
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t i0, int64_t i1,
@@ -258,6 +361,16 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
         const int64_t s = i / nkv, g = i % nkv;
         const int64_t row = rows[s], len = context_lens[s], first = first_keys ? first_keys[s] : 0;
         const int64_t *table = block_tables + s * table_width;
+#if defined(__AVX512F__)
+        if (group == 1 && nkv >= many_heads && hd % 16 == 0 && softcap <= 0.0f) {
+            const int64_t end = (s + 1) * nkv < i1 ? (s + 1) * nkv : i1;  /* this sequence's heads in range */
+            if (CAT(decode_heads_, KV_NAME)(q, k, v, k_scales, v_scales, row, table, first, len, g, g + end - i,
+                                            nh, nkv, hd, block_size, out) != 0)
+                return -2;
+            i = end - 1;
+            continue;
+        }
+#endif
         {
             const float *qg = q + (row * nh + g * group) * hd;      /* [group, hd] */
             float maxes[MAX_GROUP], sums[MAX_GROUP];
@@ -349,6 +462,7 @@ static void CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *res
             }
         }
     }
+    return 0;
 }
 
 int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
@@ -359,9 +473,8 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
                            float *restrict scores, float *restrict out) {
     if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
         return -1;
-    CAT(decode_pairs_, KV_NAME)(q, k, v, k_scales, v_scales, rows, block_tables, table_width, context_lens, first_keys, 0, num_seqs * nkv,
-                                nh, nkv, hd, block_size, softcap, scores, out);
-    return 0;
+    return CAT(decode_pairs_, KV_NAME)(q, k, v, k_scales, v_scales, rows, block_tables, table_width, context_lens,
+                                       first_keys, 0, num_seqs * nkv, nh, nkv, hd, block_size, softcap, scores, out);
 }
 
 typedef struct {
@@ -389,11 +502,12 @@ static void CAT(decode_part_, KV_NAME)(const void *ctx, int index, int count) {
         seen += jb->context_lens[i / jb->nkv];
     }
     if (i0 >= i1) return;
-    float *scores = scores_buffer(jb->nh / jb->nkv * jb->max_len);
+    float *scores = scratch_buffer(0, jb->nh / jb->nkv * jb->max_len);
     if (scores == NULL) { ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1; return; }
-    CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->k_scales, jb->v_scales, jb->rows, jb->block_tables, jb->table_width, jb->context_lens,
-                                jb->first_keys, i0, i1, jb->nh, jb->nkv, jb->hd, jb->block_size, jb->softcap,
-                                scores, jb->out);
+    if (CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->k_scales, jb->v_scales, jb->rows, jb->block_tables,
+                                    jb->table_width, jb->context_lens, jb->first_keys, i0, i1, jb->nh, jb->nkv,
+                                    jb->hd, jb->block_size, jb->softcap, scores, jb->out) != 0)
+        ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1;
 }
 
 /* paged_decode_attention on the compiled products' pool: the (sequence, KV head) pairs dealt to its

@@ -335,7 +335,7 @@ def paged_batch(rng: np.random.Generator, lens: list[int], query_lens: list[int]
 
 
 @settings(max_examples=25, deadline=None)
-@given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=9), kv_heads=st.sampled_from([1, 2, 3]),
+@given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=9), kv_heads=st.sampled_from([1, 2, 3, 8]),
        group=st.sampled_from([1, 2, 3, 4]), block_size=st.sampled_from([1, 4, 16]), num_parts=st.integers(1, 3),
        prefill_every=st.integers(0, 3), window=st.sampled_from([0, 1, 5, 40]),
        softcap=st.sampled_from([0.0, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1))
@@ -343,7 +343,8 @@ def test_fused_decode_attention_equals_the_numpy_reference(
         lens: list[int], kv_heads: int, group: int, block_size: int, num_parts: int, prefill_every: int,
         window: int, softcap: float, seed: int) -> None:
     """Decode rows through the compiled kernel (mixed with prefill chunks, split over parts, with or
-    without a sliding window, with or without soft-capped scores) give the numpy path's output."""
+    without a sliding window, with or without soft-capped scores; 8 KV heads of one query head each go
+    position by position) give the numpy path's output."""
     rng = np.random.default_rng(seed)
     head_dim = int(rng.choice([16, 32, 48, 64, 128]))            # 64 and 128: the outputs in registers
     # Chunks up to 12 rows: up to MAX_FUSED_CHUNK_ROWS (8) they run on the kernel row by row.
@@ -589,6 +590,43 @@ def test_fused_decode_attention_reads_stored_types_like_the_numpy_path(
     got = attend(fused_plan, q, k, v, scales=scales)
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
     assert_the_pool_gives_the_same(batch, config, block_size, 2, 0, softcap, q, k, v, fused_plan, got, scales)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(1, 80), min_size=1, max_size=5), kv_heads=st.sampled_from([8, 12, 32]),
+       kv_dtype=st.sampled_from(KV_CACHE_DTYPES), block_size=st.sampled_from([1, 4, 16]),
+       head_dim=st.sampled_from([32, 64, 128]), window=st.sampled_from([0, 5, 40]), num_parts=st.integers(1, 3),
+       seed=st.integers(0, 2**32 - 1))
+def test_many_heads_position_by_position_give_head_by_heads_bits(
+        lens: list[int], kv_heads: int, kv_dtype: str, block_size: int, head_dim: int, window: int,
+        num_parts: int, seed: int) -> None:
+    """MHA rows (one query head per KV head, many heads) read position by position, every head of 16 keys
+    at a time, give the bits of reading each head over all its keys in turn, on every stored type, split
+    over parts or on the compiled products' threads (whose split may cut a sequence's heads)."""
+    rng = np.random.default_rng(seed)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 2
+    batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
+    config = SimpleNamespace(num_heads=kv_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k, k_scales = stored_kv((rng.standard_normal(shape) * 3).astype(np.float32), kv_dtype)
+    v, v_scales = stored_kv(rng.standard_normal(shape).astype(np.float32), kv_dtype)
+    scales = None if k_scales is None or v_scales is None else (k_scales, v_scales)
+    q = (rng.standard_normal((batch.num_tokens, kv_heads, head_dim)) / 4).astype(np.float32)
+    products.pool_threads(2)
+    outs = []
+    for threshold in (8, 1 << 40):
+        before = compiled.decode_by_position(threshold)
+        try:
+            for on_pool in (False, True):
+                plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window,
+                                      decode_on_pool=on_pool)
+                outs.append(attend(plan, q, k, v, scales=scales))
+        finally:
+            compiled.decode_by_position(before)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v, scales=scales)
+    assert np.max(np.abs(outs[0] - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
 
 
 @pytest.mark.parametrize("kv_dtype", KV_CACHE_DTYPES)

@@ -67,9 +67,11 @@ class ResponseLifetime:
                                                              param=constraint.param))
 
     async def start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
-                    arrival: float) -> ChoiceReader:
-        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
-        with self.admission.admitting(pipe.load_stats, len(submits), num_bytes // 4):
+                    arrival: float, *, num_admitted: int | None = None) -> ChoiceReader:
+        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts.
+        `num_admitted`: the requests admission counts it as (None: one per Submit)."""
+        num_new = len(submits) if num_admitted is None else num_admitted
+        with self.admission.admitting(pipe.load_stats, num_new, num_bytes // 4):
             group = pipe.router.open([s.request_id for s in submits])
             try:
                 for s in submits:

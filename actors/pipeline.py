@@ -31,6 +31,8 @@ class Pipeline:
     load_stats: LoadStats
     grammars: Grammars
     serving: Serving                                # what is served (forge.engine)
+    vocab_size: int = 0                             # token ids an input may hold lie in [0, vocab_size)
+    max_input_tokens: int | None = None             # longest embedding input in tokens (None: the engine checks)
     load: Callable[[], int] = lambda: 0             # sequences running and waiting (a router's /get_load)
     step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
 

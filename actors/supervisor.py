@@ -133,6 +133,7 @@ class Daemon:
                     template=loaded.chat_template, max_model_len=served.max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
                     grammars=edge_grammars, serving=served, step_age=scheduler.step_age,
+                    vocab_size=loaded.tokenizer.vocab_size,
                     load=scheduler.load)
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)

@@ -88,6 +88,8 @@ class Serving(msgspec.Struct, frozen=True, kw_only=True):
     prefix_caching: str
     speculative: str
     version: str
+    embedding_size: int = 0         # values in a POST /v1/embeddings vector (the hidden size)
+    pooling: str = "last"           # how those pool the final hidden states (--pooling)
 
 
 def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, served_model_name: str,
@@ -113,7 +115,7 @@ def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, se
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_step_ms=config.max_step_ms if config.max_step_ms is not None else "off",
         scheduling_policy=config.scheduling_policy, prefix_caching="on" if config.enable_prefix_caching else "off",
-        speculative=spec, version=_version())
+        speculative=spec, version=_version(), embedding_size=model.config.hidden_size, pooling=config.pooling)
 
 
 def _version() -> str:

@@ -28,7 +28,7 @@ class EmbeddingsRoutes:
         return [Route("/v1/embeddings", self.create, methods=["POST"])]
 
     async def create(self, request: Request) -> Response:
-        return await self._life.run(request, self._create)
+        return await self._life.run(request, self._create, embeds=True)
 
     async def _create(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         served = pipe.serving

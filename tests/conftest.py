@@ -1,9 +1,9 @@
 """Fixtures shared by every test directory: where the real model files are.
 
 The models are never downloaded from here: `make test` fetches them first (`make test-models`,
-i.e. `forge pull`, `forge pull gemma-3-270m` and `forge pull all-minilm-l6-v2`), and a test that needs one fails, not skips, when
-it is absent, so that a CI run without the models cannot pass by silently skipping the tests that
-use them.
+i.e. `forge pull`, `forge pull gemma-3-270m` and `forge pull all-minilm-l6-v2`), and a test that needs
+one fails, not skips, when it is absent, so that a CI run without the models cannot pass by silently
+skipping the tests that use them.
 """
 
 from __future__ import annotations

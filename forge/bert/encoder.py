@@ -59,13 +59,15 @@ class LoadedEncoder:
         root = Path(directory)
         modules = [m.get("type", "") for m in _read_json(root / "modules.json", default=[{}])]
         pooling = _read_json(root / "1_Pooling" / "config.json", default={"pooling_mode_mean_tokens": True})
-        other = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k != "pooling_mode_mean_tokens"]
+        other = [k for k, v in pooling.items()
+                 if k.startswith("pooling_mode_") and v and k != "pooling_mode_mean_tokens"]
         if not pooling.get("pooling_mode_mean_tokens") or other:
             raise ModelLoadError(f"{root}: only mean pooling is served, the model asks for {other or 'none'}")
         if modules != [{}] and not any(m.endswith("Normalize") for m in modules):
             raise ModelLoadError(f"{root}: forge serves normalised embeddings; modules.json has no Normalize")
         model = BertModel.load(root)
-        st_config = _read_json(root / "sentence_bert_config.json", default={"max_seq_length": model.config.max_position})
+        st_config = _read_json(root / "sentence_bert_config.json",
+                               default={"max_seq_length": model.config.max_position})
         max_len = min(int(st_config.get("max_seq_length") or model.config.max_position), model.config.max_position)
         try:
             tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))

@@ -82,7 +82,8 @@ def layer_norm(x: F32, weight: F32, bias: F32, eps: float) -> F32:
     centred *= 1.0 / np.sqrt(var + np.float32(eps))
     centred *= weight
     centred += bias
-    return centred
+    out: F32 = centred
+    return out
 
 
 def erf(x: F32) -> F32:
@@ -91,7 +92,8 @@ def erf(x: F32) -> F32:
     poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (
         np.float32(1.421413741) + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
     y = 1.0 - poly * np.exp(-x * x)
-    return np.copysign(y, x).astype(np.float32)
+    out: F32 = np.copysign(y, x).astype(np.float32)
+    return out
 
 
 def gelu(x: F32) -> F32:

@@ -17,9 +17,11 @@ install: $(VENV)/.installed
 model: install
 	$(FORGE) pull
 
-# The second real model the tests run (another family, tokenizer and quantization): 253 MB, once.
+# The other real models the tests run: another family, tokenizer and quantization (253 MB), and the
+# sentence-embedding encoder all-MiniLM-L6-v2 (83 MB), once.
 test-models: model
 	$(FORGE) pull gemma-3-270m
+	$(FORGE) pull all-minilm-l6-v2
 
 serve: model
 	$(FORGE) serve

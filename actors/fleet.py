@@ -66,7 +66,7 @@ class FleetRoutes:
         pipe = self._ready(request)
         served = pipe.serving
         return json_response({"model_path": served.model, "served_model_name": self._name,
-                              "architecture": served.architecture, "is_generation": True,
+                              "architecture": served.architecture, "is_generation": not pipe.embeds_only,
                               "max_model_len": served.max_model_len})
 
     async def flush_cache(self, request: Request) -> Response:

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from actors.admission import Admission
 from actors.anthropic_route import MessagesRoutes
 from actors.dashboard import dashboard_page
+from actors.embeddings_route import EmbeddingsRoutes
 from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
 from actors.lifetime import ResponseLifetime
@@ -89,6 +90,7 @@ class Gateway:
                                      ping_interval=config.sse_ping_interval)
         self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
                                        served_model_name=config.served_model_name)
+        self.embeddings = EmbeddingsRoutes(self.life, served_model_name=config.served_model_name)
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -106,6 +108,7 @@ class Gateway:
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             *self.messages.routes(),
+            *self.embeddings.routes(),
             *self.fleet.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from actors.admission import Admission
 from actors.http_edge import error_response, json_response
 from actors.metrics import Metrics
-from actors.pipeline import Pipeline
+from actors.pipeline import Pipeline, only_embeds
 from actors.responses import ChoiceReader
 from actors.router import ResponseGroup
 from actors.sse import SSEResponse
@@ -43,13 +43,15 @@ class ResponseLifetime:
         self._ready, self._body = ready, body
         self._ping_interval = ping_interval
 
-    async def run(self, request: Request, handler: Handler) -> Response:
+    async def run(self, request: Request, handler: Handler, *, embeds: bool = False) -> Response:
         """Count the request in flight from its body until its response is done (or it fails).
 
         A handler that returns has counted its request out (a JSON body) or will when its stream
         ends (SSE); one that raises has not, and it is counted out here, exactly once.
         """
         pipe = self._ready(request)
+        if pipe.embeds_only and not embeds:                # a generation route on an embedding model
+            raise only_embeds(pipe.serving.served_model_name)
         body = await self._body(request)
         arrival = time.monotonic()
         self.admission.enter()
@@ -67,9 +69,11 @@ class ResponseLifetime:
                                                              param=constraint.param))
 
     async def start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
-                    arrival: float) -> ChoiceReader:
-        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts."""
-        with self.admission.admitting(pipe.load_stats, len(submits), num_bytes // 4):
+                    arrival: float, *, num_admitted: int | None = None) -> ChoiceReader:
+        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts.
+        `num_admitted`: the requests admission counts it as (None: one per Submit)."""
+        num_new = len(submits) if num_admitted is None else num_admitted
+        with self.admission.admitting(pipe.load_stats, num_new, num_bytes // 4):
             group = pipe.router.open([s.request_id for s in submits])
             try:
                 for s in submits:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from forge import anthropic_api, api
+from forge import anthropic_api, api, embeddings_api
 
 _REF = "#/components/schemas/{name}"
 
@@ -37,6 +37,12 @@ _MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "conte
 
 _TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "additionalProperties": False,
                 "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}
+
+_EMBEDDINGS = {"type": "object", "required": ["object", "data", "model", "usage"],
+               "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+                   "type": "object", "required": ["object", "index", "embedding"],
+                   "properties": {"object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
+                                  "embedding": {"type": ["array", "string"]}}}}}}
 
 _GENERATED = {"type": "object", "required": ["text", "prompt_tokens", "completion_tokens"],
               "properties": {"text": {"type": "string"}, "prompt_tokens": {"type": "integer", "minimum": 0},
@@ -81,9 +87,10 @@ def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None =
 @cache
 def openapi_document() -> dict[str, Any]:
     types = (api.CompletionRequest, api.ChatCompletionRequest, api.TokenizeRequest, api.DetokenizeRequest,
-             api.GenerateRequest, anthropic_api.MessagesRequest, anthropic_api.CountTokensRequest)
+             api.GenerateRequest, anthropic_api.MessagesRequest, anthropic_api.CountTokensRequest,
+             embeddings_api.EmbeddingRequest)
     bodies, components = msgspec.json.schema_components(types, ref_template=_REF)
-    completion, chat, tokenize, detokenize, generate, messages, count_tokens = bodies
+    completion, chat, tokenize, detokenize, generate, messages, count_tokens, embeddings = bodies
     components["ErrorBody"] = _ERROR
     components["MessagesErrorBody"] = _MESSAGES_ERROR
     text = {"description": "plain text", "content": {"text/plain": {"schema": {"type": "string"}}}}
@@ -98,6 +105,8 @@ def openapi_document() -> dict[str, Any]:
         "/v1/messages/count_tokens": {"post": _operation(
             "countMessageTokens", "The prompt tokens a message would run", body=count_tokens,
             ok=_json(_TOKEN_COUNT, "the count"), errors=_MESSAGES_ERRORS)},
+        "/v1/embeddings": {"post": _operation("createEmbedding", "Embed inputs (pooled final hidden states)",
+                                              body=embeddings, ok=_json(_EMBEDDINGS, "the embeddings"))},
         "/v1/models": {"get": _operation("listModels", "The model served")},
         "/tokenize": {"post": _operation("tokenize", "Token ids of a prompt or chat", body=tokenize)},
         "/detokenize": {"post": _operation("detokenize", "Text of token ids", body=detokenize)},

@@ -36,6 +36,7 @@ class Choice:
     stop_string: str | None = None           # the stop string that ended it, if one did
     counts: TokenCounts = TokenCounts()
     error: str | None = None                 # the engine failed this choice
+    embedding: bytes | None = None           # an embedding request's vector (little-endian float32)
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -128,6 +129,8 @@ class ChoiceReader:
                 m.recent_tpot.add(tpot, now)
         if delta.error is not None:
             choice.error = delta.error
+        if delta.embedding is not None:
+            choice.embedding = delta.embedding
 
     def failure(self) -> RequestError | None:
         """The error to answer with when the engine failed a choice (a 500: not the client's fault), or

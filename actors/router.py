@@ -21,7 +21,7 @@ def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
     return TextDelta(request_id=a.request_id, text=a.text + b.text, num_tokens=a.num_tokens + b.num_tokens,
                      logprobs=a.logprobs + b.logprobs, finish_reason=b.finish_reason,
                      stop_string=b.stop_string or a.stop_string, counts=a.counts.merge(b.counts),
-                     error=b.error or a.error)
+                     error=b.error or a.error, embedding=b.embedding or a.embedding)
 
 
 class ResponseGroup:

@@ -24,6 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from actors.access import AccessLog
 from actors.allocator import AllocatorActor
+from actors.encoder_actor import EncoderActor, EncoderInbox
 from actors.gateway import Gateway, GatewayConfig
 from actors.metrics import Metrics
 from actors.pipeline import Pipeline
@@ -32,9 +33,11 @@ from actors.scheduler import SchedulerActor, SchedulerInbox
 from actors.stats import Sources
 from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
+from forge.bert.encoder import LoadedEncoder
 from forge.config import EngineConfig
-from forge.engine import build_engine, serving
-from forge.loading import LoadedModel, load_draft
+from forge.engine import Serving, build_engine, encoder_serving, serving
+from forge.llama.linear import configure_matmul
+from forge.loading import LoadedModel, load_draft, load_served
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
 from forge.structured import Grammars
 
@@ -55,7 +58,7 @@ class DaemonConfig:
 class Daemon:
     """Owns the gateway and, once loaded, the actors. `run` serves until drained or crashed."""
 
-    def __init__(self, config: DaemonConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, config: DaemonConfig, loaded: LoadedModel | LoadedEncoder | None = None) -> None:
         self.config = config
         self.metrics = Metrics()
         self.gateway = Gateway(config.gateway, self.metrics)
@@ -64,6 +67,7 @@ class Daemon:
         self.scheduler: SchedulerActor | None = None
         self.allocator: AllocatorActor | None = None
         self.worker: ModelWorkerActor | None = None
+        self.encoder: EncoderActor | None = None    # an embedding model's one actor, instead of those four
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
@@ -78,7 +82,7 @@ class Daemon:
         sizes = {"gateway.inflight": self.gateway.admission.num_inflight}
         if self.gateway.pipeline is not None:
             sizes["router.requests"] = len(self.gateway.pipeline.router)
-        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
+        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker, self.encoder):
             if actor is not None:
                 sizes.update(actor.tracked())
         return sizes
@@ -93,9 +97,12 @@ class Daemon:
     async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the model (off the loop), wire the five actors, serve until the channels close."""
         if self.loaded is None:
-            self.loaded = await anyio.to_thread.run_sync(lambda: LoadedModel.load(
+            self.loaded = await anyio.to_thread.run_sync(lambda: load_served(
                 self.config.model, kernels=self.config.engine.kernels, numerics=self.config.engine.numerics,
                 progress=_progress))
+        if isinstance(self.loaded, LoadedEncoder):
+            await self._run_encoder(self.loaded, task_status=task_status)
+            return
         loaded, cfg = self.loaded, self.config.engine
         draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
         parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
@@ -129,10 +136,11 @@ class Daemon:
                     await tg.start(actor.run)
                 scheduler = self.scheduler
                 self.gateway.pipeline = Pipeline(
-                    router=router, to_tokeniser=to_tok, tokenizer=loaded.tokenizer,
-                    template=loaded.chat_template, max_model_len=served.max_model_len,
+                    router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
+                    chat_template=loaded.chat_template, max_model_len=served.max_model_len,
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
-                    grammars=edge_grammars, serving=served, step_age=scheduler.step_age,
+                    grammar_engine=edge_grammars, serving=served, step_age=scheduler.step_age,
+                    vocab_size=loaded.tokenizer.vocab_size,
                     load=scheduler.load)
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)
@@ -145,14 +153,36 @@ class Daemon:
                     scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
                     serving=msgspec.to_builtins(served))
                 tg.start_soon(self.gateway.stats.run_sampler)
-                log.info("ready", **msgspec.structs.asdict(served))
-                task_status.started()
-                self.is_started.set()
-                await self._stop.wait()
-                await self._drain()
-                self.gateway.pipeline = None
-                log.info("stopped", inflight=self.gateway.admission.num_inflight)
+                await self._serve_until_stopped(served, task_status)
                 tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+
+    async def _run_encoder(self, encoder: LoadedEncoder, *,
+                           task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """An embedding model: the gateway and one encoder actor, which tokenises, batches and embeds."""
+        cfg = self.config.engine
+        await anyio.to_thread.run_sync(lambda: configure_matmul(cfg.matmul_strategy, cfg.blas_threads))
+        served = encoder_serving(encoder, served_model_name=self.config.gateway.served_model_name)
+        to_enc, enc_in = anyio.create_memory_object_stream[EncoderInbox](math.inf)
+        router = Router()
+        self.encoder = actor = EncoderActor(encoder, router, self.metrics, inbox=enc_in)
+        with to_enc:
+            async with anyio.create_task_group() as tg:
+                await tg.start(actor.run)
+                self.gateway.pipeline = Pipeline(
+                    router=router, to_tokeniser=to_enc, max_model_len=served.max_model_len,
+                    load_stats=lambda: (actor.num_waiting(), 0), serving=served, step_age=actor.step_age,
+                    load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
+                await self._serve_until_stopped(served, task_status)
+                tg.cancel_scope.cancel()
+
+    async def _serve_until_stopped(self, served: Serving, task_status: TaskStatus[None]) -> None:
+        log.info("ready", **msgspec.structs.asdict(served))
+        task_status.started()
+        self.is_started.set()
+        await self._stop.wait()
+        await self._drain()
+        self.gateway.pipeline = None
+        log.info("stopped", inflight=self.gateway.admission.num_inflight)
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.drain_timeout) as scope:

@@ -135,7 +135,7 @@ class TokeniserActor:
         self._router.deliver(TextDelta(
             request_id=msg.request_id, text=text, num_tokens=len(ids),
             logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in logprobs),
-            finish_reason=reason, stop_string=stream.detok.stop_reason,
+            finish_reason=reason, stop_string=stream.detok.stop_reason, embedding=msg.embedding,
             counts=msg.counts.merge(TokenCounts(prompt=stream.num_prompt_tokens, completion=stream.num_tokens))))
 
     def _logprob_info(self, token_id: int, logprob: float | None,

@@ -171,19 +171,21 @@ class BlockAllocator:
 
     # ---- prefix caching -----------------------------------------------------------------
 
-    def admit_with_prefix(self, seq: SeqId, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+    def admit_with_prefix(self, seq: SeqId, token_ids: Sequence[int], cache_salt: str | None = None, *,
+                          lookup: bool = True) -> int:
         """Admit `seq` knowing its tokens; share cached full blocks of its prefix (only with sequences
         of the same `cache_salt`).
 
         Returns how many leading tokens are already in the cache. At least one token is always
         left to compute, so that the step that resumes the sequence produces its next logits.
+        `lookup` False: nothing is shared (every token is computed), but its blocks are cached as usual.
         """
         if seq in self._seqs:
             raise CacheError(f"sequence {seq} is already admitted")
         root = salt_root(cache_salt)
         entry = _SeqEntry(BlockTable(), list(token_ids), last_hash=root)
         self._seqs[seq] = entry
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not lookup:
             return 0
         bs = self._block_size
         max_blocks = max(0, (len(token_ids) - 1) // bs)
@@ -303,7 +305,8 @@ class BlockAllocator:
             else:
                 if preempted or budget <= 0:
                     break
-                num_cached = self.admit_with_prefix(seq, ask.new_token_ids, ask.cache_salt)
+                num_cached = self.admit_with_prefix(seq, ask.new_token_ids, ask.cache_salt,
+                                                    lookup=ask.use_prefix_cache)
             entry = self._seqs[seq]
             start = entry.table.num_tokens
             num = min(ask.max_compute, len(entry.token_ids) - start)

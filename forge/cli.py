@@ -52,7 +52,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             scheduling_policy=args.scheduling_policy, speculative=speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
                             speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
-                            draft_layers=args.draft_layers, draft_p_min=args.draft_p_min)
+                            draft_layers=args.draft_layers, draft_p_min=args.draft_p_min,
+                            pooling=args.pooling)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -72,6 +73,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who gets a step's token budget first: shortest-first (decodes, then the prompts "
                         "with the fewest tokens left; long waits age into first place) or fcfs "
                         "[FORGE_SCHEDULING_POLICY; shortest-first]")
+    g.add_argument("--pooling", choices=["last", "mean", "cls"], default=env("FORGE_POOLING", "last"),
+                   help="how POST /v1/embeddings pools a decoder's final normed hidden states (then L2-normalised): "
+                        "last token, mean over the input, or first token [FORGE_POOLING; last]")
     g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "300"),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams); off: the token budget "

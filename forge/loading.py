@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from forge.bert.encoder import LoadedEncoder, is_encoder_dir
 from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.errors import ConfigError
@@ -87,3 +88,13 @@ def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
     reason = target.tokenizer.mismatch(draft.tokenizer)
     if reason is not None:
         raise ConfigError(f"the draft model {draft.name} does not share {target.name}'s vocabulary: {reason}")
+
+
+def load_served(path: str | os.PathLike[str] | None, *, kernels: str = "auto", numerics: str = "reference",
+                progress: Progress = to_stderr) -> LoadedModel | LoadedEncoder:
+    """What `forge serve --model` names: a GGUF decoder (LoadedModel), or an encoder's directory
+    (LoadedEncoder: a sentence-embedding model, which serves only embeddings)."""
+    resolved = resolve_model(path, progress)
+    if is_encoder_dir(resolved):
+        return LoadedEncoder.load(resolved)
+    return LoadedModel.load(resolved, kernels=kernels, numerics=numerics, progress=progress)

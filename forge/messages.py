@@ -34,6 +34,7 @@ class BlockAsk(Message, frozen=True):
                                      # rejected: their slots are taken back); None: all it holds
     num_lookahead: int = 0           # slots for draft tokens after the real ones, if blocks allow
     cache_salt: str | None = None    # waiting: share prefix blocks only with sequences of this salt
+    use_prefix_cache: bool = True    # waiting: False to compute every token (a pooling that reads them all)
 
 
 class Grant(Message, frozen=True):
@@ -108,6 +109,12 @@ class SampledToken(Message, frozen=True):
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
+class Embedding(Message, frozen=True):
+    """A pooling sequence's vector, once its prompt has run: L2-normalised float32, little-endian."""
+    seq_id: int
+    vector: bytes
+
+
 class StepOutput(Message, frozen=True):
     step_id: int
     sampled: tuple[SampledToken, ...]
@@ -118,6 +125,7 @@ class StepOutput(Message, frozen=True):
     # (seq id, guesses carried) for each sequence whose draft model stopped guessing before it had
     # filled the guesses the scheduler budgeted (forge.draft: unsure of its next guess)
     guesses: tuple[tuple[int, int], ...] = ()
+    embeddings: tuple[Embedding, ...] = ()   # the pooling sequences whose prompt ended this step
 
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
@@ -147,6 +155,7 @@ class TokensEmitted(Message, frozen=True):
     finish_reason: FinishReason | None = None
     counts: TokenCounts = TokenCounts()
     error: str | None = None                    # the request ended in a fault of the engine (no tokens)
+    embedding: bytes | None = None              # an embedding request's vector (Embedding.vector), at its end
 
 
 # ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
@@ -227,6 +236,7 @@ class TextDelta(Message, frozen=True):
     stop_string: str | None = None               # the stop string that ended it ("stop"), if one did
     counts: TokenCounts = TokenCounts()
     error: str | None = None                     # ended by a fault of the engine: the last delta
+    embedding: bytes | None = None               # an embedding request's vector: the last delta
 
 
 DaemonEvent = Accepted | Rejected | TextDelta

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -22,14 +23,16 @@ from forge.errors import ConfigError, EngineError
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import active_pool
 from forge.llama.model import LlamaModel
-from forge.messages import SampledToken, SeqChunk, StepBatch, StepOutput
+from forge.messages import Embedding, SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.penalties import TokenCounts
+from forge.pooling import PoolState, vector_bytes
 from forge.sampler import Sampler, SamplingBatch
 from forge.sampling_params import SamplingParams, make_generator
 from forge.structured import Grammars, allowed_tokens
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
@@ -37,6 +40,7 @@ class BatchedModel(Protocol):
     # kv is the model's own cache, made by new_kv_cache and handed back to forward: opaque to the
     # runner, so Any (a model's forward takes its own cache type, which `object` would not admit).
     def forward(self, batch: ForwardBatch, kv: Any) -> F32: ...
+    def forward_hidden(self, batch: ForwardBatch, kv: Any, hidden_rows: I64) -> tuple[F32, F32]: ...
     def new_kv_cache(self, num_blocks: int, block_size: int, dtype: str = "float32") -> Any: ...
 
 
@@ -47,6 +51,7 @@ class _SeqSampling:
     counts: TokenCounts | None
     matcher: Any = None                  # an llguidance matcher for a constrained sequence
     json_state: tuple[bool, bool] = (False, False)   # a JSON output's (in a string, after a backslash)
+    pool: PoolState | None = None        # an embedding request's pooling: it never samples
 
 
 class ModelRunner:
@@ -112,7 +117,8 @@ class ModelRunner:
         for new in step.new_seqs:
             p = new.params
             counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
-            self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p))
+            self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p),
+                                                  pool=PoolState(p.pooling) if p.pooling is not None else None)
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         step_chunks: tuple[SeqChunk, ...] = step.chunks
@@ -121,11 +127,22 @@ class ModelRunner:
             step_chunks = self.drafter.propose(step.chunks)
             guesses = tuple((c.seq_id, c.num_draft) for c, asked in zip(step_chunks, step.chunks, strict=True)
                             if c.num_draft < asked.num_draft)
+        pooled = [(i, c) for i, c in enumerate(step_chunks) if self._seqs[c.seq_id].pool is not None]
+        if pooled:                              # their last chunks return a vector, not a sampled token
+            step_chunks = tuple(msgspec.structs.replace(c, samples=False) if self._seqs[c.seq_id].pool else c
+                                for c in step_chunks)
         batch = build_forward_batch(step_chunks, self.block_size)
         chunks = [c for c in step_chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]
         masks = self._start_masks(chunks, states)
-        logits = self.model.forward(batch, self.kv)                                # [R, V]
+        embeddings: tuple[Embedding, ...] = ()
+        if pooled:
+            logits, embeddings = self._forward_pooled(batch, pooled)            # [R, V]
+        else:
+            logits = self.model.forward(batch, self.kv)                            # [R, V]
+        if not chunks:
+            return StepOutput(step_id=step.step_id, sampled=(), num_tokens=batch.num_tokens,
+                              elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings)
         # One logits row per sampled position: a chunk with d drafts has d + 1, and each draws as a
         # plain decode step would (its generator's next uniform, its count of tokens so far, its
         # grammar's mask after the drafts before it).
@@ -167,7 +184,28 @@ class ModelRunner:
                                                 top_logprobs=lp.top))
             row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
-                          elapsed_s=time.perf_counter() - t0, guesses=guesses)
+                          elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings)
+
+    def _forward_pooled(self, batch: ForwardBatch,
+                        pooled: list[tuple[int, SeqChunk]]) -> tuple[F32, tuple[Embedding, ...]]:
+        """The forward with the hidden rows the pooling chunks read (`pooled`: (index in the step, the
+        chunk as scheduled)); the logits and the vectors of the sequences whose prompt ended here."""
+        pools = [self._seqs[c.seq_id].pool for _, c in pooled]
+        spans = []
+        for (i, c), pool in zip(pooled, pools, strict=True):
+            assert pool is not None
+            lo, hi = pool.rows(c)
+            spans.append((int(batch.query_start[i]) + lo, hi - lo))
+        rows = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in spans])  # [M]
+        logits, hidden = self.model.forward_hidden(batch, self.kv, rows)           # [R, V], [M, H]
+        out, offset = [], 0
+        for (_, c), (_, n), pool in zip(pooled, spans, pools, strict=True):
+            assert pool is not None
+            vector = pool.add(c, hidden[offset:offset + n])
+            offset += n
+            if vector is not None:
+                out.append(Embedding(seq_id=c.seq_id, vector=vector_bytes(vector)))
+        return logits, tuple(out)
 
     def _forget(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

@@ -19,6 +19,7 @@ MAX_LOGIT_BIAS = 100.0
 MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0              # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
 MAX_REPETITION_PENALTY = 2.0   # (0, MAX_REPETITION_PENALTY]
+POOLING_MODES = ("mean", "last", "cls")   # how an embedding request pools its hidden states
 _MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -45,6 +46,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     grammar: str | None = None          # a constraint as llguidance grammar text (forge.structured)
     close_within: int = 0               # a JSON grammar's last tokens of max_tokens spent closing it; 0: none
     cache_salt: str | None = None       # prefix-cache isolation: blocks are shared only within a salt
+    # An embedding request: no token is sampled; the prompt's final normed hidden states are pooled
+    # ("mean", "last" or "cls", forge.pooling) into one L2-normalised vector. None: generation.
+    pooling: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -83,6 +87,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         bad_biases = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]
         _require(not bad_biases, "logit_bias",
                  f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bad_biases[:4]}")
+        _require(self.pooling in POOLING_MODES or self.pooling is None, "pooling",
+                 f"must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
         _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
                  f"must fit in a signed 64-bit integer, got {self.seed}")
 

@@ -263,7 +263,7 @@ class Scheduler:
         new_ids = tuple(seq.tokens(sent, seq.total_len()))
         if not is_running:
             return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=False,
-                            cache_salt=seq.cache_salt)
+                            cache_salt=seq.cache_salt, use_prefix_cache=not seq.reads_all_states)
         return BlockAsk(seq_id=seq.id, new_token_ids=new_ids, max_compute=num, is_running=True,
                         num_computed=seq.num_computed_tokens, num_lookahead=len(seq.draft))
 

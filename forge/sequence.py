@@ -38,6 +38,7 @@ class Sequence:
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
     cache_salt: str | None = None    # prefix-cache isolation (forge.block_allocator.salt_root)
+    reads_all_states: bool = False   # a pooling that reads every token's state: no prefix-cache hit
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -54,6 +55,7 @@ class Sequence:
         self.lookahead = None
         self.draft = []
         self.cache_salt = None
+        self.reads_all_states = False
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)

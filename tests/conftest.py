@@ -1,9 +1,9 @@
 """Fixtures shared by every test directory: where the real model files are.
 
 The models are never downloaded from here: `make test` fetches them first (`make test-models`,
-i.e. `forge pull` and `forge pull gemma-3-270m`), and a test that needs one fails, not skips, when
-it is absent, so that a CI run without the models cannot pass by silently skipping the tests that
-use them.
+i.e. `forge pull`, `forge pull gemma-3-270m` and `forge pull all-minilm-l6-v2`), and a test that needs
+one fails, not skips, when it is absent, so that a CI run without the models cannot pass by silently
+skipping the tests that use them.
 """
 
 from __future__ import annotations
@@ -42,5 +42,15 @@ def gemma3_model_path() -> Path:
     path = hub.model_path("gemma-3-270m")
     if not path.is_file():
         pytest.fail(f"Gemma 3 270M is not at {path}: run `make test-models` (or `forge pull gemma-3-270m`)",
+                    pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_model_dir() -> Path:
+    """all-MiniLM-L6-v2's unpacked directory (the BERT encoder family); fails with how to fetch it."""
+    path = hub.model_path("all-minilm-l6-v2").parent / str(hub.CATALOG["all-minilm-l6-v2"].unpack_to)
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"all-MiniLM-L6-v2 is not at {path}: run `make test-models` (or `forge pull all-minilm-l6-v2`)",
                     pytrace=False)
     return path

@@ -193,11 +193,20 @@ class LlamaModel:
         """One step: every token of `batch` runs through every layer; its K/V land in `kv` at
         batch.slot_mapping. Returns float32 logits [len(batch.sample_indices), V], the head
         computed only on those rows. Raises EngineError for an inconsistent batch."""
+        return self.forward_hidden(batch, kv, np.empty(0, dtype=np.int64))[0]
+
+    def forward_hidden(self, batch: ForwardBatch, kv: KVCache, hidden_rows: I64) -> tuple[F32, F32]:
+        """forward(), and the final normed hidden states [len(hidden_rows), H] of those rows of the
+        step's tokens (what an embedding pools), which need no head."""
         check_batch(batch, self.config, kv)
         c, w = self.config, self.weights
         num_tokens, hd = batch.num_tokens, c.head_dim
         if num_tokens == 0:
-            return np.empty((0, c.vocab_size), dtype=np.float32)
+            return np.empty((0, c.vocab_size), dtype=np.float32), np.empty((0, c.hidden_size), dtype=np.float32)
+        if hidden_rows.size and (hidden_rows.min() < 0 or hidden_rows.max() >= num_tokens):
+            raise EngineError("inconsistent ForwardBatch: a hidden row lies outside the step's tokens")
+        kept_rows = np.concatenate([batch.sample_indices, hidden_rows])          # [N + M]
+        num_sampled = batch.sample_indices.size
         on_pool = self.compiled_ops and self.weights.kernels == "blocks"   # one set of threads for all
         plan = plan_attention(batch, c, kv.block_size, fused=self.compiled_ops, softcap=c.attn_softcap,
                               decode_on_pool=on_pool)
@@ -228,18 +237,18 @@ class LlamaModel:
             attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch,
                           kv.layer_scales(i))
             attn = attn.reshape(num_tokens, -1)                                 # [T, nh * hd]
-            if i == last:  # past the last attention only the sampled rows matter
-                x, attn = x[batch.sample_indices], attn[batch.sample_indices]  # [N, H], [N, nh * hd]
+            if i == last:  # past the last attention only the sampled (and pooled) rows matter
+                x, attn = x[kept_rows], attn[kept_rows]                        # [N + M, H], [N + M, nh * hd]
                 row_parts = []
             if row_parts:
                 pool.run_parts(functools.partial(self._block_outputs, layer, x, attn, matmul_unsplit), row_parts)
             else:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
-        x = self._norm(x, w.out_norm, c.rms_eps)                                # [N, H]
-        logits = matmul(x, w.head)                                              # [N, V]
+        x = self._norm(x, w.out_norm, c.rms_eps)                                # [N + M, H]
+        logits = matmul(x[:num_sampled], w.head)                                # [N, V]
         if c.final_softcap:                                                     # gemma2
             softcap_(logits, c.final_softcap)
-        return logits
+        return logits, x[num_sampled:]
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
                           scale: np.float32, q: F32, mm: MatmulFn, rows: list[tuple[int, int]]) -> None:

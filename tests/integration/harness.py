@@ -65,7 +65,10 @@ async def wait_healthy(http: httpx.AsyncClient, proc: anyio.abc.Process, explain
 
 def is_idle(daemon: Daemon) -> bool:
     """Every block back in the free pool, nothing running or waiting, and no actor holding state
-    for a request (a daemon that runs for weeks keeps nothing for a request after it ends)."""
+    for a request (a daemon that runs for weeks keeps nothing for a request after it ends). An
+    embedding model's daemon has only its encoder actor."""
+    if daemon.encoder is not None:
+        return set(daemon.tracked().values()) == {0}
     assert daemon.allocator is not None and daemon.scheduler is not None
     stats, cache = daemon.scheduler.statistics(), daemon.allocator.statistics()
     return (cache.num_free_blocks == cache.num_total_blocks and stats.num_running == 0

@@ -39,6 +39,12 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
     """Logits [n, V] at every position of `tokens`, from scratch."""
+    hidden, head = reference_hidden(path, tokens)
+    return hidden @ head.T
+
+
+def reference_hidden(path: Path, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The final normed hidden states [n, H] at every position of `tokens`, and the head [V, H]."""
     reader = gguf.GGUFReader(path)
     w = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64) for t in reader.tensors}
     num_layers = _meta(reader, "llama.block_count")
@@ -79,7 +85,7 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
     head = w.get("output.weight", w["token_embd.weight"])
-    return norm(x, w["output_norm.weight"]) @ head.T
+    return norm(x, w["output_norm.weight"]), head
 
 
 # -- a small pager: shuffled, non-contiguous blocks per sequence --------------------------------

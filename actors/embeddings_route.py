@@ -1,0 +1,53 @@
+"""POST /v1/embeddings, served beside the completions routes by the gateway.
+
+Each input is one request in the engine, a prompt-only sequence that returns its pooled vector
+(forge/pooling.py) instead of a sampled token: it goes through the same admission, tokeniser,
+scheduler and batch as a completion, through the same response lifetime (actors/lifetime.py), and
+its vector comes back on its last TextDelta. The wire shapes are forge/embeddings_api.py's.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actors.lifetime import ResponseLifetime
+from actors.pipeline import Pipeline
+from forge.embeddings_api import embeddings_body, new_embedding_id, prepare_embeddings
+from forge.messages import Submit
+
+
+class EmbeddingsRoutes:
+    def __init__(self, life: ResponseLifetime, *, served_model_name: str) -> None:
+        """`life`: the gateway's response lifetime."""
+        self._life = life
+        self._name = served_model_name
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/embeddings", self.create, methods=["POST"])]
+
+    async def create(self, request: Request) -> Response:
+        return await self._life.run(request, self._create, embeds=True)
+
+    async def _create(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+        served = pipe.serving
+        prep = prepare_embeddings(body, served_model_name=self._name, embedding_size=served.embedding_size,
+                                  vocab_size=pipe.vocab_size, pooling=served.pooling,
+                                  max_input_tokens=pipe.max_input_tokens)
+        base = new_embedding_id()
+        request.state.response_id = base
+        submits = [Submit(request_id=f"{base}-{i}", params=prep.params, text=x) if isinstance(x, str)
+                   else Submit(request_id=f"{base}-{i}", params=prep.params, token_ids=tuple(x))
+                   for i, x in enumerate(prep.inputs)]
+        # A request of more inputs than the waiting queue holds is admitted into an empty queue
+        # rather than never: it counts as at most a full queue.
+        num_admitted = min(len(submits), self._life.admission.max_waiting)
+        reader = await self._life.start(request, pipe, submits, len(body), arrival, num_admitted=num_admitted)
+
+        def body_of() -> dict[str, object]:
+            vectors = [c.embedding or b"" for c in reader.choices]
+            return embeddings_body(prep.request, vectors, model=self._name,
+                                   prompt_tokens=sum(c.counts.prompt for c in reader.choices))
+
+        return await self._life.respond(request, pipe, reader, body_of)

@@ -322,20 +322,20 @@ def cmd_bandwidth(model: str | None, kernels: str, rounds: int) -> None:
     products.pool_threads(2)
     src = np.ones(1 << 30, dtype=np.uint8)
     dst = np.zeros_like(src)
-    copies, products = [], []
+    copies, rates = [], []
     for _ in range(rounds):
         products.parallel_copy(dst, src)
         t0 = time.perf_counter()
         products.parallel_copy(dst, src)
         copies.append(src.size / (time.perf_counter() - t0))
         s = matmul_seconds(weights, 1, num_head_rows=1, min_time_s=0.5, min_reps=3)
-        products.append(weights.nbytes / s)
-    bw, rate = statistics.median(copies), statistics.median(products)
+        rates.append(weights.nbytes / s)
+    bw, rate = statistics.median(copies), statistics.median(rates)
     print(f"model {loaded.model.config.name} ({kernels}): weights {weights.nbytes / 2**20:.0f} MiB")
     print(f"memory bandwidth (1 GiB copy, 2 threads, bytes read): {bw / 1e9:.1f} GB/s "
           f"(rounds: {', '.join(f'{c / 1e9:.1f}' for c in copies)})")
     print(f"one decoding row's products: {rate / 1e9:.1f} GB/s of weights = {rate / bw:.0%} of the bandwidth, "
-          f"{weights.nbytes / rate * 1e3:.1f} ms a token (rounds: {', '.join(f'{p / 1e9:.1f}' for p in products)})")
+          f"{weights.nbytes / rate * 1e3:.1f} ms a token (rounds: {', '.join(f'{p / 1e9:.1f}' for p in rates)})")
 
 
 def main() -> None:

@@ -67,9 +67,11 @@ class MessagesRoutes:
         shape = MessageShape(message_id=wire.new_message_id(), model=self._name, has_tools=bool(prep.functions),
                              max_calls=None if prep.request.parallel_tool_calls else 1)
         request.state.response_id = shape.message_id
-        submit = Submit(request_id=f"{shape.message_id}-0", params=prep.params, messages=messages,
-                        tools=template_tools)
+        params, reasoning = pipe.thinking(prep)
+        submit = Submit(request_id=f"{shape.message_id}-0", params=params, messages=messages,
+                        tools=template_tools, template_kwargs=prep.request.chat_template_kwargs)
         reader = await self._life.start(request, pipe, [submit], len(body), arrival)
+        reader.split_reasoning(reasoning)
         if req.stream:
             return self._life.sse(request, pipe, reader, message_events(reader, shape), done=None)
         return await self._life.respond(request, pipe, reader, lambda: message_body(reader.choices[0], shape),
@@ -79,7 +81,8 @@ class MessagesRoutes:
         pipe = self._ready(request)
         prep = prepare_count_tokens(await self._body(request), served_model_name=self._name,
                                     max_model_len=pipe.max_model_len)
-        return json_response({"input_tokens": len(pipe.chat_prompt_ids(prep.messages, prep.functions))})
+        ids = pipe.chat_prompt_ids(prep.messages, prep.functions, kwargs=prep.request.chat_template_kwargs)
+        return json_response({"input_tokens": len(ids)})
 
 
 def _ending(choice: Choice, blocks: wire.ContentBlocks) -> tuple[wire.StopReason, str | None, dict[str, int]]:
@@ -92,7 +95,11 @@ def _ending(choice: Choice, blocks: wire.ContentBlocks) -> tuple[wire.StopReason
 
 def message_body(choice: Choice, shape: MessageShape) -> dict[str, Any]:
     blocks = wire.ContentBlocks()
-    blocks.push(wire.text_events(shape.calls(), choice.text, final=True))
+    if choice.splitter is not None:                 # a reasoning model: its section, then what follows
+        blocks.push([wire.ThinkingDelta(choice.reasoning)])
+        blocks.push(wire.text_events(shape.calls(), choice.content, final=True))
+    else:
+        blocks.push(wire.text_events(shape.calls(), choice.text, final=True))
     blocks.close()
     reason, sequence, usage = _ending(choice, blocks)
     return wire.message(message_id=shape.message_id, model=shape.model, content=blocks.content(),
@@ -116,7 +123,11 @@ async def message_events(reader: ChoiceReader, shape: MessageShape) -> AsyncIter
             yield wire.sse_event(wire.error_body(failure.status, failure.message))
             return                                  # the message ends here, without message_stop
         ended = delta.finish_reason is not None
-        events = blocks.push(wire.text_events(calls, delta.text, final=ended)) + (blocks.close() if ended else [])
+        text, events = delta.text, []
+        if choice.splitter is not None:
+            text = choice.parts.content
+            events = blocks.push([wire.ThinkingDelta(choice.parts.reasoning)])
+        events += blocks.push(wire.text_events(calls, text, final=ended)) + (blocks.close() if ended else [])
         for event in events:
             yield wire.sse_event(event)
             if not pinged and event["type"] == "content_block_start":

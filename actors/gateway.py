@@ -261,13 +261,15 @@ class Gateway:
     async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
         prep = prepare_chat(body, served_model_name=self.config.served_model_name, max_model_len=pipe.max_model_len)
         await self.life.check_constraint(pipe, prep.constraint)
-        req, params, functions = prep.request, prep.params, prep.functions
+        req, functions = prep.request, prep.functions
+        params, reasoning = pipe.thinking(prep)
         messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, functions)
         base = wire.new_request_id("chatcmpl")
         request.state.response_id = base
         submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
-                          tools=template_tools) for j in range(req.n)]
+                          tools=template_tools, template_kwargs=req.chat_template_kwargs) for j in range(req.n)]
         reader = await self.life.start(request, pipe, submits, len(body), arrival)
+        reader.split_reasoning(reasoning)
         header = self._header(base, req.include_usage)
         want_logprobs = params.logprobs is not None
         tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if functions else None

@@ -7,15 +7,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from actors.admission import LoadStats
+from actors.responses import ReasoningReading
 from actors.router import Router
 from forge.chat import ChatTemplate
 from forge.engine import Serving
 from forge.errors import RequestError
 from forge.messages import Abort, FlushCache, Submit
-from forge.prepare import template_messages
+from forge.prepare import PreparedChat, template_messages
+from forge.sampling_params import SamplingParams, Thinking
 from forge.structured import Grammars
 from forge.tokenizer import Tokenizer
 from forge.tools import Function
@@ -37,6 +40,8 @@ class Pipeline:
     max_input_tokens: int | None = None             # longest embedding input in tokens (None: the engine checks)
     load: Callable[[], int] = lambda: 0             # sequences running and waiting (a router's /get_load)
     step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
+    reasoning_parser: str = "none"                  # the model's thinking-section format (forge.reasoning)
+    thinking_close_ids: tuple[int, ...] = ()        # forge.reasoning.CLOSING_TEXT's ids: a budget's forced end
 
     @property
     def embeds_only(self) -> bool:
@@ -61,11 +66,23 @@ class Pipeline:
         return self.grammar_engine
 
     def chat_prompt_ids(self, entries: list[dict[str, Any]], functions: list[Function], *,
-                        add_generation_prompt: bool = True) -> list[int]:
+                        add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> list[int]:
         """The ids a chat request's messages (forge.prepare.chat_template_messages) and tools run as."""
         messages, tools = template_messages(self.template.supports_tools, entries, functions)
-        text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt, tools=tools)
+        text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt, tools=tools,
+                                    kwargs=kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def thinking(self, prep: PreparedChat) -> tuple[SamplingParams, ReasoningReading | None]:
+        """A chat's params with its thinking section followed by the runner (counted, and closed at its
+        budget), and how its text splits into reasoning and content; unchanged, and None, for a model
+        without a reasoning format. A request with an output constraint has no section: its grammar holds
+        from the first token, so the text is all content."""
+        if self.reasoning_parser == "none" or prep.constraint is not None:
+            return prep.params, None
+        thinking = Thinking(budget=prep.thinking_budget, close_ids=self.thinking_close_ids)
+        return (msgspec.structs.replace(prep.params, thinking=thinking),
+                ReasoningReading(starts_inside=self.reasoning_parser == "deepseek_r1"))
 
 
 def only_embeds(name: str) -> RequestError:

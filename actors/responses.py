@@ -21,6 +21,7 @@ from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
+from forge.reasoning import ReasoningParts, ReasoningReader
 from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
@@ -28,9 +29,22 @@ from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader,
 MAX_GAPS_PER_DELTA = 64
 
 
+@dataclass(frozen=True, slots=True)
+class ReasoningReading:
+    """Each choice's text is split into a thinking section and content (forge.reasoning); starts_inside:
+    the generation prompt opened the section (deepseek_r1)."""
+    starts_inside: bool = False
+
+
 @dataclass(slots=True)
 class Choice:
     text: str = ""
+    # Under a ReasoningReading, `text` split as it arrives: the thinking section's text, what follows it,
+    # and what the latest delta added to each (a route writes reasoning from these; `text` is still whole).
+    reasoning: str = ""
+    content: str = ""
+    parts: ReasoningParts = ReasoningParts()
+    splitter: ReasoningReader | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_string: str | None = None           # the stop string that ended it, if one did
@@ -49,9 +63,17 @@ class ChoiceReader:
         self.group = group
         self.num_prompt_tokens = num_prompt_tokens      # as the scheduler accepted the choices (all of them)
         self.choices = [Choice() for _ in group.request_ids]
+        self.reasoning: ReasoningReading | None = None
         self._metrics = metrics
         self._arrival = arrival
         self._ping_interval = ping_interval
+
+    def split_reasoning(self, reading: ReasoningReading | None) -> None:
+        """Split each choice's text into reasoning and content from here on (call before reading deltas)."""
+        self.reasoning = reading
+        if reading is not None:
+            for c in self.choices:
+                c.splitter = ReasoningReader(starts_inside=reading.starts_inside)
 
     @property
     def num_completion_tokens(self) -> int:
@@ -61,6 +83,7 @@ class ChoiceReader:
         """Token counts; the n choices of one prompt share it, so its tokens count once."""
         prompt = sum(c.counts.prompt for c in self.choices[::n])
         return Usage(prompt_tokens=prompt, completion_tokens=self.num_completion_tokens,
+                     reasoning_tokens=sum(min(c.counts.reasoning, c.counts.completion) for c in self.choices),
                      cached_tokens=sum(c.counts.cached for c in self.choices[::n]),
                      draft_tokens=sum(c.counts.draft for c in self.choices),
                      accepted_tokens=sum(c.counts.accepted for c in self.choices))
@@ -115,6 +138,14 @@ class ChoiceReader:
                     m.recent_itl.add(gap, now)
             choice.last_token_at = now
         choice.text += delta.text
+        if choice.splitter is not None:
+            parts = choice.splitter.push(delta.text)
+            if delta.finish_reason is not None or delta.error is not None:
+                end = choice.splitter.finish()
+                parts = ReasoningParts(parts.reasoning + end.reasoning, parts.content + end.content)
+            choice.parts = parts
+            choice.reasoning += parts.reasoning
+            choice.content += parts.content
         for lp in delta.logprobs:
             choice.logprobs.append(TokenLogprob(text=lp.text, token_bytes=lp.token_bytes, logprob=lp.logprob,
                                                 top=lp.top))
@@ -221,17 +252,22 @@ class ToolReading:
 def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
               tools: ToolReading | None = None) -> dict[str, Any]:
     items = []
+    split = reader.reasoning is not None
     for k, c in enumerate(reader.choices):
         reason: FinishReason = c.finish_reason or "length"
         lp = wire.chat_logprobs(c.logprobs) if want_logprobs else None
+        reasoning = (c.reasoning or None) if split else None
+        text = c.content if split else c.text
         if tools is None:
-            items.append(wire.chat_choice(k, c.text, reason, lp))
+            # Only a reasoning model's section with nothing after it leaves content null (as vLLM's).
+            items.append(wire.chat_choice(k, None if reasoning and not text else text, reason, lp,
+                                          reasoning=reasoning))
             continue
-        message = read_message(c.text, max_calls=tools.max_calls)
+        message = read_message(text, max_calls=tools.max_calls)
         if message.tool_calls and reason == "stop":
             reason = "tool_calls"
         calls = [wire.tool_call(t.id, t.name, t.arguments) for t in message.tool_calls]
-        items.append(wire.chat_choice(k, message.content, reason, lp, calls))
+        items.append(wire.chat_choice(k, message.content, reason, lp, calls, reasoning=reasoning))
     return wire.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
 
 
@@ -250,11 +286,18 @@ async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logp
             continue
         lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs and delta.logprobs else None
         reason = choice.finish_reason if delta.finish_reason is not None else None
+        text = delta.text
+        if reader.reasoning is not None:
+            text = choice.parts.content
+            if choice.parts.reasoning:
+                yield wire.sse_frame(wire.chat_reasoning_chunk(header, index=k, reasoning=choice.parts.reasoning,
+                                                               logprobs=lp))
+                lp = None
         if calls is None:
-            if delta.text or delta.logprobs:
-                yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=delta.text, logprobs=lp))
+            if text or lp is not None or (delta.logprobs and reader.reasoning is None):
+                yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=text, logprobs=lp))
         else:
-            events = calls[k].push(delta.text) + (calls[k].finish() if reason is not None else [])
+            events = calls[k].push(text) + (calls[k].finish() if reason is not None else [])
             for frame in _tool_frames(header, k, events, lp):
                 yield frame
             if reason == "stop" and calls[k].num_calls:

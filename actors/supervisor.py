@@ -39,6 +39,7 @@ from forge.engine import Serving, build_engine, encoder_serving, serving
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, load_draft, load_served
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
+from forge.reasoning import CLOSING_TEXT
 from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
@@ -141,7 +142,8 @@ class Daemon:
                     load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
                     grammar_engine=edge_grammars, serving=served, step_age=scheduler.step_age,
                     vocab_size=loaded.tokenizer.vocab_size,
-                    load=scheduler.load)
+                    load=scheduler.load, reasoning_parser=served.reasoning_parser,
+                    thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
                 self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
                                             attention=served.attention).set(1)
                 self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,

@@ -94,7 +94,8 @@ class TokeniserActor:
                 raise InvalidRequest(f"token ids must lie in [0, {vocab})", param="prompt")
             return list(msg.token_ids)
         if msg.messages is not None:
-            text = self._template.render(list(msg.messages), add_generation_prompt=True, tools=msg.tools)
+            text = self._template.render(list(msg.messages), add_generation_prompt=True, tools=msg.tools,
+                                         kwargs=msg.template_kwargs)
             return self._tok.encode(text, add_special_tokens=False)
         return self._tok.encode(msg.text or "", add_special_tokens=msg.add_special_tokens)
 

@@ -73,7 +73,14 @@ class ToolResultBlock(_Block, frozen=True, kw_only=True, tag="tool_result"):
     is_error: bool = False
 
 
-Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock
+class ThinkingBlock(_Block, frozen=True, kw_only=True, tag="thinking"):
+    """An earlier turn's reasoning, sent back by clients; the prompt does not repeat it (as reasoning
+    models' templates drop a past turn's section)."""
+    thinking: str = ""
+    signature: str = ""
+
+
+Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
 class Message(_Wire, frozen=True, kw_only=True):
@@ -123,8 +130,22 @@ class CountTokensRequest(_Wire, frozen=True, kw_only=True):
     tool_choice: ToolChoice | None = None
 
 
+class _Thinking(_Wire, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class ThinkingEnabled(_Thinking, frozen=True, kw_only=True, tag="enabled"):
+    budget_tokens: Annotated[int, Meta(ge=0, le=_MAX_INT32)] | None = None     # None: no bound
+
+
+class ThinkingDisabled(_Thinking, frozen=True, kw_only=True, tag="disabled"):
+    pass
+
+
 class MessagesRequest(CountTokensRequest, frozen=True, kw_only=True):
     """POST /v1/messages."""
+
+    thinking: ThinkingEnabled | ThinkingDisabled | None = None
 
     max_tokens: MaxTokens
     stop_sequences: StopSequences | None = None
@@ -206,8 +227,14 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
                                  parallel_tool_calls=parallel)
     if not isinstance(req, MessagesRequest):
         return chat
-    return msgspec.structs.replace(chat, max_completion_tokens=req.max_tokens, temperature=req.temperature,
+    chat = msgspec.structs.replace(chat, max_completion_tokens=req.max_tokens, temperature=req.temperature,
                                    top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences, stream=req.stream)
+    if isinstance(req.thinking, ThinkingEnabled):
+        chat = msgspec.structs.replace(chat, thinking_budget=req.thinking.budget_tokens)
+    elif isinstance(req.thinking, ThinkingDisabled):        # a template that can leaves the section out;
+        chat = msgspec.structs.replace(chat, thinking_budget=0,   # for one that cannot, it closes at once
+                                       chat_template_kwargs={"enable_thinking": False})
+    return chat
 
 
 def _parts(content: str | list[TextBlock]) -> str | list[ContentPart]:

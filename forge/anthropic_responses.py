@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -107,6 +108,15 @@ MESSAGE_STOP: dict[str, Any] = {"type": "message_stop"}
 
 # ---- content blocks -------------------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    """A piece of a reasoning model's thinking section (forge.reasoning): a thinking block's text."""
+    text: str
+
+
+BlockEvent = ToolEvent | ThinkingDelta
+
+
 def text_events(calls: ToolCallReader | None, text: str, *, final: bool) -> list[ToolEvent]:
     """The events a piece of generated text makes: through the tool-call reader when the request has
     tools, else the text as it is."""
@@ -117,7 +127,8 @@ def text_events(calls: ToolCallReader | None, text: str, *, final: bool) -> list
 
 class ContentBlocks:
     """A message's content blocks, made from the tool reader's events in order: text joins an open text
-    block or opens one; a call opens a tool_use block whose input arrives as JSON text. push() and
+    block or opens one; thinking likewise a thinking block (its signature empty: forge signs nothing); a
+    call opens a tool_use block whose input arrives as JSON text. push() and
     close() return the stream's events for what they added; content() is the blocks as a body has them."""
 
     def __init__(self) -> None:
@@ -129,10 +140,16 @@ class ContentBlocks:
     def has_tool_use(self) -> bool:
         return bool(self._inputs)
 
-    def push(self, events: Sequence[ToolEvent]) -> list[dict[str, Any]]:
+    def push(self, events: Sequence[BlockEvent]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for event in events:
             match event:
+                case ThinkingDelta(text=text) if text:
+                    if self._open is None or self._blocks[self._open]["type"] != "thinking":
+                        self._start(out, {"type": "thinking", "thinking": "", "signature": ""})
+                    assert self._open is not None
+                    self._blocks[self._open]["thinking"] += text
+                    out.append(_delta(self._open, {"type": "thinking_delta", "thinking": text}))
                 case ContentDelta(text=text) if text:
                     if self._open is None or self._blocks[self._open]["type"] != "text":
                         self._start(out, {"type": "text", "text": ""})

@@ -173,6 +173,11 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # A reasoning model's thinking section (forge.reasoning): reasoning_effort as a token budget
+    # (EFFORT_BUDGETS), or forge's thinking_budget in tokens, which wins when both are given.
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    thinking_budget: Annotated[int, Meta(ge=0, le=_MAX_INT32)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None     # vLLM's: more variables for the chat template
 
     @property
     def tool_mode(self) -> str:

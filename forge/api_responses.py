@@ -36,6 +36,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int = 0        # prompt tokens found in the prefix cache
     draft_tokens: int = 0         # speculative decoding: drafts proposed, and of them kept
     accepted_tokens: int = 0
+    reasoning_tokens: int = 0     # completion tokens inside a thinking section
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,7 +84,7 @@ def _usage(usage: Usage) -> dict[str, Any]:
     the prompt tokens served from the prefix cache, and when speculative decoding ran, its drafts
     kept and rejected (OpenAI's prediction-token fields)."""
     total = usage.prompt_tokens + usage.completion_tokens
-    details: dict[str, int] = {"reasoning_tokens": 0}
+    details: dict[str, int] = {"reasoning_tokens": usage.reasoning_tokens}
     if usage.draft_tokens:
         details["accepted_prediction_tokens"] = usage.accepted_tokens
         details["rejected_prediction_tokens"] = usage.draft_tokens - usage.accepted_tokens
@@ -182,10 +183,14 @@ def _completion_envelope(header: ResponseHeader) -> dict[str, Any]:
 
 def chat_choice(
     index: int, content: str | None, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None,
-    tool_calls: Sequence[dict[str, Any]] = (),
+    tool_calls: Sequence[dict[str, Any]] = (), *, reasoning: str | None = None,
 ) -> dict[str, Any]:
+    """A chat choice; `reasoning` (a reasoning model's thinking section) is message.reasoning_content, the
+    field vLLM and other OpenAI-compatible servers use, present only when there is a section."""
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None,
                                "tool_calls": list(tool_calls)}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -226,6 +231,13 @@ def chat_content_chunk(
     header: ResponseHeader, *, index: int, content: str, logprobs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     return _chat_chunk(header, index, {"content": content}, logprobs, None)
+
+
+def chat_reasoning_chunk(
+    header: ResponseHeader, *, index: int, reasoning: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A piece of a reasoning model's thinking section: delta.reasoning_content."""
+    return _chat_chunk(header, index, {"reasoning_content": reasoning}, logprobs, None)
 
 
 def chat_finish_chunk(header: ResponseHeader, *, index: int, finish_reason: FinishReason) -> dict[str, Any]:

@@ -72,13 +72,17 @@ class ChatTemplate:
             raise ModelLoadError(f"the model's chat template does not compile: {exc}") from exc
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+               tools: Sequence[Mapping[str, Any]] | None = None, kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text for `messages` (each a dict with "role" and "content"); `tools` (OpenAI tool
-        objects) reach templates that read them."""
+        objects) reach templates that read them; `kwargs` (a request's chat_template_kwargs, such as
+        enable_thinking) are more variables for the template, never overriding the ones forge sets."""
         normalized = normalize_messages(messages)
         extra = {"tools": list(tools)} if tools else {}
+        own = {"messages", "add_generation_prompt", "bos_token", "eos_token", *extra}
+        variables = {k: v for k, v in (kwargs or {}).items() if k not in own}
         try:
             return self._template.render(
+                **variables,
                 messages=normalized,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -93,6 +97,19 @@ class ChatTemplate:
             raise InvalidRequest(
                 f"could not apply the chat template to the messages: {type(exc).__name__}: {exc}", param="messages"
             ) from exc
+
+
+    def generation_prompt(self) -> str:
+        """What the template adds for the assistant's turn (a one-message conversation rendered with and
+        without add_generation_prompt, the common start cut off): where generated text begins, which a
+        reasoning format is detected from. "" for a template that cannot render it."""
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            with_prompt = self.render(probe, add_generation_prompt=True)
+            without = self.render(probe, add_generation_prompt=False)
+        except InvalidRequest:
+            return ""
+        return with_prompt[len(without):] if with_prompt.startswith(without) else with_prompt
 
 
 def normalize_messages(messages: object) -> list[dict[str, Any]]:

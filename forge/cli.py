@@ -16,6 +16,7 @@ from typing import Any, overload
 from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS, NUMERICS
+from forge.reasoning import PARSERS
 from forge.speculative import SPECULATIVE_METHODS
 
 
@@ -53,7 +54,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             num_speculative_tokens=args.num_speculative_tokens,
                             speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
                             draft_layers=args.draft_layers, draft_p_min=args.draft_p_min,
-                            pooling=args.pooling)
+                            pooling=args.pooling, reasoning_parser=args.reasoning_parser)
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -76,6 +77,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pooling", choices=["last", "mean", "cls"], default=env("FORGE_POOLING", "last"),
                    help="how POST /v1/embeddings pools a decoder's final normed hidden states (then L2-normalised): "
                         "last token, mean over the input, or first token [FORGE_POOLING; last]")
+    g.add_argument("--reasoning-parser", choices=list(PARSERS), default=env("FORGE_REASONING_PARSER", "auto"),
+                   help="how chat splits a reasoning model's thinking section (<think>...</think>) from its "
+                        "answer: auto (from the chat template), none, qwen3 (the model opens the section) or "
+                        "deepseek_r1 (the output starts inside it) [FORGE_REASONING_PARSER; auto]")
     g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "300"),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams); off: the token budget "

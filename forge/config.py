@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS, NUMERICS
+from forge.reasoning import PARSERS
 from forge.sampling_params import POOLING_MODES
 from forge.speculative import SpeculativeConfig
 
@@ -85,6 +86,10 @@ class EngineConfig:
     # How POST /v1/embeddings pools the final normed hidden states of a decoder (forge.pooling):
     # "last" by default, the only token that has seen the whole input under causal attention.
     pooling: str = "last"
+    # How chat reads a reasoning model's thinking section (forge.reasoning): "auto" from the chat template
+    # (it mentions <think>: "deepseek_r1" when its generation prompt ends inside an open section, else
+    # "qwen3"), "none" (the text is all content), or a format by name.
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -114,6 +119,8 @@ class EngineConfig:
             raise ValueError("draft_layers must be positive")
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}")
+        if self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}")
         if not 0.0 <= self.draft_p_min < 1.0:
             raise ValueError("draft_p_min must be in [0, 1)")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -17,11 +17,13 @@ import msgspec
 from forge.bert.encoder import LoadedEncoder
 from forge.block_allocator import BlockAllocator
 from forge.cache_plan import CachePlan, plan_cache
+from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, check_draft
+from forge.reasoning import detect_format
 from forge.runner import ModelRunner
 from forge.scheduler import SchedulerConfig
 from forge.structured import Grammars
@@ -91,6 +93,7 @@ class Serving(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     embedding_size: int = 0         # values in a POST /v1/embeddings vector (the hidden size)
     pooling: str = "last"           # how those pool the final hidden states (--pooling)
+    reasoning_parser: str = "none"  # the thinking-section format chat reads (--reasoning-parser, resolved)
 
 
 def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, served_model_name: str,
@@ -116,7 +119,16 @@ def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, se
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_step_ms=config.max_step_ms if config.max_step_ms is not None else "off",
         scheduling_policy=config.scheduling_policy, prefix_caching="on" if config.enable_prefix_caching else "off",
-        speculative=spec, version=_version(), embedding_size=model.config.hidden_size, pooling=config.pooling)
+        speculative=spec, version=_version(), embedding_size=model.config.hidden_size, pooling=config.pooling,
+        reasoning_parser=reasoning_format(config.reasoning_parser, loaded.chat_template))
+
+
+def reasoning_format(setting: str, template: ChatTemplate) -> str:
+    """--reasoning-parser resolved for a model's chat template: "auto" reads the template
+    (forge.reasoning.detect_format), any other setting stands."""
+    if setting != "auto":
+        return setting
+    return detect_format(template.source, template.generation_prompt())
 
 
 def encoder_serving(encoder: LoadedEncoder, *, served_model_name: str) -> Serving:

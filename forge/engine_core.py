@@ -41,6 +41,7 @@ class _Request:
     is_known_to_runner: bool = False
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +216,9 @@ class EngineCore:
             req = self._requests.get(emb.seq_id)
             if req is not None:
                 events.append(self._emitted(req, [], "stop", embedding=emb.vector))
+        for seq_id, num in output.reasoning:
+            if (req := self._requests.get(seq_id)) is not None:
+                req.num_reasoning_tokens += num
         counts: dict[int, int] = {}
         for tok in output.sampled:
             counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1
@@ -252,7 +256,8 @@ class EngineCore:
                               logprobs=tuple(run) if req.params.logprobs is not None else (),
                               finish_reason=reason, embedding=embedding,
                               counts=TokenCounts(prompt=len(seq.prompt), cached=seq.num_cached_tokens,
-                                                 draft=req.num_draft_tokens, accepted=req.num_accepted_tokens))
+                                                 draft=req.num_draft_tokens, accepted=req.num_accepted_tokens,
+                                                 reasoning=req.num_reasoning_tokens))
         if reason is not None:
             self.scheduler.finish(seq.id)
             del self._seq_of[req.request_id]

@@ -126,6 +126,9 @@ class StepOutput(Message, frozen=True):
     # filled the guesses the scheduler budgeted (forge.draft: unsure of its next guess)
     guesses: tuple[tuple[int, int], ...] = ()
     embeddings: tuple[Embedding, ...] = ()   # the pooling sequences whose prompt ended this step
+    # (seq id, tokens) for each thinking sequence (SamplingParams.thinking) with sampled tokens that fell
+    # inside its thinking section this step
+    reasoning: tuple[tuple[int, int], ...] = ()
 
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
@@ -139,12 +142,13 @@ class TokenCounts(Message, frozen=True):
     cached: int = 0              # prompt tokens found in the prefix cache
     draft: int = 0               # speculation: draft tokens proposed, and kept
     accepted: int = 0
+    reasoning: int = 0           # generated tokens inside a thinking section (forge.reasoning)
 
     def merge(self, later: TokenCounts) -> TokenCounts:
         """These counts updated by a later message's."""
         return TokenCounts(prompt=later.prompt or self.prompt, completion=later.completion or self.completion,
                            cached=later.cached or self.cached, draft=later.draft or self.draft,
-                           accepted=later.accepted or self.accepted)
+                           accepted=later.accepted or self.accepted, reasoning=later.reasoning or self.reasoning)
 
 
 class TokensEmitted(Message, frozen=True):
@@ -168,6 +172,7 @@ class Submit(Message, frozen=True):
     token_ids: tuple[int, ...] | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     tools: tuple[dict[str, Any], ...] | None = None   # for a chat template that renders tools itself
+    template_kwargs: dict[str, Any] | None = None     # a chat's chat_template_kwargs (enable_thinking)
     add_special_tokens: bool = True
 
 

@@ -21,6 +21,7 @@ from forge.api import (
     decode_generate,
 )
 from forge.errors import RequestError
+from forge.reasoning import EFFORT_BUDGETS
 from forge.sampling_params import SamplingParams
 from forge.structured import (
     CLOSE_WITHIN,
@@ -64,6 +65,7 @@ class PreparedChat:
     constraint: Constraint | None
     messages: list[dict[str, Any]]       # as chat templates expect them
     functions: list[Function]            # the tools shown to the model (none under tool_choice "none")
+    thinking_budget: int | None = None   # most tokens a reasoning model may think (None: no bound)
 
 
 def prepare_generate(body: bytes) -> tuple[GenerateRequest, SamplingParams]:
@@ -92,7 +94,15 @@ def prepare_chat_request(req: ChatCompletionRequest, *, served_model_name: str, 
     check_model(req.model, served_model_name)
     constraint = request_constraint(req)
     params = to_sampling_params(req, default_max_tokens=max(1, max_model_len), constraint=constraint)
-    return PreparedChat(req, params, constraint, chat_template_messages(req.messages), request_functions(req))
+    return PreparedChat(req, params, constraint, chat_template_messages(req.messages), request_functions(req),
+                        thinking_budget(req))
+
+
+def thinking_budget(req: ChatCompletionRequest) -> int | None:
+    """The request's bound on a thinking section: thinking_budget, else reasoning_effort's budget."""
+    if req.thinking_budget is not None:
+        return req.thinking_budget
+    return EFFORT_BUDGETS[req.reasoning_effort] if req.reasoning_effort is not None else None
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:

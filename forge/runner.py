@@ -26,6 +26,7 @@ from forge.llama.model import LlamaModel
 from forge.messages import Embedding, SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.penalties import TokenCounts
 from forge.pooling import PoolState, vector_bytes
+from forge.reasoning import Section, SectionFollower
 from forge.sampler import Sampler, SamplingBatch
 from forge.sampling_params import SamplingParams, make_generator
 from forge.structured import Grammars, allowed_tokens
@@ -52,6 +53,7 @@ class _SeqSampling:
     matcher: Any = None                  # an llguidance matcher for a constrained sequence
     json_state: tuple[bool, bool] = (False, False)   # a JSON output's (in a string, after a backslash)
     pool: PoolState | None = None        # an embedding request's pooling: it never samples
+    section: Section | None = None       # a thinking request's section (SamplingParams.thinking)
 
 
 class ModelRunner:
@@ -78,6 +80,8 @@ class ModelRunner:
         self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
+        # Follows thinking sections over the vocabulary's bytes (forge.reasoning); None: no vocabulary here
+        self.sections = SectionFollower(grammars.vocabulary) if grammars is not None else None
         self._masker: ThreadPoolExecutor | None = None
         self._seqs: dict[int, _SeqSampling] = {}
 
@@ -118,7 +122,8 @@ class ModelRunner:
             p = new.params
             counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
             self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p),
-                                                  pool=PoolState(p.pooling) if p.pooling is not None else None)
+                                                  pool=PoolState(p.pooling) if p.pooling is not None else None,
+                                                  section=self._section(p, new.prompt_ids))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         step_chunks: tuple[SeqChunk, ...] = step.chunks
@@ -151,6 +156,7 @@ class ModelRunner:
         rewind = [s.generator.bit_generator.state if c.num_draft and not s.params.is_greedy else None
                   for c, s in zip(chunks, states, strict=True)]
         allowed = self._allowed(chunks, states, masks, logits.shape[1]) if masks is not None else []
+        allowed = self._force_closes(chunks, states, allowed, logits.shape[1])
         out = self.sampler.sample(logits, SamplingBatch(
             params=[s.params for s in row_states], generators=[s.generator for s in row_states],
             counts=[s.counts for s in row_states],
@@ -158,6 +164,7 @@ class ModelRunner:
             allowed=allowed))
         tokens, logprobs = out.token_ids.tolist(), out.logprobs
         sampled = []
+        reasoning: list[tuple[int, int]] = []
         row = 0
         for c, state, width, saved in zip(chunks, states, widths, rewind, strict=True):
             drafts = c.token_ids[len(c.token_ids) - c.num_draft:] if c.num_draft else ()
@@ -173,6 +180,10 @@ class ModelRunner:
                 token, lp = tokens[row + j], logprobs[row + j]
                 if state.counts is not None:
                     state.counts.add(token)
+                if state.section is not None and state.params.thinking is not None and self.sections is not None:
+                    state.section, inside = self.sections.advance(state.section, token, state.params.thinking)
+                    if inside:
+                        reasoning.append((c.seq_id, 1))
                 if state.matcher is not None:
                     state.matcher.consume_token(token)   # an illegal token leaves it in error: only the end follows
                     if state.params.close_within and self.grammars is not None:
@@ -184,7 +195,8 @@ class ModelRunner:
                                                 top_logprobs=lp.top))
             row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
-                          elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings)
+                          elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings,
+                          reasoning=_summed(reasoning))
 
     def _forward_pooled(self, batch: ForwardBatch,
                         pooled: list[tuple[int, SeqChunk]]) -> tuple[F32, tuple[Embedding, ...]]:
@@ -211,6 +223,39 @@ class ModelRunner:
         self._seqs.pop(seq_id, None)
         if self.drafter is not None:
             self.drafter.forget(seq_id)
+
+    # ---- thinking sections ------------------------------------------------------------------
+
+    def _section(self, params: SamplingParams, prompt_ids: tuple[int, ...]) -> Section | None:
+        if params.thinking is None:
+            return None
+        if self.sections is None:
+            raise EngineError("this runner has no vocabulary to follow a thinking section")
+        return self.sections.start(prompt_ids)
+
+    def _force_closes(self, chunks: list[SeqChunk], states: list[_SeqSampling], allowed: list[BoolArray | None],
+                      width: int) -> list[BoolArray | None]:
+        """`allowed` with the rows whose thinking budget is spent (or whose close is under way) narrowed to the
+        one closing token due there: a row after drafts, as its section stands after them. The forced token
+        wins over a grammar's mask (a constrained request has no section: the gateway sees to that)."""
+        if self.sections is None or not any(s.section is not None for s in states):
+            return allowed
+        rows: list[BoolArray | None] = list(allowed) if allowed else [None] * sum(c.num_draft + 1 for c in chunks)
+        row = 0
+        for c, s in zip(chunks, states, strict=True):
+            section, thinking = s.section, s.params.thinking
+            if section is not None and thinking is not None:
+                drafts = c.token_ids[len(c.token_ids) - c.num_draft:] if c.num_draft else ()
+                for j in range(c.num_draft + 1):
+                    forced = self.sections.forced(section, thinking)
+                    if forced is not None:
+                        one = np.zeros(width, np.bool_)
+                        one[forced] = True
+                        rows[row + j] = one
+                    if j < len(drafts):
+                        section, _ = self.sections.advance(section, drafts[j], thinking)
+            row += c.num_draft + 1
+        return rows
 
     # ---- grammar masks ----------------------------------------------------------------------
 
@@ -264,3 +309,11 @@ class ModelRunner:
         kept[: closing.size] &= closing
         kept[closing.size:] = False
         return kept if kept.any() else row
+
+
+def _summed(pairs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """(seq id, count) pairs with one entry per seq id, counts added, in first-seen order."""
+    totals: dict[int, int] = {}
+    for seq_id, num in pairs:
+        totals[seq_id] = totals.get(seq_id, 0) + num
+    return tuple(totals.items())

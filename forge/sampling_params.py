@@ -24,6 +24,14 @@ _MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+class Thinking(msgspec.Struct, frozen=True, kw_only=True):
+    """A reasoning model's thinking section as the runner follows it (forge.reasoning.SectionFollower): at
+    most `budget` tokens inside it (None: no bound), after which the runner forces `close_ids` (the closing
+    tag and what the template writes after it) so that the model goes on to answer."""
+    budget: int | None = None
+    close_ids: tuple[int, ...] = ()
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """One request's sampling knobs. Construction checks nothing; call validate() at the edge."""
 
@@ -49,6 +57,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # An embedding request: no token is sampled; the prompt's final normed hidden states are pooled
     # ("mean", "last" or "cls", forge.pooling) into one L2-normalised vector. None: generation.
     pooling: str | None = None
+    # A reasoning model's request: the runner follows its thinking section, counts its tokens and closes
+    # it at the budget. None: the output is not read for a section.
+    thinking: Thinking | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -89,6 +100,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                  f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bad_biases[:4]}")
         _require(self.pooling in POOLING_MODES or self.pooling is None, "pooling",
                  f"must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
+        if self.thinking is not None:
+            budget, close = self.thinking.budget, self.thinking.close_ids
+            _require(budget is None or budget >= 0, "thinking_budget", f"must be at least 0, got {budget}")
+            _require(all(0 <= t < vocab_size for t in close), "thinking_budget",
+                     f"the closing token ids must be in [0, {vocab_size})")
         _require(self.seed is None or _INT64_MIN <= self.seed <= _INT64_MAX, "seed",
                  f"must fit in a signed 64-bit integer, got {self.seed}")
 

@@ -244,6 +244,7 @@ class Grammars:
         self._errors: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
         self.closing = Closing(vocab.tokens, sorted(tokenizer.end_token_ids))
+        self.vocabulary = vocab.tokens          # each id's bytes (forge.reasoning follows tags over them)
 
     def check(self, grammar: str, *, param: str | None = None) -> None:
         """Raise InvalidRequest with llguidance's reason if `grammar` does not compile for this vocabulary.

@@ -225,3 +225,26 @@ def test_every_event_is_named_by_its_type() -> None:
     assert end == b"\n" and wire.PING == b'event: ping\ndata: {"type":"ping"}\n\n'
     start = wire.message_start(message_id="msg_1", model="m", input_tokens=7)
     assert start["message"]["content"] == [] and start["message"]["usage"]["input_tokens"] == 7
+
+
+def test_thinking_is_chats_budget_and_thinking_blocks_are_left_out_of_the_prompt() -> None:
+    enabled = chat_request(decode_messages(body(thinking={"type": "enabled", "budget_tokens": 64})))
+    assert enabled.thinking_budget == 64 and enabled.chat_template_kwargs is None
+    disabled = chat_request(decode_messages(body(thinking={"type": "disabled"})))
+    assert disabled.thinking_budget == 0 and disabled.chat_template_kwargs == {"enable_thinking": False}
+    assert chat_request(decode_messages(body())).thinking_budget is None
+    _, prep = prepare_messages(body(thinking={"type": "enabled", "budget_tokens": 5}, messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Greet back.", "signature": ""},
+                                          {"type": "text", "text": "Hello!"}]},
+        {"role": "user", "content": "Bye"}]), served_model_name="m", max_model_len=64)
+    assert prep.thinking_budget == 5
+    assert [m["content"] for m in prep.messages] == ["Hi", "Hello!", "Bye"]
+    # a ThinkingDelta opens a thinking block; text after it opens a text block
+    blocks = wire.ContentBlocks()
+    events = blocks.push([wire.ThinkingDelta("Hmm."), ContentDelta("Hi.")]) + blocks.close()
+    assert [e["type"] for e in events] == ["content_block_start", "content_block_delta", "content_block_stop",
+                                           "content_block_start", "content_block_delta", "content_block_stop"]
+    assert events[1]["delta"] == {"type": "thinking_delta", "thinking": "Hmm."}
+    assert blocks.content() == [{"type": "thinking", "thinking": "Hmm.", "signature": ""},
+                                {"type": "text", "text": "Hi."}]

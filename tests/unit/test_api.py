@@ -541,3 +541,18 @@ def test_decoded_requests_give_valid_sampling_params(obj: dict[str, Any]) -> Non
         except InvalidRequest:
             continue
         to_sampling_params(req, default_max_tokens=64).validate(vocab_size=2**31)  # the edge admits only valid params
+
+
+def test_reasoning_fields_give_a_thinking_budget() -> None:
+    from forge.prepare import prepare_chat
+
+    def budget(**fields: object) -> int | None:
+        body = {"messages": [{"role": "user", "content": "Hi"}], **fields}
+        return prepare_chat(json.dumps(body).encode(), served_model_name="m", max_model_len=64).thinking_budget
+
+    assert budget() is None and budget(reasoning_effort="low") == 512 and budget(reasoning_effort="high") == 8192
+    assert budget(reasoning_effort="low", thinking_budget=7) == 7 and budget(thinking_budget=0) == 0
+    for field, value in (("thinking_budget", -1), ("thinking_budget", 1.5), ("reasoning_effort", "max")):
+        with pytest.raises(InvalidRequest) as refused:
+            budget(**{field: value})
+        assert refused.value.param == field

@@ -53,22 +53,18 @@ typedef struct {
 #define MR 3
 #endif
 #define NR 4                /* rows of W widened together */
-/* Steps of up to FUSED_MAX_ROWS rows take the fused path (AVX-512 or AVX2), FR rows at a time. With
- * AVX-512 the tiled path wins from 5 rows on in float32 (1.7B-shaped layers on a 2-core EPYC Zen 5, 2
- * threads, scripts/ab/ab_ggml.py: 65 against 80 ms at 8 rows, 110 against 145 at 16; the fused one
- * at 2 rows, 25 against 31): the fused path widens each weight once per FR rows, the tiled one once
- * per tile. The AVX2 threshold is the one measured before. */
+/* Steps of up to FUSED_MAX_ROWS rows take the fused path (AVX-512 or AVX2), FR rows at a time; from 5
+ * rows on the tiled path wins in float32, as it widens each weight once per tile where the fused path
+ * widens it once per FR rows (1.7B-shaped layers on a 2-core EPYC Zen 5, 2 threads, scripts/ab/ab_ggml.py:
+ * AVX-512 65 against 80 ms at 8 rows, 110 against 145 at 16, the fused path ahead at 2 rows, 25 against
+ * 31; the AVX2 build 110 against 187 ms at 8 rows, 176 against 410 at 16). */
 #if defined(__AVX512F__)
 #define FR 4
 #else
 #define FR 2                /* AVX2's 16 registers: 2 x NR accumulators and the widened weights */
 #endif
 #ifndef FUSED_MAX_ROWS
-#if defined(__AVX512F__)
 #define FUSED_MAX_ROWS 4
-#else
-#define FUSED_MAX_ROWS 16
-#endif
 #endif
 #define MAX_PARTS 8
 

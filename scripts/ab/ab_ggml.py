@@ -166,6 +166,8 @@ def one_size(gg: Ggml, weights: list[tuple[np.ndarray, int, int, int]], descs: l
 
     paths = {"forge reference": lambda: forge_step(False), "forge fast": lambda: forge_step(True),
              "ggml": lambda: step.run(threads)}
+    if not products.qmatmul_fast():              # a build without AVX-512 BF16 (FORGE_KERNEL_ISA=avx2)
+        del paths["forge fast"]
     best = dict.fromkeys(paths, float("inf"))
     for fn in paths.values():
         fn()                                               # warm: pages, pools, buffers
@@ -183,7 +185,10 @@ def one_size(gg: Ggml, weights: list[tuple[np.ndarray, int, int, int]], descs: l
         want = xs[k].astype(np.float64) @ w.T
         got = {"forge reference": np.empty((t, rows), np.float32), "forge fast": np.empty((t, rows), np.float32)}
         products.qmatmul(xs[k], k, descs[i], got["forge reference"], fast=False)
-        products.qmatmul(xs[k], k, descs[i], got["forge fast"], fast=True)
+        if "forge fast" in paths:
+            products.qmatmul(xs[k], k, descs[i], got["forge fast"], fast=True)
+        else:
+            del got["forge fast"]
         got["ggml"] = step.output(i)
         line = ", ".join(f"{name} {mx:.1e} / {mean:.1e}" for name, (mx, mean) in
                          ((n, errors(g, want)) for n, g in got.items()))

@@ -53,19 +53,25 @@ typedef struct {
 #define MR 3
 #endif
 #define NR 4                /* rows of W widened together */
-/* Steps of up to FUSED_MAX_ROWS rows take the fused path (AVX-512 or AVX2), FR rows at a time; from 5
- * rows on the tiled path wins in float32, as it widens each weight once per tile where the fused path
- * widens it once per FR rows (1.7B-shaped layers on a 2-core EPYC Zen 5, 2 threads, scripts/ab/ab_ggml.py:
- * AVX-512 65 against 80 ms at 8 rows, 110 against 145 at 16, the fused path ahead at 2 rows, 25 against
- * 31; the AVX2 build 110 against 187 ms at 8 rows, 176 against 410 at 16). */
+/* Steps of up to FUSED_MAX_ROWS rows take the fused path (AVX-512 or AVX2), FR rows at a time, which
+ * widens each weight once per FR rows; bigger ones the tiled path, which widens it once per tile. Where
+ * K is 2,048 or more, the tiled path wins from 5 rows on in float32 (1.7B-shaped layers on a 2-core EPYC
+ * Zen 5, 2 threads, scripts/ab/ab_ggml.py: AVX-512 65 against 80 ms at 8 rows, 110 against 145 at 16, the
+ * fused path ahead at 2 rows; the AVX2 build 110 against 187 ms at 8 rows, 176 against 410 at 16); with
+ * the default model's K of 576 and 1,536 the fused path stays ahead up to 16 rows (`ab_kernels.py products
+ * --kernels blocks`: 672 against 540 tok/s at 8 rows, 627 against 556 at 16). */
 #if defined(__AVX512F__)
 #define FR 4
 #else
 #define FR 2                /* AVX2's 16 registers: 2 x NR accumulators and the widened weights */
 #endif
 #ifndef FUSED_MAX_ROWS
-#define FUSED_MAX_ROWS 4
+#define FUSED_MAX_ROWS 16
 #endif
+#ifndef FUSED_MAX_ROWS_WIDE
+#define FUSED_MAX_ROWS_WIDE 4   /* K of WIDE_K or more */
+#endif
+#define WIDE_K 2048
 #define MAX_PARTS 8
 
 typedef float vf __attribute__((vector_size(VN * 4)));
@@ -796,6 +802,11 @@ typedef struct {
     const uint16_t *xb;                   /* x rounded to bfloat16 [T, K]: the `fast` numerics; else NULL */
 } job;
 
+/* The most rows a float32 step of this job takes on the fused path. */
+static inline int64_t fused_max_rows(const job *jb) {
+    return jb->K >= WIDE_K ? FUSED_MAX_ROWS_WIDE : FUSED_MAX_ROWS;
+}
+
 /* *buf grown to at least `bytes` (64-byte aligned; its contents not kept), or NULL when out of
  * memory: a thread's buffer, kept for its life. */
 static void *grown(void **buf, int64_t *size, int64_t bytes) {
@@ -819,7 +830,7 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
 /* Panels [p_lo, p_hi) of the whole (all parts) into out: small steps panel by panel; big ones in
  * tiles of rows of x that stay in L2 (about 384 KiB), each tile over every panel. */
 static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
-    if (jb->T <= FUSED_MAX_ROWS) {
+    if (jb->T <= fused_max_rows(jb)) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, 0, jb->T);
         return;
     }
@@ -847,9 +858,9 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
 #if defined(HAVE_FUSED)
 #if defined(HAVE_BF16)
-    const int64_t fused_max = bf ? FUSED_MAX_ROWS_BF16 : FUSED_MAX_ROWS;
+    const int64_t fused_max = bf ? FUSED_MAX_ROWS_BF16 : fused_max_rows(jb);
 #else
-    const int64_t fused_max = FUSED_MAX_ROWS;
+    const int64_t fused_max = fused_max_rows(jb);
 #endif
     if (jb->T <= fused_max && fused_type(pt->type)) {
         const uint8_t *rows[NR];

@@ -7,6 +7,7 @@ forge/prepare.py's; response shapes are forge/api_responses.py's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -270,17 +271,18 @@ def decode_detokenize(body: bytes) -> DetokenizeRequest:
     return decode_body(body, DetokenizeRequest)
 
 
-def decode_body(body: bytes, kind: type[_W]) -> _W:
+def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None) -> _W:
     """Bytes -> a validated Struct of any wire schema, or InvalidRequest naming the bad field. Never raises
     anything else. Unknown fields are ignored and a null field counts as absent (down to a message's
-    content parts; inside JSON schemas and tool inputs null is a value)."""
+    content parts; inside JSON schemas and tool inputs null is a value). `normalise` rewrites the parsed
+    JSON before it is typed (a wire format whose union members may leave their tag out)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest("request body is not valid UTF-8") from None
     try:
-        raw = msgspec.json.decode(body)
-        return msgspec.convert(_drop_nulls(raw, _NULL_DEPTH), kind)
+        raw = _drop_nulls(msgspec.json.decode(body), _NULL_DEPTH)
+        return msgspec.convert(normalise(raw) if normalise is not None else raw, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(str(exc)) from None
     except msgspec.DecodeError as exc:

@@ -21,6 +21,7 @@ from forge.sampling_params import (
     MAX_REPETITION_PENALTY,
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
 )
 
 _MAX_INT32 = 2**31 - 1
@@ -31,7 +32,7 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=_MAX_INT32)]          # -1 and 0 both mean "no top-k"
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
+RepetitionPenalty = Annotated[float, Meta(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)]
 NumChoices = Annotated[int, Meta(ge=1, le=8)]
 MinTokens = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]      # any int64; negatives are seeds too

@@ -25,10 +25,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from actors.logs import configure_logging
     from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.config import parse_size
+    from forge.responses_store import ResponseStore
 
     try:
         configure_logging(args.log_level, args.log_format)
         body = parse_size(args.max_body_size)
+        ResponseStore(max_responses=args.responses_store_size, ttl_s=args.responses_ttl)   # checks both
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
     from forge.hub import CATALOG
@@ -42,7 +44,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         engine=engine_config(args),
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
-                              watchdog_s=args.watchdog, body_timeout=args.body_timeout),
+                              watchdog_s=args.watchdog, body_timeout=args.body_timeout,
+                              responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl),
         model=args.model, drain_timeout=args.drain_timeout)
     listen = hypercorn_config(args.addr)
     if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
@@ -98,6 +101,12 @@ def register(sub: Any) -> None:
     serve.add_argument("--body-timeout", type=float, default=float(env("FORGE_BODY_TIMEOUT", "30") or 30),
                        help="seconds a request body has to arrive whole; after it 408 and the connection "
                             "closes [FORGE_BODY_TIMEOUT; 30]")
+    serve.add_argument("--responses-store-size", type=int,
+                       default=int(env("FORGE_RESPONSES_STORE_SIZE", "1024") or 1024),
+                       help="responses kept in memory for GET /v1/responses/{id} and previous_response_id, "
+                            "the oldest dropped first; 0 stores none [FORGE_RESPONSES_STORE_SIZE; 1024]")
+    serve.add_argument("--responses-ttl", type=float, default=float(env("FORGE_RESPONSES_TTL", "3600") or 3600),
+                       help="seconds a stored response is kept [FORGE_RESPONSES_TTL; 3600]")
     serve.add_argument("--watchdog", type=float, default=float(env("FORGE_WATCHDOG_S", "60") or 60),
                        help="seconds one engine step may run before /healthz answers 503 'stuck' (and it is "
                             "logged), for systemd's watchdog or a load balancer to act [FORGE_WATCHDOG_S; 60]")

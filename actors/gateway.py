@@ -41,6 +41,7 @@ from actors.responses import (
     completion_body,
     completion_frames,
 )
+from actors.responses_route import ResponsesRoutes
 from actors.stats import Stats
 from forge import api
 from forge import api_responses as wire
@@ -56,6 +57,7 @@ from forge.prepare import (
     prepare_generate,
     template_messages,
 )
+from forge.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
 from forge.sampling_params import SamplingParams
 
 log = structlog.get_logger("forge.gateway")
@@ -72,6 +74,8 @@ class GatewayConfig:
     sse_ping_interval: float = 5.0
     retry_after_s: int = 5
     watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
+    responses_store_size: int = DEFAULT_MAX_RESPONSES     # stored responses (POST /v1/responses, store: true)
+    responses_ttl_s: float = DEFAULT_TTL_S                # seconds a stored response is kept
 
 
 class Gateway:
@@ -90,6 +94,10 @@ class Gateway:
                                      ping_interval=config.sse_ping_interval)
         self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
                                        served_model_name=config.served_model_name)
+        self.responses = ResponsesRoutes(self.life, authorize=self._check_key,
+                                         served_model_name=config.served_model_name,
+                                         store=ResponseStore(max_responses=config.responses_store_size,
+                                                             ttl_s=config.responses_ttl_s))
         self.embeddings = EmbeddingsRoutes(self.life, served_model_name=config.served_model_name)
 
     # ---- app --------------------------------------------------------------------------------
@@ -108,6 +116,7 @@ class Gateway:
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             *self.messages.routes(),
+            *self.responses.routes(),
             *self.embeddings.routes(),
             *self.fleet.routes(),
         ]

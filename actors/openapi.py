@@ -1,10 +1,10 @@
 """The gateway's OpenAPI document (GET /openapi.json), generated from the request types themselves.
 
 The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
-(forge/api.py, forge/anthropic_api.py), constraints included, so the document cannot drift from what
-is accepted. Every error is declared as OpenAI's envelope, but on the Messages API's routes as that
-API's. Success bodies are described loosely (an object, or an SSE stream): their exact shapes are
-OpenAI's, or the Messages API's (docs/api.md).
+(forge/api.py, forge/anthropic_api.py, forge/responses_api.py), constraints included, so the document
+cannot drift from what is accepted. Every error is declared as OpenAI's envelope, but on the Messages
+API's routes as that API's. Success bodies are described loosely (an object, or an SSE stream): their
+exact shapes are OpenAI's, or the Messages API's (docs/api.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from forge import anthropic_api, api, embeddings_api
+from forge import anthropic_api, api, embeddings_api, responses_api
 
 _REF = "#/components/schemas/{name}"
 
@@ -34,6 +34,20 @@ _MESSAGES_ERROR = {
 _MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
             "properties": {"type": {"const": "message"}, "role": {"const": "assistant"},
                            "content": {"type": "array", "items": {"type": "object", "required": ["type"]}}}}
+
+_RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
+             "properties": {"object": {"const": "response"}, "status": {"type": "string"},
+                            "output": {"type": "array", "items": {"type": "object", "required": ["type"]}}}}
+
+_DELETED = {"type": "object", "required": ["id", "object", "deleted"],
+            "properties": {"object": {"const": "response"}, "deleted": {"const": True}}}
+
+# One server-sent event, as an event-stream reader sees it: its name ("message" when the frame gives
+# none, as OpenAI's chat chunks do; the Messages and Responses APIs name each) and its data.
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+
+_RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
 _TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "additionalProperties": False,
                 "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}
@@ -70,15 +84,17 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None = None, stream: bool = False,
-               ok: dict[str, Any] | None = None, auth: bool = True,
-               errors: dict[str, Any] = _ERRORS) -> dict[str, Any]:
+               ok: dict[str, Any] | None = None, auth: bool = True, errors: dict[str, Any] = _ERRORS,
+               parameters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     ok = ok or _json({"type": "object"}, "the result")
     if stream:
-        ok = {**ok, "content": {**ok["content"], "text/event-stream": {"schema": {"type": "string"}}}}
+        ok = {**ok, "content": {**ok["content"], "text/event-stream": {"schema": _SSE_EVENT}}}
     op: dict[str, Any] = {"operationId": operation_id, "summary": summary,
                           "responses": {"200": ok, **{k: v for k, v in errors.items() if auth or k == "503"}}}
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if parameters is not None:
+        op["parameters"] = parameters
     if not auth:
         op["security"] = []
     return op
@@ -88,9 +104,9 @@ def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None =
 def openapi_document() -> dict[str, Any]:
     types = (api.CompletionRequest, api.ChatCompletionRequest, api.TokenizeRequest, api.DetokenizeRequest,
              api.GenerateRequest, anthropic_api.MessagesRequest, anthropic_api.CountTokensRequest,
-             embeddings_api.EmbeddingRequest)
+             embeddings_api.EmbeddingRequest, responses_api.ResponsesRequest)
     bodies, components = msgspec.json.schema_components(types, ref_template=_REF)
-    completion, chat, tokenize, detokenize, generate, messages, count_tokens, embeddings = bodies
+    completion, chat, tokenize, detokenize, generate, messages, count_tokens, embeddings, responses = bodies
     components["ErrorBody"] = _ERROR
     components["MessagesErrorBody"] = _MESSAGES_ERROR
     text = {"description": "plain text", "content": {"text/plain": {"schema": {"type": "string"}}}}
@@ -105,6 +121,13 @@ def openapi_document() -> dict[str, Any]:
         "/v1/messages/count_tokens": {"post": _operation(
             "countMessageTokens", "The prompt tokens a message would run", body=count_tokens,
             ok=_json(_TOKEN_COUNT, "the count"), errors=_MESSAGES_ERRORS)},
+        "/v1/responses": {"post": _operation("createResponse", "A response (the Responses API's wire format of a chat)",
+                                             body=responses, stream=True, ok=_json(_RESPONSE, "the response"))},
+        "/v1/responses/{response_id}": {
+            "get": _operation("getResponse", "A stored response", ok=_json(_RESPONSE, "the response"),
+                              parameters=_RESPONSE_ID),
+            "delete": _operation("deleteResponse", "Forget a stored response", ok=_json(_DELETED, "deleted"),
+                                 parameters=_RESPONSE_ID)},
         "/v1/embeddings": {"post": _operation("createEmbedding", "Embed inputs (pooled final hidden states)",
                                               body=embeddings, ok=_json(_EMBEDDINGS, "the embeddings"))},
         "/v1/models": {"get": _operation("listModels", "The model served")},

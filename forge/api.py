@@ -7,6 +7,7 @@ forge/prepare.py's; response shapes are forge/api_responses.py's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -20,6 +21,7 @@ from forge.sampling_params import (
     MAX_REPETITION_PENALTY,
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
 )
 
 _MAX_INT32 = 2**31 - 1
@@ -30,7 +32,7 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=_MAX_INT32)]          # -1 and 0 both mean "no top-k"
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
+RepetitionPenalty = Annotated[float, Meta(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)]
 NumChoices = Annotated[int, Meta(ge=1, le=8)]
 MinTokens = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]      # any int64; negatives are seeds too
@@ -275,17 +277,18 @@ def decode_detokenize(body: bytes) -> DetokenizeRequest:
     return decode_body(body, DetokenizeRequest)
 
 
-def decode_body(body: bytes, kind: type[_W]) -> _W:
+def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None) -> _W:
     """Bytes -> a validated Struct of any wire schema, or InvalidRequest naming the bad field. Never raises
     anything else. Unknown fields are ignored and a null field counts as absent (down to a message's
-    content parts; inside JSON schemas and tool inputs null is a value)."""
+    content parts; inside JSON schemas and tool inputs null is a value). `normalise` rewrites the parsed
+    JSON before it is typed (a wire format whose union members may leave their tag out)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest("request body is not valid UTF-8") from None
     try:
-        raw = msgspec.json.decode(body)
-        return msgspec.convert(_drop_nulls(raw, _NULL_DEPTH), kind)
+        raw = _drop_nulls(msgspec.json.decode(body), _NULL_DEPTH)
+        return msgspec.convert(normalise(raw) if normalise is not None else raw, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(str(exc)) from None
     except msgspec.DecodeError as exc:

@@ -18,7 +18,10 @@ MAX_LOGIT_BIAS = 100.0
 # validate() holds every other caller (LLM, the offline engine) to them.
 MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0              # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
-MAX_REPETITION_PENALTY = 2.0   # (0, MAX_REPETITION_PENALTY]
+MAX_REPETITION_PENALTY = 2.0   # [MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY]
+# A positive logit is divided by the penalty in float32: one that rounds to 0 there (below ~1e-45) is a
+# division by zero in the step, and a tiny one overflows the logits; none below this means anything.
+MIN_REPETITION_PENALTY = 1e-3
 POOLING_MODES = ("mean", "last", "cls")   # how an embedding request pools its hidden states
 _MIN_TEMPERATURE = 1e-5        # below this a row is greedy: it is argmax up to ties anyway
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -81,8 +84,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
             _require(-MAX_PENALTY <= value <= MAX_PENALTY, name,
                      f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
-        _require(0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
-                 f"must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
+        _require(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+                 f"must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         _require(self.close_within >= 0, "close_within", f"must be at least 0, got {self.close_within}")

@@ -54,7 +54,8 @@ async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never
             ok = await http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
             assert ok.status_code == 200
     assert {path for path, _ in app_routes} >= {"/v1/completions", "/v1/chat/completions", "/metrics", "/stats",
-                                                "/openapi.json", "/tokenize", *MESSAGES}
+                                                "/openapi.json", "/tokenize", "/v1/responses",
+                                                "/v1/responses/{response_id}", *MESSAGES}
     logs = capsys.readouterr()
     assert "401" in logs.out + logs.err                        # the refusals were logged...
     assert KEY not in logs.out and KEY not in logs.err         # ...without the key

@@ -47,10 +47,18 @@ async def test_the_examples_of_a_doc_run_against_a_live_daemon(make_daemon: Make
                 done = await anyio.run_process(["bash", "-euo", "pipefail", "-c", script], check=False)
                 out = done.stdout.decode()
                 assert done.returncode == 0, f"{block}\n-> {out} {done.stderr.decode()}"
-                assert out.strip() and '"error"' not in out, f"{block}\n-> {out}"
-                if '"stream": true' in block:           # OpenAI's streams end [DONE]; the Messages API's, message_stop
-                    end = 'data: {"type":"message_stop"}' if "/v1/messages" in block else "data: [DONE]"
-                    assert out.rstrip().endswith(end), out[-200:]
+                # an error envelope (a response object's own "error" is null)
+                assert out.strip() and '"error":{' not in out and '"error": {' not in out, f"{block}\n-> {out}"
+                if '"stream": true' in block:
+                    # OpenAI's streams end [DONE]; the Messages API's, message_stop; the Responses API's,
+                    # response.completed
+                    last = out.rstrip().splitlines()[-1]
+                    if "/v1/messages" in block:
+                        assert last == 'data: {"type":"message_stop"}', out[-200:]
+                    elif "/v1/responses" in block:
+                        assert last.startswith('data: {"type":"response.completed"'), out[-200:]
+                    else:
+                        assert last == "data: [DONE]", out[-200:]
 
             namespace: dict[str, Any] = {"httpx": httpx, "__name__": "doc_example"}
             for block in blocks(doc, "python"):

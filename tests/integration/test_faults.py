@@ -106,6 +106,31 @@ async def test_a_faulty_step_fails_a_message_in_the_messages_apis_envelope(make_
             await wait_idle(daemon)
 
 
+@pytest.mark.usefixtures("faulty")
+async def test_a_faulty_step_fails_a_response_with_an_error_event_then_response_failed(
+        make_daemon: MakeDaemon, loaded: LoadedModel) -> None:
+    """A response whose prompt holds the trigger: a 500 engine_fault body, or mid-stream an `error`
+    event and response.failed (no response.completed); neither is stored."""
+    body = {"model": SERVED_MODEL, "max_output_tokens": 4, "input": loaded.tokenizer.decode([RAISE])}
+    daemon = make_daemon()
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            failed = await http.post("/v1/responses", json=body)
+            assert_error(failed, 500, code="engine_fault", type="server_error")
+            streamed = await http.post("/v1/responses", json={**body, "stream": True})
+            frames = [event.split("\n") for event in streamed.content.decode().split("\n\n") if event]
+            names = [name.removeprefix("event: ") for name, _ in frames]
+            payloads = [json.loads(data.removeprefix("data: ")) for _, data in frames]
+            assert names[0] == "response.created" and names[-2:] == ["error", "response.failed"]
+            assert payloads[-2]["code"] == "engine_fault" and "engine failed" in payloads[-2]["message"]
+            assert payloads[-1]["response"]["status"] == "failed"
+            assert payloads[-1]["response"]["error"]["code"] == "server_error"
+            assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+            stored = await http.get(f"/v1/responses/{payloads[-1]['response']['id']}")
+            assert stored.status_code == 404
+            await wait_idle(daemon)
+
+
 async def test_a_stuck_step_turns_healthz_to_503_until_it_moves(make_daemon: MakeDaemon,
                                                                  faulty: threading.Event) -> None:
     daemon = make_daemon(gateway={"watchdog_s": 0.3})

@@ -1,7 +1,8 @@
 """Hostile and odd input at the HTTP edge: each gets the right answer (served, or a 4xx in the
 OpenAI error envelope), never a 500 or a traceback, and never an effect on a well-formed request
 running beside it. One daemon takes them all, a normal stream in flight throughout. The Messages API's
-routes answer in that API's envelope, the message naming the field."""
+routes answer in that API's envelope, the message naming the field; the Responses API's in OpenAI's,
+`param` naming it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.integration.harness import (
     PROMPT,
     SERVED_MODEL,
     MakeDaemon,
+    assert_error,
     assert_messages_error,
     data_payloads,
     wait_idle,
@@ -107,6 +109,41 @@ MESSAGES_HOSTILE: list[tuple[str, str, Any, int, str, str]] = [
      "invalid_request_error", "messages"),
     ("a route under the Messages API that is not one", "/v1/messages/batches", MESSAGE, 404, "not_found_error", ""),
 ]
+RESPONSE = {"model": SERVED_MODEL, "input": "Hi", "max_output_tokens": 4}
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}}}
+# The Responses API answers in OpenAI's envelope: (what, fields over RESPONSE (None: drop it), status, param)
+RESPONSES_HOSTILE: list[tuple[str, dict[str, Any] | None, int, str]] = [
+    ("no input", {"input": None}, 400, "input"),
+    ("an empty input", {"input": []}, 400, "input"),
+    ("a role nobody has", {"input": [{"role": "bot", "content": "Hi"}]}, 400, "input[0].role"),
+    ("an image", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, 400,
+     "input[0].content[0]"),
+    ("an item type nobody knows", {"input": [{"type": "hologram"}]}, 400, "input[0].type"),
+    ("a call output without its call", {"input": [{"type": "function_call_output", "output": "x"}]}, 400,
+     "input[0].call_id"),
+    ("temperature 3", {"temperature": 3}, 400, "temperature"),
+    ("max_output_tokens 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),
+    ("a hosted tool", {"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ("a function name with a space", {"tools": [{**WEATHER, "name": "bad name"}]}, 400, "tools[0].name"),
+    ("tool_choice required without tools", {"tool_choice": "required"}, 400, "tool_choice"),
+    ("tool_choice naming another function", {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "x"}},
+     400, "tool_choice.name"),
+    ("a json_schema format without a schema", {"text": {"format": {"type": "json_schema", "name": "x"}}}, 400,
+     "text.format.schema"),
+    ("a schema llguidance cannot read", {"text": {"format": {"type": "json_schema", "name": "x",
+                                                             "schema": {"type": "nonesuch"}}}}, 400,
+     "text.format.schema"),
+    ("a forced call and a format", {"tools": [WEATHER], "tool_choice": "required",
+                                    "text": {"format": {"type": "json_object"}}}, 400, "text.format"),
+    ("a background response", {"background": True}, 400, "background"),
+    ("a prompt longer than the context", {"input": "word " * 20_000}, 400, "input"),
+    ("a model not served", {"model": "gpt-nonesuch"}, 404, "model"),
+    ("a previous response nobody stored", {"previous_response_id": "resp_nonesuch"}, 404, "previous_response_id"),
+    ("100,000-deep function parameters", None, 400, ""),
+]
+DEEP_PARAMETERS = (b'{"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {"a": '
+                   + nested(100_000) + b"}}]}")
 DEEP_INPUT = (b'{"model": "%s", "max_tokens": 4, "messages": [{"role": "assistant", "content": [{"type": "tool_use", '
               b'"id": "t", "name": "f", "input": {"a": ' % SERVED_MODEL.encode() + nested(100_000) + b"}}]}]}")
 
@@ -138,6 +175,12 @@ async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(ma
                     resp = await http.post(path, content=raw, headers=JSON)
                     assert_messages_error(resp, status, type=kind, naming=naming)
                     assert "Traceback" not in resp.text, what
+                for what, fields, status, param in RESPONSES_HOSTILE:
+                    raw = DEEP_PARAMETERS if fields is None else json.dumps(
+                        {k: v for k, v in {**RESPONSE, **fields}.items() if v is not None}).encode()
+                    resp = await http.post("/v1/responses", content=raw, headers=JSON)
+                    error = assert_error(resp, status, param=param or None)
+                    assert "Traceback" not in resp.text and (fields is not None or "nested" in error["message"]), what
             assert neighbour["status"] == 200
             text = "".join(p["choices"][0]["text"] for p in neighbour["payloads"] if p.get("choices"))
             plain = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 48, "temperature": 0,

@@ -101,6 +101,7 @@ def test_deep_nesting_is_invalid_request() -> None:
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 4e-147}, "repetition_penalty"),      # 0 in float32: a division by zero
         ({"repetition_penalty": 2.5}, "repetition_penalty"),
         ({"seed": -(2**63) - 1}, "seed"),
         ({"seed": 2**64}, "seed"),

@@ -1,0 +1,335 @@
+"""The wire schema of forge's Responses API (POST /v1/responses): the request Struct, its input items,
+their decoder, and the one converter to the chat request the same pipeline runs. A response is another
+wire format over a chat request, as a message is (forge/anthropic_api.py): its sampling, chat template,
+tools and constraints are chat's (forge/prepare.py), so a response and the equivalent chat completion
+give the same output. A stored conversation (previous_response_id) is a tuple of the same input items,
+so a continued response renders exactly the prompt its client would have sent whole. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from forge.api import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    FunctionDefinition,
+    JsonSchemaFormat,
+    MaxTokens,
+    MessageToolCall,
+    MinP,
+    NamedFunction,
+    NamedToolChoice,
+    Penalty,
+    RepetitionPenalty,
+    ResponseFormat,
+    Seed,
+    Temperature,
+    Tool,
+    ToolCallFunction,
+    TopK,
+    TopP,
+    decode_body,
+)
+from forge.errors import InvalidRequest
+from forge.prepare import PreparedChat, prepare_chat_request
+
+ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+    """A request body's part. Unknown fields are ignored (id, status, annotations, ...)."""
+
+
+# ---- content parts and input items ----------------------------------------------------------------------
+
+class _Part(_Wire, frozen=True, kw_only=True, tag_field="type"):
+    """A message's content part, told apart by its "type"."""
+
+
+class InputText(_Part, frozen=True, kw_only=True, tag="input_text"):
+    text: str
+
+
+class OutputText(_Part, frozen=True, kw_only=True, tag="output_text"):
+    """An earlier answer's text, as a client replays it (its annotations are ignored)."""
+    text: str
+
+
+class InputImage(_Part, frozen=True, kw_only=True, tag="input_image"):
+    """Read only to be refused with a clear message: the models forge serves read text."""
+
+
+class InputFile(_Part, frozen=True, kw_only=True, tag="input_file"):
+    pass
+
+
+Part = InputText | OutputText | InputImage | InputFile
+
+
+class _Item(_Wire, frozen=True, kw_only=True, tag_field="type"):
+    """An input item, told apart by its "type" (a message may leave it out: normalise_input)."""
+
+
+class MessageItem(_Item, frozen=True, kw_only=True, tag="message"):
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(_Item, frozen=True, kw_only=True, tag="function_call"):
+    """An earlier call of the model's, as its output item had it."""
+    call_id: str
+    name: str
+    arguments: str                                           # JSON text
+
+
+class FunctionCallOutputItem(_Item, frozen=True, kw_only=True, tag="function_call_output"):
+    """The client's answer to a call."""
+    call_id: str
+    output: str | list[Part]
+
+
+class ReasoningItem(_Item, frozen=True, kw_only=True, tag="reasoning"):
+    """An earlier reasoning item, as clients replay output items: accepted, and not shown to the model."""
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+# ---- tools, tool choice, the text format ----------------------------------------------------------------
+
+class FunctionTool(_Wire, frozen=True, kw_only=True, tag_field="type", tag="function"):
+    """A function in the Responses API's flat shape (chat nests it under "function")."""
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(_Wire, frozen=True, kw_only=True, tag_field="type", tag="function"):
+    name: str
+
+
+class _Format(_Wire, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class FormatText(_Format, frozen=True, kw_only=True, tag="text"):
+    pass
+
+
+class FormatJsonObject(_Format, frozen=True, kw_only=True, tag="json_object"):
+    pass
+
+
+class FormatJsonSchema(_Format, frozen=True, kw_only=True, tag="json_schema"):
+    name: str
+    schema: dict[str, Any] | bool
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = FormatText | FormatJsonObject | FormatJsonSchema
+
+
+class TextConfig(_Wire, frozen=True, kw_only=True):
+    format: TextFormat = FormatText()
+
+
+# ---- the request ----------------------------------------------------------------------------------------
+
+class ResponsesRequest(_Wire, frozen=True, kw_only=True):
+    """POST /v1/responses."""
+
+    model: str | None = None
+    input: str | list[Item]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    text: TextConfig = TextConfig()
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool = True
+    max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
+    metadata: dict[str, str] | None = None                  # echoed back
+    user: str | None = None
+    background: bool = False                                 # only false is served
+    conversation: str | dict[str, Any] | None = None          # not served: refused if given
+    # as chat has them: forge's sampling extras
+    seed: Seed | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+
+
+Conversation = tuple[Item, ...]
+
+
+# ---- decoding -------------------------------------------------------------------------------------------
+
+def normalise_input(raw: Any) -> Any:
+    """An input item with a role and no "type" is a message (the API's "easy input message")."""
+    if isinstance(raw, dict) and isinstance(raw.get("input"), list):
+        items = [{**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item
+                 else item for item in raw["input"]]
+        return {**raw, "input": items}
+    return raw
+
+
+def decode_responses(body: bytes) -> ResponsesRequest:
+    """A body -> its request, or InvalidRequest whose param is the bad field's path ("input[0].role")."""
+    req = decode_body(body, ResponsesRequest, normalise=normalise_input)
+    _check(req)
+    return req
+
+
+def _check(req: ResponsesRequest) -> None:
+    if req.background:
+        raise InvalidRequest("background responses are not supported: a response runs while its request waits",
+                             param="background")
+    if req.conversation is not None:
+        raise InvalidRequest("conversations are not supported: continue a response with previous_response_id",
+                             param="conversation")
+    if req.input == [] and req.previous_response_id is None and req.instructions is None:
+        raise InvalidRequest("input must not be empty", param="input")
+    for i, item in enumerate(req.input if isinstance(req.input, list) else ()):
+        content = item.content if isinstance(item, MessageItem) else (
+            item.output if isinstance(item, FunctionCallOutputItem) else "")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, InputImage | InputFile):
+                kind = "images" if isinstance(part, InputImage) else "files"
+                field = "content" if isinstance(item, MessageItem) else "output"
+                raise InvalidRequest(f"input {kind} are not supported: the model served reads text only",
+                                     param=f"input[{i}].{field}[{j}]")
+    _check_tools(req)
+
+
+def _check_tools(req: ResponsesRequest) -> None:
+    names = [t.name for t in req.tools or ()]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("tool names must be unique", param="tools")
+    for i, tool in enumerate(req.tools or ()):
+        if tool.parameters is not None and tool.parameters.get("type", "object") != "object":
+            raise InvalidRequest("a function's parameters must be a JSON schema of type object",
+                                 param=f"tools[{i}].parameters")
+    choice = req.tool_choice
+    if choice is not None and choice != "none" and not names:
+        raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+    if isinstance(choice, ToolChoiceFunction) and choice.name not in names:
+        raise InvalidRequest(f"tool_choice names the function {choice.name!r}, which is not in tools",
+                             param="tool_choice.name")
+    forced = choice == "required" or isinstance(choice, ToolChoiceFunction)
+    if forced and not isinstance(req.text.format, FormatText):
+        raise InvalidRequest("only one output constraint may be given: a forced tool call or text.format",
+                             param="text.format")
+
+
+# ---- the chat request it is ------------------------------------------------------------------------------
+
+def input_items(req: ResponsesRequest) -> Conversation:
+    """The request's input as items (a string is one user message)."""
+    if isinstance(req.input, str):
+        return (MessageItem(role="user", content=req.input),)
+    return tuple(req.input)
+
+
+def chat_messages(items: Conversation) -> list[ChatMessage]:
+    """Items as the chat messages they mean: a message as itself; function calls as the tool_calls of
+    the assistant message just before them (or of a new one: an answer that was only calls); each
+    call's output as a tool message; reasoning items dropped (the template never showed them)."""
+    out: list[ChatMessage] = []
+    for item in items:
+        match item:
+            case MessageItem(role=role, content=content):
+                out.append(ChatMessage(role=role, content=_parts(content)))
+            case FunctionCallItem(call_id=call_id, name=name, arguments=arguments):
+                call = MessageToolCall(id=call_id, function=ToolCallFunction(name=name, arguments=arguments))
+                last = out[-1] if out else None
+                if last is not None and last.role == "assistant":
+                    out[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or ()), call])
+                else:
+                    out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            case FunctionCallOutputItem(call_id=call_id, output=output):
+                out.append(ChatMessage(role="tool", content=_text(output), tool_call_id=call_id))
+    return out
+
+
+def _parts(content: str | list[Part]) -> str | list[ContentPart]:
+    if isinstance(content, str):
+        return content
+    return [ContentPart(type="text", text=p.text) for p in content if isinstance(p, InputText | OutputText)]
+
+
+def _text(output: str | list[Part]) -> str:
+    if isinstance(output, str):
+        return output
+    return "\n".join(p.text for p in output if isinstance(p, InputText | OutputText))
+
+
+def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompletionRequest:
+    """The chat request a response means: instructions as a first system message, then the stored
+    conversation and this input (`conversation`, chat_messages); functions nested as chat's tools;
+    text.format as response_format; max_output_tokens as max_completion_tokens."""
+    messages = chat_messages(conversation)
+    if req.instructions is not None:
+        messages.insert(0, ChatMessage(role="system", content=req.instructions))
+    tools = [Tool(type="function", function=FunctionDefinition(name=t.name, description=t.description,
+                                                               parameters=t.parameters, strict=t.strict))
+             for t in req.tools or ()] or None
+    choice = req.tool_choice
+    tool_choice = (NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+                   if isinstance(choice, ToolChoiceFunction) else choice)
+    return ChatCompletionRequest(
+        model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature, top_p=req.top_p, stream=req.stream, seed=req.seed,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, top_k=req.top_k,
+        min_p=req.min_p, repetition_penalty=req.repetition_penalty, response_format=_response_format(req.text.format),
+        tools=tools, tool_choice=tool_choice, parallel_tool_calls=req.parallel_tool_calls)
+
+
+def _response_format(fmt: TextFormat) -> ResponseFormat | None:
+    match fmt:
+        case FormatJsonObject():
+            return ResponseFormat(type="json_object")
+        case FormatJsonSchema(name=name, schema=schema, description=description, strict=strict):
+            return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+                name=name, description=description, schema=schema, strict=strict))
+    return None
+
+
+def max_calls(req: ResponsesRequest) -> int | None:
+    """The most calls read out of one answer: one without parallel calls, else max_tool_calls (or any)."""
+    return 1 if not req.parallel_tool_calls else req.max_tool_calls
+
+
+def prepare_response(req: ResponsesRequest, history: Conversation, *, served_model_name: str,
+                     max_model_len: int) -> tuple[Conversation, PreparedChat]:
+    """The conversation this response continues with (`history`, the stored one, then this input) and
+    what the engine runs for it (chat's preparation). The JSON schema's errors name text.format."""
+    conversation = history + input_items(req)
+    prep = prepare_chat_request(chat_request(req, conversation), served_model_name=served_model_name,
+                                max_model_len=max_model_len)
+    return conversation, prep
+
+
+# chat's field -> the Responses API's, for errors raised on the chat request a response became
+_CHAT_FIELDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
+                ("max_completion_tokens", "max_output_tokens"), ("messages", "input"), ("prompt", "input"))
+
+
+def wire_param(param: str | None) -> str | None:
+    """The Responses API's name of a field an error on the chat request names ("messages" -> "input")."""
+    for chat, own in _CHAT_FIELDS:
+        if param is not None and (param == chat or param.startswith(chat + ".")):
+            return own + param[len(chat):]
+    return param

@@ -1,0 +1,177 @@
+"""Response shapes of forge's Responses API: the response object, its output items, usage, the typed
+stream events and their SSE framing (`event: <type>` then its JSON, numbered by `sequence_number`).
+Pure builders of plain dicts ready for msgspec.json.encode; errors are OpenAI's envelope
+(forge/api_responses.py), as on chat.
+
+The output items are built from the tool-call reader's events (forge.tools) in order, one way for
+both shapes: a stream sends the item events as each delta adds them, a body is the items they make,
+so a client accumulating the stream gets the body.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from forge.responses_api import FormatText, ResponsesRequest
+from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
+
+Status = Literal["in_progress", "completed", "incomplete", "failed"]
+
+_encoder = msgspec.json.Encoder()
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def _new_item_id(kind: Literal["msg", "fc"]) -> str:
+    return f"{kind}_{uuid.uuid4().hex}"
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One server-sent event, named by the payload's own type."""
+    name: str = event["type"]
+    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
+
+
+# ---- the response object --------------------------------------------------------------------------------
+
+def usage(*, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """input_tokens is the whole prompt, cached_tokens the share the prefix cache served (as chat's
+    prompt_tokens and cached_tokens). forge writes no cache on request and runs no reasoning: 0 both."""
+    return {"input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + output_tokens}
+
+
+def echo(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's settings a response repeats (the clients' Response model requires several)."""
+    fmt = req.text.format
+    return {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": req.max_tool_calls, "metadata": req.metadata or {},
+            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
+            "store": req.store, "temperature": req.temperature, "top_p": req.top_p,
+            "text": {"format": msgspec.to_builtins(fmt) if not isinstance(fmt, FormatText) else {"type": "text"}},
+            "tool_choice": msgspec.to_builtins(req.tool_choice) if req.tool_choice is not None else "auto",
+            "tools": [msgspec.to_builtins(t) for t in req.tools or ()], "truncation": "disabled",
+            "user": req.user, "background": False}
+
+
+def response(*, response_id: str, created_at: int, model: str, status: Status, echoed: dict[str, Any],
+             output: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The response object; incomplete means the length limit ended it (the only cause forge has)."""
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {"id": response_id, "object": "response", "created_at": created_at, "status": status, "error": error,
+            "incomplete_details": incomplete, "model": model, "output": list(output), "usage": usage, **echoed}
+
+
+def status(finish_reason: str | None) -> Status:
+    """A choice that ended by the length limit (or the context's end) is incomplete; any other end completes."""
+    return "incomplete" if finish_reason in (None, "length") else "completed"
+
+
+def deleted(response_id: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def error_event(*, message: str, code: str | None, param: str | None) -> dict[str, Any]:
+    """The stream's error event (the engine failed mid-stream); response.failed follows it."""
+    return {"type": "error", "code": code, "message": message, "param": param}
+
+
+# ---- output items ---------------------------------------------------------------------------------------
+
+class OutputItems:
+    """A response's output items, made from the tool reader's events in order: text joins an open
+    message item or opens one; a call opens a function_call item whose arguments arrive as JSON text.
+    push() and close() return the stream's events for what they added (without sequence numbers);
+    items() is the output as the body has it.
+
+    A reasoning item, once chat's choices carry reasoning, is written here and only here: a
+    `push_reasoning(text)` that opens a {"type": "reasoning"} item before the first message, so the
+    body and the stream get it alike. forge runs no reasoning yet, so none is written.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[dict[str, Any]] = []
+        self._open: int | None = None                # the index of the item still growing
+
+    def push(self, events: Sequence[ToolEvent]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for event in events:
+            match event:
+                case ContentDelta(text=text) if text:
+                    if self._open is None or self._items[self._open]["type"] != "message":
+                        self._open_message(out)
+                    assert self._open is not None
+                    item = self._items[self._open]
+                    item["content"][0]["text"] += text
+                    out.append({"type": "response.output_text.delta", "item_id": item["id"],
+                                "output_index": self._open, "content_index": 0, "delta": text, "logprobs": []})
+                case CallStart(id=call_id, name=name):
+                    self._start(out, {"id": _new_item_id("fc"), "type": "function_call", "status": "in_progress",
+                                      "call_id": call_id, "name": name, "arguments": ""})
+                case ArgumentsDelta(text=text) if text and self._open is not None:
+                    item = self._items[self._open]
+                    if item["type"] == "function_call":
+                        item["arguments"] += text
+                        out.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                                    "output_index": self._open, "delta": text})
+        return out
+
+    def close(self, final: Status) -> list[dict[str, Any]]:
+        """End the open item with the response's status (`final`); an answer with no item at all is
+        one empty message, so every response has its text."""
+        out: list[dict[str, Any]] = []
+        if not self._items:
+            self._open_message(out)
+        self._stop(out, final)
+        return out
+
+    def items(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = _copy(self._items)    # the caller keeps them; later pushes must not change them
+        return items
+
+    def _open_message(self, out: list[dict[str, Any]]) -> None:
+        self._start(out, {"id": _new_item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                          "content": []})
+        assert self._open is not None
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self._items[self._open]["content"].append(part)
+        out.append({"type": "response.content_part.added", "item_id": self._items[self._open]["id"],
+                    "output_index": self._open, "content_index": 0, "part": dict(part)})
+
+    def _start(self, out: list[dict[str, Any]], item: dict[str, Any]) -> None:
+        self._stop(out, "completed")
+        self._open = len(self._items)
+        self._items.append(item)
+        out.append({"type": "response.output_item.added", "output_index": self._open,
+                    "item": _copy(item)})
+
+    def _stop(self, out: list[dict[str, Any]], final: Status) -> None:
+        if self._open is None:
+            return
+        index, item = self._open, self._items[self._open]
+        item["status"] = "incomplete" if final == "incomplete" else "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            out.append({"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
+                        "content_index": 0, "text": part["text"], "logprobs": []})
+            out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
+                        "content_index": 0, "part": dict(part)})
+        else:
+            out.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                        "output_index": index, "name": item["name"], "arguments": item["arguments"]})
+        out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
+        self._open = None
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of plain JSON data (an event's item must not change as its item grows)."""
+    return msgspec.json.decode(_encoder.encode(obj))

@@ -1,0 +1,239 @@
+"""The Responses API's wire format: its decoding (a 400 naming the field for anything wrong), the chat
+request it means (the same preparation as chat's equivalent body), its response shapes (a stream that
+accumulates to the body) and its store (bounded in count and in age)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from forge import responses_wire as wire
+from forge.api import ContentPart, NamedToolChoice
+from forge.errors import InvalidRequest
+from forge.prepare import prepare_chat
+from forge.responses_api import (
+    FunctionCallItem,
+    Item,
+    MessageItem,
+    chat_messages,
+    chat_request,
+    decode_responses,
+    input_items,
+    max_calls,
+    prepare_response,
+    wire_param,
+)
+from forge.responses_store import ResponseStore
+from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}
+
+
+def body(**fields: Any) -> bytes:
+    raw = {"model": "m", "input": "Hi", **fields}
+    return json.dumps({k: v for k, v in raw.items() if v is not None}).encode()
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"input": None}, "input"),
+    ({"input": []}, "input"),
+    ({"input": 3}, "input"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"role": "user"}]}, "input[0].content"),
+    ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
+     "input[0].output[0]"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [{**WEATHER, "parameters": {"type": "array"}}]}, "tools[0].parameters"),
+    ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+])
+def test_a_bad_field_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        decode_responses(body(**fields))
+    assert refused.value.param == param, refused.value.message
+
+
+def test_unknown_fields_are_ignored_nulls_are_absent_and_a_message_may_leave_its_type_out() -> None:
+    req = decode_responses(body(include=["reasoning.encrypted_content"], reasoning=None, truncation="auto",
+                                service_tier="auto", top_p=None, input=[
+                                    {"role": "user", "content": "Hi", "id": "x"},
+                                    {"type": "reasoning", "id": "rs_1", "summary": []},
+                                    {"type": "message", "role": "assistant", "status": "completed", "content": [
+                                        {"type": "output_text", "text": "Hello", "annotations": []}]}]))
+    assert req.top_p == 1.0 and req.store and not req.stream and req.tool_choice is None
+    assert [type(i).__name__ for i in input_items(req)] == ["MessageItem", "ReasoningItem", "MessageItem"]
+    user, assistant = chat_messages(input_items(req))                # the reasoning item is not shown
+    assert (user.role, user.content) == ("user", "Hi")
+    assert assistant.role == "assistant" and assistant.content == [ContentPart(type="text", text="Hello")]
+
+
+def test_a_conversation_with_calls_is_the_chat_request_it_means() -> None:
+    req = decode_responses(body(
+        instructions="Be brief.", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False, temperature=0.5, top_p=0.9, seed=7, max_output_tokens=30, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo"},
+                                         {"type": "input_text", "text": "and Rome?"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "rain"}]},
+        ]))
+    chat = chat_request(req, input_items(req))
+    equivalent = json.dumps({
+        "model": "m", "max_completion_tokens": 30, "temperature": 0.5, "top_p": 0.9, "seed": 7,
+        "tools": [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo"},
+                                         {"type": "text", "text": "and Rome?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Looking."}], "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": '{"city": "Oslo"}'}},
+                {"id": "call_2", "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": '{"city": "Rome"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "rain"}]}).encode()
+    ours = prepare_response(req, (), served_model_name="m", max_model_len=512)[1]
+    theirs = prepare_chat(equivalent, served_model_name="m", max_model_len=512)
+    assert ours.messages == theirs.messages and ours.functions == theirs.functions
+    assert ours.params == theirs.params and ours.constraint == theirs.constraint
+    assert isinstance(chat.tool_choice, NamedToolChoice) and max_calls(req) == 1
+
+
+def test_a_call_with_no_text_before_it_is_an_assistant_turn_of_its_own() -> None:
+    items: tuple[Item, ...] = (MessageItem(role="user", content="Hi"),
+                               FunctionCallItem(call_id="c", name="f", arguments="{}"))
+    [user, call] = chat_messages(items)
+    assert call.role == "assistant" and call.content is None and call.tool_calls is not None
+    assert call.tool_calls[0].id == "c" and user.content == "Hi"
+
+
+def test_a_text_format_is_chat_s_response_format_and_closes_within_the_limit() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = decode_responses(body(max_output_tokens=40, text={"format": {
+        "type": "json_schema", "name": "n", "schema": schema, "strict": True}}))
+    ours = prepare_response(req, (), served_model_name="m", max_model_len=512)[1]
+    theirs = prepare_chat(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 40,
+                                      "response_format": {"type": "json_schema", "json_schema": {
+                                          "name": "n", "schema": schema, "strict": True}}}).encode(),
+                          served_model_name="m", max_model_len=512)
+    assert ours.params == theirs.params and ours.params.close_within == 10 and ours.params.grammar
+    plain = prepare_response(decode_responses(body()), (), served_model_name="m", max_model_len=512)[1]
+    assert plain.constraint is None and plain.params.max_tokens == 512
+
+
+def test_a_stored_conversation_goes_before_the_input_and_instructions_before_both() -> None:
+    history: tuple[Item, ...] = (MessageItem(role="user", content="One"), MessageItem(role="assistant", content="Two"))
+    req = decode_responses(body(instructions="Sys", input="Three", previous_response_id="resp_1"))
+    conversation, prep = prepare_response(req, history, served_model_name="m", max_model_len=512)
+    assert conversation == (*history, MessageItem(role="user", content="Three"))
+    assert [(m["role"], m["content"]) for m in prep.messages] == [
+        ("system", "Sys"), ("user", "One"), ("assistant", "Two"), ("user", "Three")]
+
+
+def test_errors_on_the_chat_request_name_the_field_as_sent() -> None:
+    assert wire_param("response_format.json_schema.schema") == "text.format.schema"
+    assert wire_param("messages") == "input" and wire_param("prompt") == "input"
+    assert wire_param("max_completion_tokens") == "max_output_tokens"
+    assert wire_param("tools") == "tools" and wire_param(None) is None
+
+
+def accumulate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a client accumulating the stream's item events holds (as the openai client's helper does)."""
+    output: list[dict[str, Any]] = []
+    for e in events:
+        match e["type"]:
+            case "response.output_item.added":
+                assert e["output_index"] == len(output)
+                output.append(e["item"])
+            case "response.content_part.added":
+                output[e["output_index"]]["content"].append(e["part"])
+            case "response.output_text.delta":
+                output[e["output_index"]]["content"][e["content_index"]]["text"] += e["delta"]
+            case "response.function_call_arguments.delta":
+                output[e["output_index"]]["arguments"] += e["delta"]
+            case "response.output_item.done":
+                output[e["output_index"]] = e["item"]
+    return output
+
+
+def test_streamed_items_accumulate_to_the_body_s_items() -> None:
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    whole = wire.OutputItems()
+    whole.push(ToolCallReader().push(text))
+    reader, pieces, events = ToolCallReader(), wire.OutputItems(), []
+    for i in range(0, len(text), 3):
+        events += pieces.push(reader.push(text[i:i + 3]))
+    events += pieces.push(reader.finish()) + pieces.close("completed")
+    ends = whole.close("completed")
+    items = pieces.items()
+    assert [i["type"] for i in items] == ["message", "function_call"]
+    assert items[0]["content"][0]["text"] == "Sure." and json.loads(items[1]["arguments"]) == {"city": "Oslo"}
+    assert all(i["status"] == "completed" for i in items) and ends[-1]["type"] == "response.output_item.done"
+    assert accumulate(events) == items
+    strip = [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]
+    assert strip == [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in whole.items()]
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["response.output_item.added", "response.content_part.added", "response.output_text.delta"]
+    assert "response.function_call_arguments.done" in kinds
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert done["name"] == "get_weather" and done["arguments"] == items[1]["arguments"]
+
+
+def test_an_empty_answer_is_one_empty_message_and_a_cut_one_is_incomplete() -> None:
+    items = wire.OutputItems()
+    events = items.close("incomplete")
+    [message] = items.items()
+    assert message["type"] == "message" and message["content"][0]["text"] == "" and message["status"] == "incomplete"
+    assert [e["type"] for e in events] == ["response.output_item.added", "response.content_part.added",
+                                           "response.output_text.done", "response.content_part.done",
+                                           "response.output_item.done"]
+    assert wire.status("length") == wire.status(None) == "incomplete" and wire.status("stop") == "completed"
+    body = wire.response(response_id="resp_1", created_at=1, model="m", status="incomplete", echoed={},
+                         output=items.items(), usage=wire.usage(prompt_tokens=9, cached_tokens=0, output_tokens=2))
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"} and body["usage"]["total_tokens"] == 11
+    events2 = wire.OutputItems().push([ContentDelta("a"), CallStart(0, "call_1", "f"), ArgumentsDelta(0, "{}")])
+    assert [e["type"] for e in events2][-2:] == ["response.output_item.added", "response.function_call_arguments.delta"]
+
+
+def test_every_frame_is_named_by_its_type() -> None:
+    frame = wire.sse_event({"type": "response.created", "sequence_number": 0})
+    name, data = frame.decode().removesuffix("\n\n").split("\n")
+    assert name == "event: response.created" and json.loads(data.removeprefix("data: "))["sequence_number"] == 0
+
+
+def test_the_store_forgets_the_oldest_past_its_size_and_each_past_its_ttl() -> None:
+    store = ResponseStore(max_responses=2, ttl_s=10.0)
+    for i in range(3):
+        store.put(f"r{i}", {"id": f"r{i}"}, (), now=float(i))
+    assert store.get("r0", now=3.0) is None and store.get("r1", now=3.0) is not None
+    assert store.get("r1", now=11.0) is None and store.get("r2", now=11.0) is not None
+    assert store.get("r2", now=12.0) is None and store.statistics().num_stored == 0
+    store.put("r3", {}, (), now=20.0)
+    assert store.delete("r3", now=21.0) and not store.delete("r3", now=21.0)
+    none = ResponseStore(max_responses=0)
+    none.put("r", {}, (), now=0.0)
+    assert none.get("r", now=0.0) is None
+    with pytest.raises(ValueError):
+        ResponseStore(max_responses=-1)
+    with pytest.raises(ValueError):
+        ResponseStore(ttl_s=0)

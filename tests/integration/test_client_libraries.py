@@ -8,6 +8,7 @@ or 5xx on what the libraries send)."""
 from __future__ import annotations
 
 import anyio
+import pytest
 
 from actors.supervisor import running_daemon
 from tests.integration.harness import SERVED_MODEL, MakeDaemon
@@ -20,6 +21,7 @@ PARSE_FLOOR = 0.95
 HANG_GUARD_S = 900.0          # 280 requests of up to 200 tokens on 2 shared cores
 
 
+@pytest.mark.timeout(HANG_GUARD_S + 60)   # the suite's 300 s guard is for one request's worth of work
 async def test_client_libraries_parse_what_forge_constrains(make_daemon: MakeDaemon) -> None:
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(make_daemon(max_num_seqs=16)) as url:

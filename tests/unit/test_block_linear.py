@@ -127,6 +127,20 @@ def test_a_rows_result_does_not_depend_on_the_rest_of_the_step(lib: ctypes.CDLL,
         np.testing.assert_array_equal(step[picked], alone[:len(picked)])
 
 
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda q: q.name)
+def test_wide_rows_take_the_tiled_path_from_5_rows_with_the_same_bits(lib: ctypes.CDLL,
+                                                                      qtype: GGMLQuantizationType) -> None:
+    """Where K is 2,048 or more, steps of 5-16 rows go through the tiled path (qmatmul.c's WIDE_K): each
+    row still equals, bit for bit, the row computed alone on the fused path, and the numpy reference."""
+    rng = np.random.default_rng(7 + int(qtype))
+    blocks, w = random_matrix(rng, qtype, 9, 2048)
+    x = rng.standard_normal((16, 2048)).astype(np.float32)
+    alone = np.concatenate([product(lib, x[r:r + 1], [(blocks, int(qtype))], 2048) for r in range(16)])
+    for num_rows in (4, 5, 8, 16):
+        np.testing.assert_array_equal(product(lib, x[:num_rows], [(blocks, int(qtype))], 2048), alone[:num_rows])
+    np.testing.assert_allclose(alone, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-3, atol=2e-3)
+
+
 def test_one_thread_and_two_give_the_same_bits() -> None:
     rng = np.random.default_rng(5)
     blocks, _ = random_matrix(rng, Q.Q4_K, 100, 512)

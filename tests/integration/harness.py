@@ -63,6 +63,18 @@ async def wait_healthy(http: httpx.AsyncClient, proc: anyio.abc.Process, explain
         await anyio.sleep(interval)
 
 
+async def wait_router(base: str) -> None:
+    """Poll a router at `base` until it proxies /v1/models to a replica (it is up and sees one healthy)."""
+    async with httpx.AsyncClient(base_url=base) as http:
+        while True:
+            try:
+                if (await http.get("/v1/models")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await anyio.sleep(0.2)
+
+
 def is_idle(daemon: Daemon) -> bool:
     """Every block back in the free pool, nothing running or waiting, and no actor holding state
     for a request (a daemon that runs for weeks keeps nothing for a request after it ends). An

@@ -24,7 +24,7 @@ import anyio.abc
 import httpx
 import openai
 
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, free_port, wait_healthy
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, free_port, wait_healthy, wait_router
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
@@ -97,14 +97,7 @@ async def routed(replicas: list[Replica]) -> AsyncIterator[openai.AsyncOpenAI]:
          "--log-level", "warning", *ROUTER_FAULT_FLAGS], stdout=None, stderr=None)
     try:
         base = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(base_url=base) as http:
-            while True:
-                try:
-                    if (await http.get("/v1/models")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await anyio.sleep(0.2)
+        await wait_router(base)
         async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0,
                                       timeout=HANG_GUARD_S) as client:
             yield client

@@ -23,7 +23,7 @@ import pytest
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.loading import LoadedModel
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config, free_port
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config, free_port, wait_router
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 SYSTEM = ("You are a patient assistant for a museum of clocks. Answer briefly and kindly, and never invent "
@@ -72,14 +72,7 @@ async def fleet(loaded: LoadedModel, default_model_path: Path, policy: str
             stdout=None, stderr=None)
         try:
             base = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient(base_url=base) as http:
-                while True:                      # the router is up once it proxies /v1/models to a replica
-                    try:
-                        if (await http.get("/v1/models")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await anyio.sleep(0.2)
+            await wait_router(base)
             async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0,
                                           timeout=HANG_GUARD_S) as client:
                 yield replicas, client

@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+/* The split into bfloat16 planes is AVX-512 code: a build for a lower level (FORGE_KERNEL_ISA avx2 or
+ * baseline, which turn AVX-512 off but keep -march=native's AMX flags) has no AMX path either. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
 #define FORGE_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>

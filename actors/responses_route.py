@@ -128,9 +128,11 @@ class ResponsesRoutes:
                               echoed=wire.echo(req), has_tools=bool(prep.functions), max_calls=max_calls(req),
                               store=req.store, conversation=conversation)
         request.state.response_id = shape.response_id
-        submit = Submit(request_id=f"{shape.response_id}-0", params=prep.params, messages=messages,
-                        tools=template_tools)
+        params, reasoning = pipe.thinking(prep)
+        submit = Submit(request_id=f"{shape.response_id}-0", params=params, messages=messages,
+                        tools=template_tools, template_kwargs=prep.request.chat_template_kwargs)
         reader = await self._life.start(request, pipe, [submit], num_bytes, arrival)
+        reader.split_reasoning(reasoning)
         if req.stream:
             return self._life.sse(request, pipe, reader, self._events(reader, shape), done=None)
         return await self._life.respond(request, pipe, reader, lambda: self._body(reader.choices[0], shape))
@@ -148,7 +150,8 @@ class ResponsesRoutes:
         """The finished response object, stored (when asked) with the conversation it ends."""
         output = items.items()
         usage = wire.usage(prompt_tokens=choice.counts.prompt, cached_tokens=choice.counts.cached,
-                           output_tokens=choice.counts.completion)
+                           output_tokens=choice.counts.completion,
+                           reasoning_tokens=min(choice.counts.reasoning, choice.counts.completion))
         body = shape.body(wire.status(choice.finish_reason), output, usage)
         if shape.store:
             said = tuple(msgspec.convert(output, list[Item]))      # the output items, as a client would replay them
@@ -157,7 +160,11 @@ class ResponsesRoutes:
 
     def _body(self, choice: Choice, shape: ResponseShape) -> dict[str, Any]:
         items = wire.OutputItems()
-        items.push(text_events(shape.calls(), choice.text, final=True))
+        if choice.splitter is not None:             # a reasoning model: its section, then what follows
+            items.push_reasoning(choice.reasoning)
+            items.push(text_events(shape.calls(), choice.content, final=True))
+        else:
+            items.push(text_events(shape.calls(), choice.text, final=True))
         items.close(wire.status(choice.finish_reason))
         return self._finish(shape, choice, items)
 
@@ -185,7 +192,11 @@ class ResponsesRoutes:
                 error = {"code": "server_error", "message": failure.message}
                 yield frame({"type": "response.failed", "response": shape.body("failed", items.items(), error=error)})
                 return
-            events = items.push(text_events(calls, delta.text, final=delta.finish_reason is not None))
+            text, events = delta.text, []
+            if choice.splitter is not None:
+                text = choice.parts.content
+                events = items.push_reasoning(choice.parts.reasoning)
+            events += items.push(text_events(calls, text, final=delta.finish_reason is not None))
             if delta.finish_reason is not None:
                 events += items.close(wire.status(choice.finish_reason))
             for event in events:

@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from forge.errors import InvalidRequest
+from forge.reasoning import Effort
 from forge.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
@@ -26,6 +27,7 @@ from forge.sampling_params import (
 
 _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
+ThinkingBudget = Annotated[int, Meta(ge=0, le=_MAX_INT32)]      # tokens a reasoning model may think
 MaxTokens = Annotated[int, Meta(ge=1, le=_MAX_INT32)]
 Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
@@ -177,8 +179,8 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     parallel_tool_calls: bool = True
     # A reasoning model's thinking section (forge.reasoning): reasoning_effort as a token budget
     # (EFFORT_BUDGETS), or forge's thinking_budget in tokens, which wins when both are given.
-    reasoning_effort: Literal["low", "medium", "high"] | None = None
-    thinking_budget: Annotated[int, Meta(ge=0, le=_MAX_INT32)] | None = None
+    reasoning_effort: Effort | None = None
+    thinking_budget: ThinkingBudget | None = None
     chat_template_kwargs: dict[str, Any] | None = None     # vLLM's: more variables for the chat template
 
     @property

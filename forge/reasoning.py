@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from forge.sampling_params import Thinking
 
@@ -26,8 +27,11 @@ CLOSING_TEXT = "\n</think>\n\n"
 # inside it.
 FORMATS = ("qwen3", "deepseek_r1")
 PARSERS = ("auto", "none", *FORMATS)
-# reasoning_effort as a budget of thinking tokens (docs/api.md, "Reasoning models").
-EFFORT_BUDGETS = {"low": 512, "medium": 2048, "high": 8192}
+# reasoning_effort (chat) and reasoning.effort (Responses) as a budget of thinking tokens, OpenAI's levels
+# (docs/api.md, "Reasoning models"): none skips the section, max leaves it unbounded.
+EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 128, "low": 512, "medium": 2048, "high": 8192,
+                                         "xhigh": 16384, "max": None}
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 def detect_format(template_source: str, generation_prompt: str) -> str:

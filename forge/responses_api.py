@@ -22,6 +22,7 @@ from forge.api import (
     MaxTokens,
     MessageToolCall,
     MinP,
+    MinTokens,
     NamedFunction,
     NamedToolChoice,
     Penalty,
@@ -29,6 +30,7 @@ from forge.api import (
     ResponseFormat,
     Seed,
     Temperature,
+    ThinkingBudget,
     Tool,
     ToolCallFunction,
     TopK,
@@ -37,6 +39,7 @@ from forge.api import (
 )
 from forge.errors import InvalidRequest
 from forge.prepare import PreparedChat, prepare_chat_request
+from forge.reasoning import Effort
 
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
 
@@ -140,6 +143,14 @@ class TextConfig(_Wire, frozen=True, kw_only=True):
     format: TextFormat = FormatText()
 
 
+class ReasoningConfig(_Wire, frozen=True, kw_only=True):
+    """How much a reasoning model may think: effort as chat's reasoning_effort (a budget of thinking
+    tokens). The reasoning is returned whole as a reasoning item's text: summaries are not written."""
+    effort: Effort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 # ---- the request ----------------------------------------------------------------------------------------
 
 class ResponsesRequest(_Wire, frozen=True, kw_only=True):
@@ -155,6 +166,7 @@ class ResponsesRequest(_Wire, frozen=True, kw_only=True):
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     text: TextConfig = TextConfig()
+    reasoning: ReasoningConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool = True
@@ -170,6 +182,10 @@ class ResponsesRequest(_Wire, frozen=True, kw_only=True):
     top_k: TopK = 0
     min_p: MinP = 0.0
     repetition_penalty: RepetitionPenalty = 1.0
+    min_tokens: MinTokens = 0
+    ignore_eos: bool = False
+    thinking_budget: ThinkingBudget | None = None                              # chat's: wins over the effort
+    chat_template_kwargs: dict[str, Any] | None = None                        # chat's: the template's variables
 
 
 Conversation = tuple[Item, ...]
@@ -279,7 +295,8 @@ def _text(output: str | list[Part]) -> str:
 def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompletionRequest:
     """The chat request a response means: instructions as a first system message, then the stored
     conversation and this input (`conversation`, chat_messages); functions nested as chat's tools;
-    text.format as response_format; max_output_tokens as max_completion_tokens."""
+    text.format as response_format; max_output_tokens as max_completion_tokens; reasoning.effort as
+    reasoning_effort."""
     messages = chat_messages(conversation)
     if req.instructions is not None:
         messages.insert(0, ChatMessage(role="system", content=req.instructions))
@@ -294,7 +311,10 @@ def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompl
         temperature=req.temperature, top_p=req.top_p, stream=req.stream, seed=req.seed,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, top_k=req.top_k,
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, response_format=_response_format(req.text.format),
-        tools=tools, tool_choice=tool_choice, parallel_tool_calls=req.parallel_tool_calls)
+        tools=tools, tool_choice=tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+        min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+        reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
+        thinking_budget=req.thinking_budget, chat_template_kwargs=req.chat_template_kwargs)
 
 
 def _response_format(fmt: TextFormat) -> ResponseFormat | None:
@@ -324,7 +344,8 @@ def prepare_response(req: ResponsesRequest, history: Conversation, *, served_mod
 
 # chat's field -> the Responses API's, for errors raised on the chat request a response became
 _CHAT_FIELDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-                ("max_completion_tokens", "max_output_tokens"), ("messages", "input"), ("prompt", "input"))
+                ("max_completion_tokens", "max_output_tokens"), ("messages", "input"), ("prompt", "input"),
+                ("reasoning_effort", "reasoning.effort"))
 
 
 def wire_param(param: str | None) -> str | None:

@@ -28,7 +28,7 @@ def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
 
 
-def _new_item_id(kind: Literal["msg", "fc"]) -> str:
+def _new_item_id(kind: Literal["msg", "fc", "rs"]) -> str:
     return f"{kind}_{uuid.uuid4().hex}"
 
 
@@ -40,12 +40,13 @@ def sse_event(event: dict[str, Any]) -> bytes:
 
 # ---- the response object --------------------------------------------------------------------------------
 
-def usage(*, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
+def usage(*, prompt_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
     """input_tokens is the whole prompt, cached_tokens the share the prefix cache served (as chat's
-    prompt_tokens and cached_tokens). forge writes no cache on request and runs no reasoning: 0 both."""
+    prompt_tokens and cached_tokens); reasoning_tokens the output tokens inside a thinking section. forge
+    writes no cache on request: cache_write_tokens is 0."""
     return {"input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + output_tokens}
 
 
@@ -59,7 +60,8 @@ def echo(req: ResponsesRequest) -> dict[str, Any]:
             "text": {"format": msgspec.to_builtins(fmt) if not isinstance(fmt, FormatText) else {"type": "text"}},
             "tool_choice": msgspec.to_builtins(req.tool_choice) if req.tool_choice is not None else "auto",
             "tools": [msgspec.to_builtins(t) for t in req.tools or ()], "truncation": "disabled",
-            "user": req.user, "background": False}
+            "user": req.user, "background": False,
+            "reasoning": msgspec.to_builtins(req.reasoning) if req.reasoning is not None else None}
 
 
 def response(*, response_id: str, created_at: int, model: str, status: Status, echoed: dict[str, Any],
@@ -89,13 +91,10 @@ def error_event(*, message: str, code: str | None, param: str | None) -> dict[st
 
 class OutputItems:
     """A response's output items, made from the tool reader's events in order: text joins an open
-    message item or opens one; a call opens a function_call item whose arguments arrive as JSON text.
-    push() and close() return the stream's events for what they added (without sequence numbers);
-    items() is the output as the body has it.
-
-    A reasoning item, once chat's choices carry reasoning, is written here and only here: a
-    `push_reasoning(text)` that opens a {"type": "reasoning"} item before the first message, so the
-    body and the stream get it alike. forge runs no reasoning yet, so none is written.
+    message item or opens one; a call opens a function_call item whose arguments arrive as JSON text;
+    a reasoning model's thinking section (push_reasoning) is a reasoning item before them, its text one
+    reasoning_text part. push(), push_reasoning() and close() return the stream's events for what they
+    added (without sequence numbers); items() is the output as the body has it.
     """
 
     def __init__(self) -> None:
@@ -125,9 +124,29 @@ class OutputItems:
                                     "output_index": self._open, "delta": text})
         return out
 
+    def push_reasoning(self, text: str) -> list[dict[str, Any]]:
+        """Thinking text: it joins the open reasoning item or opens one (with its one reasoning_text part)."""
+        out: list[dict[str, Any]] = []
+        if not text:
+            return out
+        if self._open is None or self._items[self._open]["type"] != "reasoning":
+            self._start(out, {"id": _new_item_id("rs"), "type": "reasoning", "status": "in_progress",
+                              "summary": [], "content": []})
+            assert self._open is not None
+            part = {"type": "reasoning_text", "text": ""}
+            self._items[self._open]["content"].append(part)
+            out.append({"type": "response.content_part.added", "item_id": self._items[self._open]["id"],
+                        "output_index": self._open, "content_index": 0, "part": dict(part)})
+        item = self._items[self._open]
+        item["content"][0]["text"] += text
+        out.append({"type": "response.reasoning_text.delta", "item_id": item["id"], "output_index": self._open,
+                    "content_index": 0, "delta": text})
+        return out
+
     def close(self, final: Status) -> list[dict[str, Any]]:
         """End the open item with the response's status (`final`); an answer with no item at all is
-        one empty message, so every response has its text."""
+        one empty message, so every response has its text (one that only thought has only its reasoning
+        item, as chat's content is then null)."""
         out: list[dict[str, Any]] = []
         if not self._items:
             self._open_message(out)
@@ -159,10 +178,14 @@ class OutputItems:
             return
         index, item = self._open, self._items[self._open]
         item["status"] = "incomplete" if final == "incomplete" else "completed"
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
             part = item["content"][0]
-            out.append({"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
-                        "content_index": 0, "text": part["text"], "logprobs": []})
+            if item["type"] == "message":
+                out.append({"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
+                            "content_index": 0, "text": part["text"], "logprobs": []})
+            else:
+                out.append({"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": index,
+                            "content_index": 0, "text": part["text"]})
             out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
                         "content_index": 0, "part": dict(part)})
         else:

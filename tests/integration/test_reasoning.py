@@ -118,6 +118,47 @@ async def test_a_budget_closes_the_section_and_the_answer_follows(loaded: Loaded
     assert unbounded.usage.completion_tokens_details.reasoning_tokens == 40
 
 
+async def test_the_responses_api_writes_a_reasoning_item(loaded: LoadedModel, thinking_tok: Tokenizer) -> None:
+    model = model_with(loaded, thinking_tok, R1_TEMPLATE)
+    request: dict[str, Any] = dict(model=SERVED_MODEL, input=QUESTION[0]["content"], max_output_tokens=40,
+                                   temperature=0, store=False)
+    chat: dict[str, Any] = dict(model=SERVED_MODEL, messages=QUESTION, max_completion_tokens=40, temperature=0)
+    with anyio.fail_after(HANG_GUARD_S):
+        async with serving(model) as url, openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0,
+                                                             timeout=HANG_GUARD_S) as client:
+            plain = await client.responses.create(**request, extra_body={"thinking_budget": 8})
+            async with client.responses.stream(**request, extra_body={"thinking_budget": 8}) as stream:
+                events = [event async for event in stream]
+                streamed = await stream.get_final_response()
+            same = await client.chat.completions.create(**chat, extra_body={"thinking_budget": 8})
+            effort = await client.responses.create(**request, reasoning={"effort": "minimal"},
+                                                   extra_body={"ignore_eos": True})
+            none = await client.responses.create(**request, reasoning={"effort": "none"})
+    # the thinking section is a reasoning item before the message, as chat splits it
+    thought, said = plain.output
+    assert thought.type == "reasoning" and said.type == "message" and thought.status == "completed"
+    assert thought.content is not None and thought.summary == []
+    assert thought.content[0].text == extra(same.choices[0].message, "reasoning_content")
+    assert plain.output_text == same.choices[0].message.content and "</think>" not in plain.output_text
+    assert plain.usage is not None and plain.usage.output_tokens_details.reasoning_tokens == 8
+    # streamed: the reasoning_text deltas join to the item's text, and the final response is the body's
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == thought.content[0].text
+    done = [e.text for e in events if e.type == "response.reasoning_text.done"]
+    assert done == [deltas]
+    def items(response: Any) -> list[dict[str, Any]]:
+        return [o.model_dump(exclude={"id", "parsed"}, exclude_none=True) for o in response.output]
+
+    assert items(streamed) == items(plain)
+    # effort minimal is 128 tokens, more than max_output_tokens: all reasoning, cut by the length
+    assert effort.status == "incomplete" and [o.type for o in effort.output] == ["reasoning"]
+    assert effort.output[0].status == "incomplete"
+    assert effort.usage is not None and effort.usage.output_tokens_details.reasoning_tokens == 40
+    assert none.reasoning is not None and none.reasoning.effort == "none"
+    assert none.usage is not None and none.usage.output_tokens_details.reasoning_tokens == 0
+    assert all(o.type == "message" for o in none.output)
+
+
 async def test_bad_budgets_are_refused_naming_the_field(loaded: LoadedModel, thinking_tok: Tokenizer) -> None:
     model = model_with(loaded, thinking_tok, R1_TEMPLATE)
     body = {"model": SERVED_MODEL, "messages": QUESTION, "max_tokens": 4}
@@ -125,10 +166,12 @@ async def test_bad_budgets_are_refused_naming_the_field(loaded: LoadedModel, thi
         async with serving(model) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
             negative = await http.post("/v1/chat/completions", json={**body, "thinking_budget": -1})
             effort = await http.post("/v1/chat/completions", json={**body, "reasoning_effort": "extreme"})
+            responses = await http.post("/v1/responses", json={"input": "Hi", "reasoning": {"effort": "extreme"}})
             messages = await http.post("/v1/messages", json={**body, "thinking": {"type": "enabled",
                                                                                   "budget_tokens": -5}})
     assert negative.status_code == 400 and negative.json()["error"]["param"] == "thinking_budget"
     assert effort.status_code == 400 and effort.json()["error"]["param"] == "reasoning_effort"
+    assert responses.status_code == 400 and responses.json()["error"]["param"] == "reasoning.effort"
     assert messages.status_code == 400 and "thinking.budget_tokens" in messages.json()["error"]["message"]
 
 

@@ -553,7 +553,9 @@ def test_reasoning_fields_give_a_thinking_budget() -> None:
 
     assert budget() is None and budget(reasoning_effort="low") == 512 and budget(reasoning_effort="high") == 8192
     assert budget(reasoning_effort="low", thinking_budget=7) == 7 and budget(thinking_budget=0) == 0
-    for field, value in (("thinking_budget", -1), ("thinking_budget", 1.5), ("reasoning_effort", "max")):
+    assert budget(reasoning_effort="none") == 0 and budget(reasoning_effort="minimal") == 128
+    assert budget(reasoning_effort="max") is None           # OpenAI's highest level: unbounded
+    for field, value in (("thinking_budget", -1), ("thinking_budget", 1.5), ("reasoning_effort", "extreme")):
         with pytest.raises(InvalidRequest) as refused:
             budget(**{field: value})
         assert refused.value.param == field

@@ -65,6 +65,8 @@ def body(**fields: Any) -> bytes:
     ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"background": True}, "background"),
     ({"conversation": "conv_1"}, "conversation"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"thinking_budget": -1}, "thinking_budget"),
 ])
 def test_a_bad_field_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
@@ -156,6 +158,7 @@ def test_errors_on_the_chat_request_name_the_field_as_sent() -> None:
     assert wire_param("response_format.json_schema.schema") == "text.format.schema"
     assert wire_param("messages") == "input" and wire_param("prompt") == "input"
     assert wire_param("max_completion_tokens") == "max_output_tokens"
+    assert wire_param("reasoning_effort") == "reasoning.effort"
     assert wire_param("tools") == "tools" and wire_param(None) is None
 
 
@@ -169,7 +172,7 @@ def accumulate(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 output.append(e["item"])
             case "response.content_part.added":
                 output[e["output_index"]]["content"].append(e["part"])
-            case "response.output_text.delta":
+            case "response.output_text.delta" | "response.reasoning_text.delta":
                 output[e["output_index"]]["content"][e["content_index"]]["text"] += e["delta"]
             case "response.function_call_arguments.delta":
                 output[e["output_index"]]["arguments"] += e["delta"]
@@ -215,6 +218,33 @@ def test_an_empty_answer_is_one_empty_message_and_a_cut_one_is_incomplete() -> N
     assert body["incomplete_details"] == {"reason": "max_output_tokens"} and body["usage"]["total_tokens"] == 11
     events2 = wire.OutputItems().push([ContentDelta("a"), CallStart(0, "call_1", "f"), ArgumentsDelta(0, "{}")])
     assert [e["type"] for e in events2][-2:] == ["response.output_item.added", "response.function_call_arguments.delta"]
+
+
+def test_a_thinking_section_is_a_reasoning_item_before_the_message() -> None:
+    items, events = wire.OutputItems(), []
+    for piece in ("Paris is", " the capital."):
+        events += items.push_reasoning(piece)
+    events += items.push_reasoning("")                 # a delta that added nothing to the section
+    events += items.push([ContentDelta("Paris.")]) + items.close("completed")
+    thought, said = items.items()
+    assert thought["type"] == "reasoning" and thought["summary"] == [] and thought["status"] == "completed"
+    assert thought["content"] == [{"type": "reasoning_text", "text": "Paris is the capital."}]
+    assert said["type"] == "message" and said["content"][0]["text"] == "Paris."
+    assert accumulate(events) == items.items()
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == ["response.output_item.added", "response.content_part.added",
+                         "response.reasoning_text.delta", "response.reasoning_text.delta"]
+    done = kinds.index("response.reasoning_text.done")
+    assert kinds[done:done + 3] == ["response.reasoning_text.done", "response.content_part.done",
+                                    "response.output_item.done"] and done < kinds.index("response.output_text.delta")
+    assert next(e for e in events if e["type"] == "response.reasoning_text.done")["text"] == "Paris is the capital."
+    # cut inside the section: only the reasoning item, incomplete (as chat's content is then null)
+    cut = wire.OutputItems()
+    cut.push_reasoning("Hmm")
+    cut.close("incomplete")
+    assert [(i["type"], i["status"]) for i in cut.items()] == [("reasoning", "incomplete")]
+    counted = wire.usage(prompt_tokens=5, cached_tokens=0, output_tokens=9, reasoning_tokens=7)
+    assert counted["output_tokens_details"] == {"reasoning_tokens": 7}
 
 
 def test_every_frame_is_named_by_its_type() -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.errors import ModelLoadError
+from forge.kernels import compiled
 from forge.llama.linear import matmul
 
 F32 = npt.NDArray[np.float32]
@@ -112,6 +113,7 @@ class BertModel:
         if missing:
             raise ModelLoadError(f"the weights lack {len(missing)} BERT tensors, e.g. {missing[0]}")
         self.nbytes = sum(t.nbytes for t in tensors.values())
+        self.compiled_gelu = compiled.library() is not None
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> BertModel:
@@ -141,6 +143,13 @@ class BertModel:
         out += self._w[name + ".bias"]
         return out
 
+    def _gelu(self, x: F32) -> F32:
+        """GELU in place: compiled where the kernels are built (elementwise.c), else the numpy reference."""
+        if self.compiled_gelu:
+            compiled.gelu_erf(x, x)
+            return x
+        return gelu(x)
+
     def _norm(self, x: F32, name: str) -> F32:
         return layer_norm(x, self._w[name + ".weight"], self._w[name + ".bias"], self.config.layer_norm_eps)
 
@@ -162,13 +171,18 @@ class BertModel:
             q = self._dense(x, p + "attention.self.query").reshape(b, t, nh, hd)            # [B, T, nh, hd]
             k = self._dense(x, p + "attention.self.key").reshape(b, t, nh, hd)
             v = self._dense(x, p + "attention.self.value").reshape(b, t, nh, hd)
-            scores = np.einsum("bqhd,bkhd->bhqk", q * scale, k) + bias                      # [B, nh, T, T]
+            # batched products per (sequence, head): matmul runs each as a BLAS product, einsum did not
+            qh = np.ascontiguousarray((q * scale).transpose(0, 2, 1, 3))                     # [B, nh, T, hd]
+            kh = np.ascontiguousarray(k.transpose(0, 2, 3, 1))                               # [B, nh, hd, T]
+            vh = np.ascontiguousarray(v.transpose(0, 2, 1, 3))                               # [B, nh, T, hd]
+            scores = np.matmul(qh, kh)                                                       # [B, nh, T, T]
+            scores += bias
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
-            ctx = np.einsum("bhqk,bkhd->bqhd", scores, v).reshape(b * t, -1)                 # [B*T, H]
+            ctx = np.matmul(scores, vh).transpose(0, 2, 1, 3).reshape(b * t, -1)             # [B*T, H]
             x = self._norm(self._dense(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
-            h = gelu(self._dense(x, p + "intermediate.dense"))                               # [B*T, F]
+            h = self._gelu(self._dense(x, p + "intermediate.dense"))                         # [B*T, F]
             x = self._norm(self._dense(h, p + "output.dense") + x, p + "output.LayerNorm")
         return x.reshape(b, t, -1)
 

@@ -128,6 +128,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_rms_norm.restype = None
     lib.forge_swiglu.argtypes = [p, i64, i64, p]
     lib.forge_swiglu.restype = None
+    lib.forge_gelu_erf.argtypes = [p, i64, p]
+    lib.forge_gelu_erf.restype = None
     lib.forge_kv_store.argtypes = [p, i64, i64, i64, p, p, p, ctypes.c_int]
     lib.forge_kv_store.restype = None
     lib.forge_hadamard32.argtypes = [p, i64, ctypes.c_float]
@@ -253,6 +255,17 @@ def swiglu(gate_up: F32, out: F32) -> None:
     if two_f % 2 or out.shape != (n, two_f // 2):
         raise ValueError("swiglu needs gate_up [n, 2F] and out [n, F]")
     lib.forge_swiglu(ptr(gate_up), n, two_f // 2, ptr(out))
+
+
+def gelu_erf(x: F32, out: F32) -> None:
+    """out = x * Phi(x), the exact GELU, for C-contiguous float32 x and out of one shape (out may be x).
+    See elementwise.c; forge.bert.model.gelu is the reference."""
+    lib = library()
+    assert lib is not None, "gelu_erf called without the compiled kernels"
+    check("gelu_erf", x, np.float32, out, np.float32)
+    if out.shape != x.shape:
+        raise ValueError("gelu_erf needs x and out of one shape")
+    lib.forge_gelu_erf(ptr(x), x.size, ptr(out))
 
 
 # The prefill kernel's key chunk (prefill_attention.c's KC): its scratch holds the gathered keys and

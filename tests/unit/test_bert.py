@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from forge.bert.encoder import LoadedEncoder, is_encoder_dir
-from forge.bert.model import erf
+from forge.bert.model import erf, gelu
 from forge.errors import InvalidRequest, ModelLoadError
 from forge.hub import CATALOG
+from forge.kernels import compiled
 
 DATA: dict[str, Any] = json.loads((Path(__file__).resolve().parent.parent / "data" / "minilm_reference.json")
                                   .read_text(encoding="utf-8"))
@@ -45,7 +46,11 @@ def test_wordpiece_ids_match_and_long_inputs_are_truncated(encoder: LoadedEncode
     assert sum(len(c["ids"]) == 256 for c in DATA["cases"]) >= 3
 
 
-def test_vectors_match_sentence_transformers_in_one_batch(encoder: LoadedEncoder) -> None:
+@pytest.mark.parametrize("compiled_gelu", [True, False], ids=["compiled", "numpy"])
+def test_vectors_match_sentence_transformers_in_one_batch(minilm_model_dir: Path, compiled_gelu: bool) -> None:
+    encoder = LoadedEncoder.load(minilm_model_dir)
+    assert encoder.model.compiled_gelu                                      # the kernels are built here
+    encoder.model.compiled_gelu = compiled_gelu
     got = encoder.embed([c["ids"] for c in DATA["cases"]])                   # [50, 384]
     for case, v in zip(DATA["cases"], got, strict=True):
         assert abs(float(np.linalg.norm(v)) - 1.0) < 1e-5
@@ -74,6 +79,21 @@ def test_erf_is_accurate_to_float32() -> None:
     x = np.linspace(-6, 6, 2001, dtype=np.float32)
     want = np.array([math.erf(float(v)) for v in x])
     assert float(np.abs(erf(x) - want).max()) < 5e-7                       # 1.5e-7, and float32 rounding
+
+
+def test_the_compiled_gelu_is_the_reference_s_within_float32() -> None:
+    x = np.concatenate([np.linspace(-10, 10, 20001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0, 3e38, -3e38], dtype=np.float32)])
+    want = np.array([0.5 * float(v) * (1.0 + math.erf(float(v) / math.sqrt(2.0))) for v in x])
+    got = np.empty_like(x)
+    compiled.gelu_erf(x, got)
+    assert np.array_equal(np.isfinite(got), np.isfinite(want))
+    err = np.abs(got - want) / np.maximum(1.0, np.abs(want))
+    assert float(err.max()) < 1e-6
+    line = x[:20001]                                    # the numpy reference's x * x overflows past 1e19
+    assert float(np.abs(got[:20001] - gelu(line.copy())).max()) < 1e-5
+    with pytest.raises(ValueError):
+        compiled.gelu_erf(x, np.empty(3, dtype=np.float32))
 
 
 def test_a_directory_that_is_not_an_encoder_is_refused(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 It answers the scheduler's AllocateStep with a StepAllocation, first freeing the sequences the
 step names. It holds no K/V data; the model worker's arrays are addressed by the block ids granted
 here. Nothing else in the daemon holds the BlockAllocator: the scheduler knows only its layout.
+With a KV-event publisher, the cache's events of each step go to it as one batch (never waiting on it).
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from actors.kv_publisher import KvEventPublisher
 from forge.block_allocator import BlockAllocator
 from forge.messages import AllocateStep, CacheStats, StepAllocation
 
 
 class AllocatorActor:
     def __init__(self, cache: BlockAllocator, inbox: MemoryObjectReceiveStream[AllocateStep],
-                 replies: MemoryObjectSendStream[StepAllocation]) -> None:
+                 replies: MemoryObjectSendStream[StepAllocation], *,
+                 publisher: KvEventPublisher | None = None) -> None:
         self._cache = cache
+        self._publisher = publisher
         self._inbox = inbox
         self._replies = replies
 
@@ -41,5 +45,7 @@ class AllocatorActor:
             async for step in self._inbox:
                 for seq_id in step.frees:
                     self._cache.free(seq_id)
-                await self._replies.send(self._cache.allocate_step(step.asks, step.admit_budget,
-                                                                   flush=step.flush_prefix_cache))
+                allocation = self._cache.allocate_step(step.asks, step.admit_budget, flush=step.flush_prefix_cache)
+                if self._publisher is not None:
+                    self._publisher.publish_nowait(self._cache.take_events())
+                await self._replies.send(allocation)

@@ -7,6 +7,10 @@ Gateway API Inference Extension's endpoint pickers share. Served beside the Open
                                      instance id (kv_aware's cache identity), forge's version
     GET  /get_model_info             the model's path, name and kind
     POST /flush_cache                forget the prefix cache
+    GET  /kv_event_sources           where this replica publishes its KV events (actors.kv_publisher), as vLLM
+                                     lists them: {"sources": [{data_parallel_rank, endpoint, replay_endpoint,
+                                     topic}]}; no sources when --kv-events is off. vllm-router 0.1.17 does not
+                                     read this shape yet: it takes the sources from --kv-event-source
     POST /v1/completions/render      {"token_ids": [...]}: the ids the request would run (a list of them
     POST /v1/chat/completions/render   for several prompts); cache_aware matches them against its prefix
                                      tree of each replica (it falls back to /tokenize without these)
@@ -22,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
+from actors.kv_publisher import KvEventPublisher
 from actors.pipeline import Pipeline
 from forge.messages import FlushCache, Rejected
 from forge.prepare import prepare_chat, prepare_completion
@@ -35,6 +40,7 @@ class FleetRoutes:
         self._ready, self._body, self._healthz = ready, body, healthz
         self._name = served_model_name
         self.instance_id = f"forge-{uuid.uuid4().hex[:16]}"      # one per daemon's life
+        self.kv_publisher: KvEventPublisher | None = None          # set by the daemon with --kv-events
 
     def routes(self) -> list[Route]:
         return [Route("/health", self.health, methods=["GET"]),
@@ -42,6 +48,7 @@ class FleetRoutes:
                 Route("/get_server_info", self.server_info, methods=["GET"]),
                 Route("/get_model_info", self.model_info, methods=["GET"]),
                 Route("/flush_cache", self.flush_cache, methods=["POST"]),
+                Route("/kv_event_sources", self.kv_event_sources, methods=["GET"]),
                 Route("/v1/completions/render", self.render_completion, methods=["POST"]),
                 Route("/v1/chat/completions/render", self.render_chat, methods=["POST"])]
 
@@ -68,6 +75,15 @@ class FleetRoutes:
         return json_response({"model_path": served.model, "served_model_name": self._name,
                               "architecture": served.architecture, "is_generation": not pipe.embeds_only,
                               "max_model_len": served.max_model_len})
+
+    async def kv_event_sources(self, request: Request) -> Response:
+        self._ready(request)
+        pub = self.kv_publisher
+        if pub is None:
+            return json_response({"sources": []})
+        host = request.url.hostname or "127.0.0.1"
+        return json_response({"sources": [{"data_parallel_rank": 0, "endpoint": pub.source_endpoint(host),
+                                           "replay_endpoint": None, "topic": pub.config.topic}]})
 
     async def flush_cache(self, request: Request) -> Response:
         """Forget the prefix cache (BlockAllocator.flush_prefix_cache): running requests keep their blocks,

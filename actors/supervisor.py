@@ -7,6 +7,7 @@ the drain timeout, then the process exits 0. An actor that crashes takes the dae
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import socket
@@ -26,6 +27,7 @@ from actors.access import AccessLog
 from actors.allocator import AllocatorActor
 from actors.encoder_actor import EncoderActor, EncoderInbox
 from actors.gateway import Gateway, GatewayConfig
+from actors.kv_publisher import KvEventPublisher, KvEventsConfig
 from actors.metrics import Metrics
 from actors.pipeline import Pipeline
 from actors.router import Router
@@ -54,6 +56,7 @@ class DaemonConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     model: str | None = None                  # a GGUF path; None: the default model
     drain_timeout: float = 30.0
+    kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.kv_publisher)
 
 
 class Daemon:
@@ -69,6 +72,7 @@ class Daemon:
         self.allocator: AllocatorActor | None = None
         self.worker: ModelWorkerActor | None = None
         self.encoder: EncoderActor | None = None    # an embedding model's one actor, instead of those four
+        self.kv_publisher: KvEventPublisher | None = None
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
@@ -96,7 +100,17 @@ class Daemon:
         self._stop.set()
 
     async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load the model (off the loop), wire the five actors, serve until the channels close."""
+        """Load the model (off the loop), wire the five actors, serve until the channels close. The KV-event
+        socket is bound first, so that an endpoint in use fails the start before the model loads."""
+        publisher = KvEventPublisher(self.config.kv_events) if self.config.kv_events is not None else None
+        try:
+            await self._run_engine(publisher, task_status=task_status)
+        finally:
+            if publisher is not None:
+                publisher.close()
+
+    async def _run_engine(self, publisher: KvEventPublisher | None, *,
+                          task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.loaded is None:
             self.loaded = await anyio.to_thread.run_sync(lambda: load_served(
                 self.config.model, kernels=self.config.engine.kernels, numerics=self.config.engine.numerics,
@@ -105,6 +119,10 @@ class Daemon:
             await self._run_encoder(self.loaded, task_status=task_status)
             return
         loaded, cfg = self.loaded, self.config.engine
+        if publisher is not None:
+            cfg = dataclasses.replace(cfg, record_kv_events=True)
+            self.gateway.fleet.kv_publisher = publisher
+            self.kv_publisher = publisher
         draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
         parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
         if parts.plan.warning is not None:
@@ -123,7 +141,7 @@ class Daemon:
         to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
         worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
         router = Router()
-        self.allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out)
+        self.allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
         self.worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
         self.scheduler = SchedulerActor(parts.core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
                                         from_allocator=from_alloc, to_worker=to_worker,

@@ -13,6 +13,7 @@ Prefix caching: a full block is identified by the chain of its tokens and all to
 When a sequence frees a full block, the block keeps its contents and identity on an LRU list of
 evictable blocks; a later sequence with the same prefix takes it back instead of recomputing.
 Evictable blocks count as free: they are reused (and forgotten) only when the free list is empty.
+With `record_events`, each change to the cached set is also a KV event (forge.kv_events) for routers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from forge.errors import ForgeError
+from forge.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, wire_hash
 from forge.messages import BlockAsk, Grant, StepAllocation
 
 SeqId = int
@@ -96,7 +98,8 @@ class CacheLayout:
 class BlockAllocator:
     """Allocates fixed-size blocks to sequences. Invariant: free + used = total, always."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 record_events: bool = False) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         if num_blocks < 0:
@@ -116,6 +119,7 @@ class BlockAllocator:
         # in a block that was cached once but evicted since, or never cached.
         self.num_prefix_misses = dict.fromkeys(MISS_REASONS, 0)
         self._evicted: OrderedDict[int, None] = OrderedDict()            # keys evicted lately (bounded)
+        self._events: list[KVEvent] | None = [] if record_events else None  # since the last take_events
 
     def layout(self) -> CacheLayout:
         return CacheLayout(self._num_blocks, self._block_size, self.enable_prefix_caching)
@@ -246,6 +250,8 @@ class BlockAllocator:
         stay with their sequences but are never shared again. Returns how many blocks were forgotten.
         Sequences keep what they hold; only later prompts lose their hits."""
         num = len(self._hash_of)
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         for block in self._evictable:
             self._free.append(block)
         self._evictable.clear()
@@ -253,6 +259,16 @@ class BlockAllocator:
         self._block_of.clear()
         self._evicted.clear()
         return num
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first: replayed onto an empty set, cached_keys."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def cached_keys(self) -> set[int]:      # every cached block's chain key (as wire hashes), in use or not
+        return {wire_hash(h) for h in self._block_of}
 
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
@@ -268,6 +284,9 @@ class BlockAllocator:
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = (h, chunk)
+                if self._events is not None:
+                    self._events.append(BlockStored(block_hashes=(wire_hash(h),), token_ids=chunk, block_size=bs,
+                                                    parent_block_hash=None if parent is None else wire_hash(parent)))
             parent = h
         if num_full > entry.num_hashed_blocks:
             entry.num_hashed_blocks = num_full
@@ -352,6 +371,8 @@ class BlockAllocator:
             block, _ = self._evictable.popitem(last=False)   # least recently used cached block
             h, _ = self._hash_of.pop(block)
             del self._block_of[h]
+            if self._events is not None:
+                self._events.append(BlockRemoved(block_hashes=(wire_hash(h),)))
             self._evicted[h] = None                           # remembered to name later misses
             if len(self._evicted) > 4 * self._num_blocks:
                 self._evicted.popitem(last=False)

@@ -90,6 +90,9 @@ class EngineConfig:
     # (it mentions <think>: "deepseek_r1" when its generation prompt ends inside an open section, else
     # "qwen3"), "none" (the text is all content), or a format by name.
     reasoning_parser: str = "auto"
+    # Write down every change to the prefix cache's set of blocks as a KV event (forge.kv_events),
+    # which the daemon publishes to routers with --kv-events.
+    record_kv_events: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):

@@ -48,7 +48,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel |
     draft_model = draft.model if draft is not None else None
     plan = plan_cache(loaded.model, config, draft_model)
     tokenizer = loaded.tokenizer
-    allocator = BlockAllocator(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    allocator = BlockAllocator(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+                               record_events=config.record_kv_events)
     core = EngineCore(SchedulerConfig.of(config), allocator.layout(), eos_token_id=tokenizer.eos_token_id,
                       end_token_ids=tokenizer.end_token_ids, max_model_len=plan.max_model_len,
                       vocab_size=loaded.model.config.vocab_size)

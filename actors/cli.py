@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from forge import cli as core_cli
 from forge.cli import add_engine_flags, engine_config, env
 from forge.errors import ForgeError
+
+if TYPE_CHECKING:
+    from actors.kv_publisher import KvEventsConfig
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -40,13 +43,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          f"(or name a model forge fetches: {', '.join(CATALOG)})")
     name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
                                       else "SmolLM2-135M-Instruct")
+    try:
+        kv_events = _kv_events(args)
+    except OSError as exc:
+        print(f"forge: {exc} (--kv-events-endpoint or FORGE_KV_EVENTS_ENDPOINT)", file=sys.stderr)
+        return 2
     config = DaemonConfig(
         engine=engine_config(args),
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout,
                               responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl),
-        model=args.model, drain_timeout=args.drain_timeout)
+        model=args.model, drain_timeout=args.drain_timeout, kv_events=kv_events)
     listen = hypercorn_config(args.addr)
     if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
         try:    # the address tried before anything starts: a port in use is one line, not a crash report
@@ -112,8 +120,29 @@ def register(sub: Any) -> None:
                             "logged), for systemd's watchdog or a load balancer to act [FORGE_WATCHDOG_S; 60]")
     serve.add_argument("--drain-timeout", type=float, default=float(env("FORGE_DRAIN_TIMEOUT", "30") or 30),
                        help="seconds running requests get to finish on SIGTERM [FORGE_DRAIN_TIMEOUT; 30]")
+    serve.add_argument("--kv-events", action="store_true", default=env("FORGE_KV_EVENTS", "0") == "1",
+                       help="publish the prefix cache's KV events (blocks stored, removed, all cleared) in vLLM's "
+                            "format on a ZMQ PUB socket, for vllm-router's kv_aware policy "
+                            "[FORGE_KV_EVENTS=1; not published]")
+    serve.add_argument("--kv-events-endpoint", default=env("FORGE_KV_EVENTS_ENDPOINT", "tcp://*:5557"),
+                       help="where the KV-event socket binds [FORGE_KV_EVENTS_ENDPOINT; tcp://*:5557]")
+    serve.add_argument("--kv-events-topic", default=env("FORGE_KV_EVENTS_TOPIC", ""),
+                       help="the topic frame of each KV-event message (vllm-router's --kv-event-source "
+                            "subscribes to the empty one) [FORGE_KV_EVENTS_TOPIC; no topic]")
     add_engine_flags(serve)
     serve.set_defaults(func=_cmd_serve)
+
+
+def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
+    """The KV-event config of the flags; the endpoint is bound once here and closed, so that one in use
+    (or malformed) is a one-line error before the model loads."""
+    if not args.kv_events:
+        return None
+    from actors.kv_publisher import KvEventPublisher, KvEventsConfig
+
+    config = KvEventsConfig(endpoint=args.kv_events_endpoint, topic=args.kv_events_topic)
+    KvEventPublisher(config).close()
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

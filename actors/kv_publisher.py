@@ -47,7 +47,7 @@ class KvEventPublisher:
             self._sock.bind(config.endpoint)
         except zmq.ZMQError as exc:
             self._sock.close()
-            raise OSError(f"--kv-events-endpoint {config.endpoint}: cannot bind ({exc})") from exc
+            raise OSError(f"cannot bind the KV-event socket to {config.endpoint}: {exc}") from exc
         self.bound_endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._topic = config.topic.encode()
         self._queue: queue.Queue[tuple[int, KVEventBatch] | None] = queue.Queue(max_queued)

@@ -77,3 +77,17 @@ def test_amx_kernels_where_they_cannot_run_are_refused_in_one_line() -> None:
                                "4", "--temperature", "0"], capture_output=True, text=True, timeout=120, env=env)
     assert fallback.returncode == 0, fallback.stderr
     assert "Paris" in fallback.stdout
+
+
+def test_kv_events_on_a_port_in_use_say_so_and_exit_2() -> None:
+    """The KV-event socket is bound before the model loads: a port in use is one line naming the flag."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        result = forge("serve", "--addr", "127.0.0.1:0", "--kv-events", "--kv-events-endpoint", endpoint,
+                       "--log-format", "json")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"forge: cannot bind the KV-event socket to {endpoint}") and "--kv-events-endpoint" in last

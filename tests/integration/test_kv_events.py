@@ -100,6 +100,10 @@ async def test_kv_aware_sends_each_turn_to_the_replica_holding_its_prefix(
                 subs.append(sub)
             try:
                 async with httpx.AsyncClient(timeout=HANG_GUARD_S) as http:
+                    for replica, url in zip(replicas, urls, strict=True):    # what vLLM's route answers
+                        [source] = (await http.get(url + "/kv_event_sources")).json()["sources"]
+                        assert source == {"data_parallel_rank": 0, "endpoint": endpoint_of(replica),
+                                          "replay_endpoint": None, "topic": ""}
                     for topic, url in enumerate(urls):                    # conversation i cached on replica i
                         body = {"model": SERVED_MODEL, "messages": conversation(topic, 1), "max_tokens": 4,
                                 "temperature": 0}

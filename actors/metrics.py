@@ -73,6 +73,10 @@ class Metrics:
                                          registry=r)
         self.prefix_cache_misses = Counter("forge:prefix_cache_misses", "Prompt tokens not found, by reason.",
                                            ["reason"], registry=r)
+        self.kv_events_published = Counter("forge:kv_events_published", "KV-event batches sent (--kv-events).",
+                                           registry=r)
+        self.kv_events_dropped = Counter("forge:kv_events_dropped",
+                                         "KV-event batches dropped: the queue to the socket was full.", registry=r)
         self.time_to_first_token = Histogram("forge:time_to_first_token_seconds", "Time to first token.",
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self.inter_token_latency = Histogram("forge:inter_token_latency_seconds", "Time between tokens.",

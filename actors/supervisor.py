@@ -236,6 +236,10 @@ class Daemon:
                 count(m.prefix_cache_hits, "hits", cache.prefix_hits)
                 for reason, total in cache.prefix_misses:
                     count(m.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
+            if self.kv_publisher is not None:
+                events = self.kv_publisher.statistics()
+                count(m.kv_events_published, "kv_published", events.num_published)
+                count(m.kv_events_dropped, "kv_dropped", events.num_dropped)
 
         m.on_scrape(refresh)
 

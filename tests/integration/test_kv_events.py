@@ -24,7 +24,7 @@ from actors.kv_publisher import KvEventsConfig
 from actors.supervisor import DaemonConfig, running_daemon
 from forge.kv_events import BlockStored, decode_batch
 from forge.loading import LoadedModel
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config, free_port, wait_router
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config, free_port, sample, wait_router
 from tests.integration.test_vllm_router import ROUTER, Recording
 
 SYSTEM = ("You are the guide of a small observatory on a hill. Answer in one short sentence, and say so when "
@@ -126,3 +126,7 @@ async def test_kv_aware_sends_each_turn_to_the_replica_holding_its_prefix(
     for replica in replicas:
         assert not [k for k in replica.responses if k[2] == 404], replica.responses
         assert replica.kv_publisher is not None and replica.kv_publisher.statistics().num_dropped == 0
+    for replica in replicas:
+        replica.metrics.render()                                        # a scrape brings the counters up to date
+    published = [sample(r, "forge:kv_events_published_total") for r in replicas]
+    assert all(published) and not any(sample(r, "forge:kv_events_dropped_total") for r in replicas)

@@ -124,8 +124,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who holds and multiplies the weights: blocks (the file's blocks read in place by "
                         "forge's compiled kernel), onnxruntime (quantized in memory), amx (onnxruntime, and "
                         "prefill-sized steps on the CPU's AMX tiles in bfloat16x3), fast (onnxruntime with "
-                        "int8 activations), numpy (the float32 reference), auto (amx where the CPU has it, "
-                        "else blocks with AVX-512, else onnxruntime) [FORGE_KERNELS; auto]")
+                        "int8 activations), numpy (the float32 reference), auto (blocks with AVX-512, AMX "
+                        "hosts included, else onnxruntime) [FORGE_KERNELS; auto]")
     g.add_argument("--numerics", choices=list(NUMERICS), default=env("FORGE_NUMERICS", "reference"),
                    help="how exactly the weights multiply: reference (float32 over the file's values; "
                         "the same bits for a row whatever the batch) or fast (bfloat16 products on "

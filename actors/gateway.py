@@ -204,9 +204,13 @@ class Gateway:
         """{"status": "ok" | "loading" | "draining" | "stuck", ...}: what /healthz and /stats say."""
         if self.is_draining:
             return {"status": "draining"}
-        if self.pipeline is None:
+        if self.model_set is not None:         # several models: up while any step is alive, none loaded included
+            ages = [e.actors.pipeline.step_age() for e in self.model_set.loaded() if e.actors is not None]
+            age = max(ages, default=0.0)
+        elif self.pipeline is None:
             return {"status": "loading"}
-        age = self.pipeline.step_age()
+        else:
+            age = self.pipeline.step_age()
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)

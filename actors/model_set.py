@@ -177,6 +177,7 @@ class ModelSet:
 
     async def _serve(self, entry: ModelEntry, load: _Load) -> None:
         """One model's life in the set: load, serve until told to stop, drop every reference."""
+        structlog.contextvars.clear_contextvars()     # this task outlives the request that started it
         log.info("model_loading", model_name=entry.model_id)
         try:
             actors = await self._build(entry)

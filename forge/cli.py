@@ -59,10 +59,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(f"forge: {exc}") from None
 
 
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
+def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -> None:
+    """`many_models`: --model may be given several times (forge serve), a list in args.model."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=env("FORGE_MODEL", None),
-                   help="GGUF model file, or a name from `forge pull --list` [FORGE_MODEL; the default model]")
+    if many_models:
+        g.add_argument("--model", action="append", default=None,
+                       help="GGUF model file, or a name from `forge pull --list`; give it several times to "
+                            "serve several models (ID=MODEL names one's id; the variable comma-separated) "
+                            "[FORGE_MODEL; the default model]")
+    else:
+        g.add_argument("--model", default=env("FORGE_MODEL", None),
+                       help="GGUF model file, or a name from `forge pull --list` [FORGE_MODEL; the default model]")
     g.add_argument("--max-num-seqs", type=int, default=int(env("FORGE_MAX_NUM_SEQS", "64")),
                    help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
     g.add_argument("--max-num-batched-tokens", type=int,

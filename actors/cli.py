@@ -15,10 +15,11 @@ import structlog
 
 from forge import cli as core_cli
 from forge.cli import add_engine_flags, engine_config, env
-from forge.errors import ForgeError
+from forge.errors import ForgeError, RequestError
 
 if TYPE_CHECKING:
     from actors.kv_publisher import KvEventsConfig
+    from actors.model_set import ModelEntry
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -38,11 +39,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"forge: {exc}") from None
     from forge.hub import CATALOG
 
-    if args.model is not None and not os.path.isfile(args.model) and args.model not in CATALOG:
-        raise SystemExit(f"forge: model file not found: {args.model} "
-                         f"(or name a model forge fetches: {', '.join(CATALOG)})")
-    name = args.served_model_name or (os.path.basename(args.model).removesuffix(".gguf") if args.model
+    sources = list(args.model or _listed("FORGE_MODEL"))
+    if args.models_dir is not None:
+        if not os.path.isdir(args.models_dir):
+            raise SystemExit(f"forge: --models-dir is not a directory: {args.models_dir}")
+        sources += sorted(os.path.join(args.models_dir, f) for f in os.listdir(args.models_dir) if f.endswith(".gguf"))
+    for source in sources:
+        path = source.partition("=")[2] if "=" in source and len(sources) > 1 else source
+        if not os.path.isfile(path) and path not in CATALOG:
+            raise SystemExit(f"forge: model file not found: {path} "
+                             f"(or name a model forge fetches: {', '.join(CATALOG)})")
+    model = sources[0] if len(sources) == 1 else None
+    name = args.served_model_name or (os.path.basename(model).removesuffix(".gguf") if model
                                       else "SmolLM2-135M-Instruct")
+    try:
+        keep_alive = args.keep_alive or _listed("FORGE_KEEP_ALIVE")
+        many = model_entries(sources, keep_alive) if len(sources) > 1 else []
+        models_memory = parse_size(args.models_memory) if args.models_memory else None
+    except (ValueError, RequestError) as exc:
+        raise SystemExit(f"forge: {exc}") from None
+    preload = args.preload or _listed("FORGE_PRELOAD")
+    unknown = [m for m in preload if m not in {e.model_id for e in many}]
+    if unknown:
+        raise SystemExit(f"forge: --preload names no served model: {', '.join(unknown)}")
     try:
         kv_events = _kv_events(args)
     except OSError as exc:
@@ -54,7 +73,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout,
                               responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl),
-        model=args.model, drain_timeout=args.drain_timeout, kv_events=kv_events)
+        model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
+        models_memory=models_memory, preload=preload, kv_events=kv_events)
     listen = hypercorn_config(args.addr)
     if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
         try:    # the address tried before anything starts: a port in use is one line, not a crash report
@@ -76,6 +96,40 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         structlog.get_logger("forge").exception("daemon_crashed")
         return 1
     return 0
+
+
+def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]:
+    """Each model's id: ID=MODEL's ID, a catalog name, or the file's name without .gguf; and its
+    keep_alive (--keep-alive DURATION for all, ID=DURATION for one)."""
+    from actors.model_set import ModelEntry, parse_keep_alive
+
+    entries: list[ModelEntry] = []
+    for source in sources:
+        model_id, _, path = source.partition("=") if "=" in source else ("", "", source)
+        model_id = model_id or os.path.basename(path).removesuffix(".gguf")
+        if model_id in {e.model_id for e in entries}:
+            raise ValueError(f"two models have the id '{model_id}' (name one with ID=MODEL)")
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        entries.append(ModelEntry(model_id=model_id, source=path, size_bytes=size))
+    by_id = {e.model_id: e for e in entries}
+    for value in keep_alive:
+        target, _, duration = value.rpartition("=")
+        if target and target not in by_id:
+            raise ValueError(f"--keep-alive names no served model: {target}")
+        for entry in [by_id[target]] if target else entries:
+            entry.keep_alive = parse_keep_alive(_number_or_text(duration))
+    return entries
+
+
+def _listed(variable: str) -> list[str]:
+    return [v for v in (env(variable, "") or "").split(",") if v]
+
+
+def _number_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -129,7 +183,23 @@ def register(sub: Any) -> None:
     serve.add_argument("--kv-events-topic", default=env("FORGE_KV_EVENTS_TOPIC", ""),
                        help="the topic frame of each KV-event message (vllm-router's --kv-event-source "
                             "subscribes to the empty one) [FORGE_KV_EVENTS_TOPIC; no topic]")
-    add_engine_flags(serve)
+    serve.add_argument("--models-dir", default=env("FORGE_MODELS_DIR", None),
+                       help="serve every .gguf file in DIR too, each under its file's name "
+                            "[FORGE_MODELS_DIR; none]")
+    serve.add_argument("--max-loaded-models", type=int,
+                       default=int(env("FORGE_MAX_LOADED_MODELS", "0") or 0) or None,
+                       help="with several models: most loaded at once; loading another unloads the least "
+                            "recently used idle one [FORGE_MAX_LOADED_MODELS; no limit]")
+    serve.add_argument("--models-memory", default=env("FORGE_MODELS_MEMORY", None),
+                       help="with several models: weights + K/V the loaded ones may hold (e.g. 4GiB) "
+                            "[FORGE_MODELS_MEMORY; no limit]")
+    serve.add_argument("--keep-alive", action="append", default=None,
+                       help="with several models: unload a model idle this long (30s, 5m; -1: never); "
+                            "ID=DURATION for one model; the variable comma-separated [FORGE_KEEP_ALIVE; none]")
+    serve.add_argument("--preload", action="append", default=None,
+                       help="with several models: load this model id at start; the variable "
+                            "comma-separated [FORGE_PRELOAD; none]")
+    add_engine_flags(serve, many_models=True)
     serve.set_defaults(func=_cmd_serve)
 
 

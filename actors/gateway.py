@@ -31,6 +31,7 @@ from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
 from actors.lifetime import ResponseLifetime
 from actors.metrics import Metrics
+from actors.model_set import ModelSet, parse_keep_alive
 from actors.openapi import openapi_document
 from actors.pipeline import Pipeline
 from actors.responses import (
@@ -83,6 +84,7 @@ class Gateway:
         self.config = config
         self.metrics = metrics
         self.pipeline: Pipeline | None = None
+        self.model_set: ModelSet | None = None    # several models: routed by each request's `model`
         self.is_draining = False
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
         self.stats = Stats(metrics)
@@ -91,7 +93,9 @@ class Gateway:
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
         self.life = ResponseLifetime(self.admission, metrics, ready=self._ready, body=self._body,
-                                     ping_interval=config.sse_ping_interval)
+                                     ping_interval=config.sse_ping_interval, route=self._route,
+                                     release=self._release, is_routed=lambda: self.model_set is not None,
+                                     check_open=self._check_open)
         self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
                                        served_model_name=config.served_model_name)
         self.responses = ResponsesRoutes(self.life, authorize=self._check_key,
@@ -114,6 +118,8 @@ class Gateway:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/models/load", self.load_model, methods=["POST"]),
+            Route("/models/unload", self.unload_model, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             *self.messages.routes(),
             *self.responses.routes(),
@@ -143,20 +149,54 @@ class Gateway:
     def _check_key(self, request: Request) -> None:
         check_key(request, self.config.api_key)
 
-    def _ready(self, request: Request) -> Pipeline:
+    def _check_open(self, request: Request) -> None:
         self._check_key(request)
         if self.is_draining:
             raise CapacityError("the server is shutting down", code="draining",
                                 retry_after_s=self.config.retry_after_s)
+
+    def _ready(self, request: Request) -> Pipeline:
+        self._check_open(request)
+        if self.model_set is not None:            # a route that names no model: the one used last
+            recent = self.model_set.most_recent()
+            if recent is not None and recent.actors is not None:
+                return recent.actors.pipeline
         if self.pipeline is None:
             raise CapacityError("the model is loading", code="loading", retry_after_s=self.config.retry_after_s)
         return self.pipeline
 
+    async def _route(self, request: Request, body: bytes) -> Pipeline | None:
+        """With several models: the pipeline of the model the body names (loaded first if need be),
+        counted in use until `_release`; None with one model (the route's `_ready` pipeline serves)."""
+        models = self.model_set
+        if models is None:
+            return None
+        peek = _peek(body)
+        model_id = peek.model if isinstance(peek.model, str) else None
+        if model_id is None:
+            recent = models.most_recent()
+            model_id = recent.model_id if recent is not None else next(iter(models.entries))
+        entry = models.entry(model_id)              # 404 naming the available ids
+        keep_alive = peek.keep_alive if peek.keep_alive is not None else request.headers.get("x-keep-alive")
+        if keep_alive is not None:
+            entry.keep_alive = parse_keep_alive(keep_alive)
+        # Waiting for a load counts against the admission bounds like a queued request (503 past them).
+        with self.admission.admitting(lambda: (0, 0), 1, len(body) // 4):
+            actors = await models.acquire(model_id)
+        request.state.model_name = model_id
+        return actors.pipeline
+
+    def _release(self, request: Request) -> None:
+        model_id = getattr(request.state, "model_name", None)
+        if self.model_set is not None and model_id is not None:
+            request.state.model_name = None
+            self.model_set.release(model_id)
+
     async def _body(self, request: Request) -> bytes:
         return await read_body(request, self.config.max_body_size, self.config.body_timeout)
 
-    def _check_model(self, model: str | None) -> None:
-        check_model(model, self.config.served_model_name)
+    def _check_model(self, model: str | None, pipe: Pipeline) -> None:
+        check_model(model, pipe.serving.served_model_name)
 
     # ---- plain routes -----------------------------------------------------------------------
 
@@ -164,9 +204,13 @@ class Gateway:
         """{"status": "ok" | "loading" | "draining" | "stuck", ...}: what /healthz and /stats say."""
         if self.is_draining:
             return {"status": "draining"}
-        if self.pipeline is None:
+        if self.model_set is not None:         # several models: up while any step is alive, none loaded included
+            ages = [e.actors.pipeline.step_age() for e in self.model_set.loaded() if e.actors is not None]
+            age = max(ages, default=0.0)
+        elif self.pipeline is None:
             return {"status": "loading"}
-        age = self.pipeline.step_age()
+        else:
+            age = self.pipeline.step_age()
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
@@ -200,14 +244,48 @@ class Gateway:
         return Response(page.html, media_type="text/html; charset=utf-8", headers=page.headers)
 
     async def models(self, request: Request) -> Response:
+        if self.model_set is not None:
+            self._check_open(request)
+            cards = []
+            for entry in self.model_set.entries.values():
+                card = wire.model_card(entry.model_id, created=0, max_model_len=0)
+                card.update(entry.card())
+                if card["max_model_len"] == 0:
+                    card["max_model_len"] = None        # not known until it loads
+                cards.append(card)
+            return json_response(wire.model_list(cards))
         pipe = self._ready(request)
         card = wire.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
         return json_response(wire.model_list([card]))
 
+    async def load_model(self, request: Request) -> Response:
+        """POST /models/load {"model": ID}: load it now (an operator's warm-up), behind the API key."""
+        models = self._operated(request)
+        entry = models.entry(_model_field(await self._body(request)))
+        await models.load(entry.model_id)
+        return json_response({"model": entry.model_id, **entry.card()})
+
+    async def unload_model(self, request: Request) -> Response:
+        """POST /models/unload {"model": ID}: unload it if idle (409 while it has requests in flight)."""
+        models = self._operated(request)
+        entry = models.entry(_model_field(await self._body(request)))
+        if entry.state == "loaded" and not models.unload(entry.model_id):
+            raise RequestError(f"the model '{entry.model_id}' has requests in flight", param="model",
+                               status=409, code="model_busy")
+        await models.wait_unloaded(entry.model_id)
+        return json_response({"model": entry.model_id, **entry.card()})
+
+    def _operated(self, request: Request) -> ModelSet:
+        self._check_open(request)
+        if self.model_set is None:
+            raise RequestError("this daemon serves one model: start it with several --model to load and "
+                               "unload models", status=404, type="not_found_error", code="single_model")
+        return self.model_set
+
     async def tokenize(self, request: Request) -> Response:
         pipe = self._ready(request)
         req = api.decode_tokenize(await self._body(request))
-        self._check_model(req.model)
+        self._check_model(req.model, pipe)
         if req.messages is not None:
             ids = pipe.chat_prompt_ids(chat_template_messages(req.messages), functions(req.tools),
                                        add_generation_prompt=req.add_generation_prompt)
@@ -218,7 +296,7 @@ class Gateway:
     async def detokenize(self, request: Request) -> Response:
         pipe = self._ready(request)
         req = api.decode_detokenize(await self._body(request))
-        self._check_model(req.model)
+        self._check_model(req.model, pipe)
         vocab = pipe.tokenizer.vocab_size
         if any(t >= vocab for t in req.tokens):
             raise RequestError(f"token ids must lie in [0, {vocab})", param="tokens")
@@ -246,7 +324,7 @@ class Gateway:
             "completion_tokens": reader.choices[0].counts.completion})
 
     async def _completions(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
-        prep = prepare_completion(body, served_model_name=self.config.served_model_name)
+        prep = prepare_completion(body, served_model_name=pipe.serving.served_model_name)
         await self.life.check_constraint(pipe, prep.constraint)
         req, params, prompts = prep.request, prep.params, prep.prompts
         n, base = req.n, wire.new_request_id("cmpl")
@@ -261,14 +339,14 @@ class Gateway:
                     submits.append(Submit(request_id=rid, params=p, token_ids=tuple(prompt)))
         reader = await self.life.start(request, pipe, submits, len(body), arrival)
         echoes = [_echo_text(pipe, prompts[k // n]) if req.echo else "" for k in range(len(submits))]
-        shape = CompletionShape(header=self._header(base, req.include_usage), n=n, echoes=echoes,
+        shape = CompletionShape(header=self._header(pipe, base, req.include_usage), n=n, echoes=echoes,
                                 want_logprobs=req.logprobs is not None)
         if req.stream:
             return self.life.sse(request, pipe, reader, completion_frames(reader, shape))
         return await self.life.respond(request, pipe, reader, lambda: completion_body(reader, shape))
 
     async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
-        prep = prepare_chat(body, served_model_name=self.config.served_model_name, max_model_len=pipe.max_model_len)
+        prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name, max_model_len=pipe.max_model_len)
         await self.life.check_constraint(pipe, prep.constraint)
         req, functions = prep.request, prep.functions
         params, reasoning = pipe.thinking(prep)
@@ -279,7 +357,7 @@ class Gateway:
                           tools=template_tools, template_kwargs=req.chat_template_kwargs) for j in range(req.n)]
         reader = await self.life.start(request, pipe, submits, len(body), arrival)
         reader.split_reasoning(reasoning)
-        header = self._header(base, req.include_usage)
+        header = self._header(pipe, base, req.include_usage)
         want_logprobs = params.logprobs is not None
         tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if functions else None
         if req.stream:
@@ -288,9 +366,29 @@ class Gateway:
         return await self.life.respond(request, pipe, reader,
                                    lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
 
-    def _header(self, base: str, include_usage: bool) -> ResponseHeader:
-        return ResponseHeader(request_id=base, created=int(time.time()), model=self.config.served_model_name,
+    def _header(self, pipe: Pipeline, base: str, include_usage: bool) -> ResponseHeader:
+        return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,
                               include_usage=include_usage)
+
+
+class _Peek(msgspec.Struct):
+    model: object = None
+    keep_alive: object = None                      # Ollama's field: seconds, or a duration like "5m"
+
+
+def _peek(body: bytes) -> _Peek:
+    """The body's `model` and `keep_alive`, before its route decodes it (which answers bad JSON with 400)."""
+    try:
+        return msgspec.json.decode(body, type=_Peek)
+    except msgspec.DecodeError:
+        return _Peek()
+
+
+def _model_field(body: bytes) -> str:
+    model = _peek(body).model
+    if not isinstance(model, str):
+        raise RequestError("the body must be JSON with a string field 'model'", param="model")
+    return model
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

@@ -31,17 +31,25 @@ from forge.messages import Abort, Accepted, Rejected, Submit
 from forge.prepare import Constraint
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
+Route = Callable[[Request, bytes], Awaitable["Pipeline | None"]]
 
 
 class ResponseLifetime:
     def __init__(self, admission: Admission, metrics: Metrics, *, ready: Callable[[Request], Pipeline],
-                 body: Callable[[Request], Awaitable[bytes]], ping_interval: float) -> None:
+                 body: Callable[[Request], Awaitable[bytes]], ping_interval: float,
+                 route: Route | None = None, release: Callable[[Request], None] = lambda _request: None,
+                 is_routed: Callable[[], bool] = lambda: False,
+                 check_open: Callable[[Request], None] = lambda _request: None) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
-        request body within limits; `ping_interval`: seconds of silence before a stream sends a ping."""
+        request body within limits; `ping_interval`: seconds of silence before a stream sends a ping;
+        `route`: with several models (`is_routed`), the pipeline the body names, held until `release`,
+        called once as the response ends; `check_open` then checks key and draining before the body."""
         self.admission = admission
         self._metrics = metrics
         self._ready, self._body = ready, body
         self._ping_interval = ping_interval
+        self._route, self._release = route, release
+        self.is_routed, self._check_open = is_routed, check_open
 
     async def run(self, request: Request, handler: Handler, *, embeds: bool = False) -> Response:
         """Count the request in flight from its body until its response is done (or it fails).
@@ -49,17 +57,37 @@ class ResponseLifetime:
         A handler that returns has counted its request out (a JSON body) or will when its stream
         ends (SSE); one that raises has not, and it is counted out here, exactly once.
         """
-        pipe = self._ready(request)
-        if pipe.embeds_only and not embeds:                # a generation route on an embedding model
-            raise only_embeds(pipe.serving.served_model_name)
-        body = await self._body(request)
-        arrival = time.monotonic()
+        routed = self.is_routed()
+        if routed:
+            self._check_open(request)
+            body = await self._body(request)
+            arrival = time.monotonic()
+            assert self._route is not None
+            routed_pipe = await self._route(request, body)
+            assert routed_pipe is not None
+            pipe = routed_pipe
+        else:
+            pipe = self._ready(request)
+        try:
+            if pipe.embeds_only and not embeds:                # a generation route on an embedding model
+                raise only_embeds(pipe.serving.served_model_name)
+            if not routed:
+                body = await self._body(request)
+                arrival = time.monotonic()
+        except BaseException:
+            self._release(request)
+            raise
         self.admission.enter()
         try:
             return await handler(request, pipe, body, arrival)
         except BaseException:
-            self.admission.leave()
+            self.leave(request)
             raise
+
+    def leave(self, request: Request) -> None:
+        """The response has ended: out of admission, and its model no longer held."""
+        self.admission.leave()
+        self._release(request)
 
     async def check_constraint(self, pipe: Pipeline, constraint: Constraint | None) -> None:
         """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
@@ -102,7 +130,7 @@ class ResponseLifetime:
         request.state.completion_tokens = reader.num_completion_tokens
         failure = reader.failure()
         response = render_error(failure) if failure is not None else json_response(build())
-        self.admission.leave()
+        self.leave(request)
         return response
 
     def sse(self, request: Request, pipe: Pipeline, reader: ChoiceReader, frames: AsyncIterator[bytes], *,
@@ -117,7 +145,7 @@ class ResponseLifetime:
         def cleanup() -> None:
             self.abort(pipe, reader.group)
             request.state.completion_tokens = reader.num_completion_tokens
-            self.admission.leave()
+            self.leave(request)
 
         return SSEResponse(body(), cleanup)
 

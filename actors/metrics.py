@@ -104,6 +104,9 @@ class Metrics:
         self.spec_accepted_per_pos = Counter("forge:spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by their position in the draft.",
                                              ["position"], registry=r)
+        self.model_swaps = Counter("forge:model_swaps", "Models unloaded to make room for another's load.",
+                                   ["model_name"], registry=r)
+        self.model_loads = Counter("forge:model_loads", "Model loads, by model.", ["model_name"], registry=r)
         self.kernels = Gauge("forge:kernels_info",
                              "The kernels in use: the weights' backend, its numerics, the decode attention.",
                              ["backend", "numerics", "attention"], registry=r)

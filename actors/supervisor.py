@@ -29,19 +29,20 @@ from actors.encoder_actor import EncoderActor, EncoderInbox
 from actors.gateway import Gateway, GatewayConfig
 from actors.kv_publisher import KvEventPublisher, KvEventsConfig
 from actors.metrics import Metrics
+from actors.model_actors import ModelActors, wire_actors
+from actors.model_set import ModelEntry, ModelSet
 from actors.pipeline import Pipeline
 from actors.router import Router
-from actors.scheduler import SchedulerActor, SchedulerInbox
+from actors.scheduler import SchedulerActor
 from actors.stats import Sources
-from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
+from actors.tokeniser_actor import TokeniserActor
 from actors.worker import ModelWorkerActor
 from forge.bert.encoder import LoadedEncoder
 from forge.config import EngineConfig
-from forge.engine import Serving, build_engine, encoder_serving, serving
+from forge.engine import build_engine, encoder_serving
+from forge.errors import ForgeError, RequestError
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, load_draft, load_served
-from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
-from forge.reasoning import CLOSING_TEXT
 from forge.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
@@ -56,6 +57,12 @@ class DaemonConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     model: str | None = None                  # a GGUF path; None: the default model
     drain_timeout: float = 30.0
+    # Several models (forge serve --model A --model B, --models-dir): each loaded on demand, in its own
+    # actor set; empty: the one model above, as always.
+    models: list[ModelEntry] = field(default_factory=list)
+    max_loaded_models: int | None = None
+    models_memory: int | None = None          # bytes of weights + K/V the loaded models may hold
+    preload: list[str] = field(default_factory=list)
     kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.kv_publisher)
 
 
@@ -73,6 +80,7 @@ class Daemon:
         self.worker: ModelWorkerActor | None = None
         self.encoder: EncoderActor | None = None    # an embedding model's one actor, instead of those four
         self.kv_publisher: KvEventPublisher | None = None
+        self.models: ModelSet | None = None         # several models: their sets, loaded on demand
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
@@ -90,6 +98,10 @@ class Daemon:
         for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker, self.encoder):
             if actor is not None:
                 sizes.update(actor.tracked())
+        if self.models is not None:
+            for entry in self.models.loaded():
+                assert entry.actors is not None
+                sizes.update({f"{entry.model_id}:{k}": v for k, v in entry.actors.tracked().items()})
         return sizes
 
     def request_drain(self) -> None:
@@ -102,6 +114,11 @@ class Daemon:
     async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the model (off the loop), wire the five actors, serve until the channels close. The KV-event
         socket is bound first, so that an endpoint in use fails the start before the model loads."""
+        if self.config.models:
+            if self.config.kv_events is not None:
+                raise ForgeError("--kv-events publishes one prefix cache: serve one model with it")
+            await self._run_models(task_status=task_status)
+            return
         publisher = KvEventPublisher(self.config.kv_events) if self.config.kv_events is not None else None
         try:
             await self._run_engine(publisher, task_status=task_status)
@@ -130,51 +147,64 @@ class Daemon:
         # The gateway checks constraints at the edge with a grammar engine of its own over the same
         # vocabulary; the worker's makes the matchers (no object is shared between actors).
         edge_grammars = await anyio.to_thread.run_sync(Grammars, loaded.tokenizer)
-        served = serving(loaded, cfg, parts, served_model_name=self.config.gateway.served_model_name, draft=draft)
-        # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
-        # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
-        # The cache allocator actor is the only owner of the block allocator from here on.
-        to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
-        to_sched, sched_in = anyio.create_memory_object_stream[SchedulerInbox](math.inf)
-        to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
-        alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
-        to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
-        worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
-        router = Router()
-        self.allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
-        self.worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
-        self.scheduler = SchedulerActor(parts.core, self.metrics, inbox=sched_in, to_allocator=to_alloc,
-                                        from_allocator=from_alloc, to_worker=to_worker,
-                                        from_worker=from_worker, to_tokeniser=to_tok.clone())
-        self.tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, self.metrics,
-                                        inbox=tok_in, to_scheduler=to_sched)
+        actors = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
+                             edge_grammars=edge_grammars, draft=draft, publisher=publisher)
+        served = actors.served
+        self.tokeniser, self.scheduler = actors.tokeniser, actors.scheduler
+        self.allocator, self.worker = actors.allocator, actors.worker
         self._register_gauges()
-        with to_tok:                            # the gateway's end: closed when the daemon stops
-            async with anyio.create_task_group() as tg:
-                for actor in (self.allocator, self.worker, self.scheduler, self.tokeniser):
-                    await tg.start(actor.run)
-                scheduler = self.scheduler
-                self.gateway.pipeline = Pipeline(
-                    router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
-                    chat_template=loaded.chat_template, max_model_len=served.max_model_len,
-                    load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
-                    grammar_engine=edge_grammars, serving=served, step_age=scheduler.step_age,
-                    vocab_size=loaded.tokenizer.vocab_size,
-                    load=scheduler.load, reasoning_parser=served.reasoning_parser,
-                    thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
-                self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
-                                            attention=served.attention).set(1)
-                self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,
-                                   num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
-                                   prefix_caching=cfg.enable_prefix_caching,
-                                   num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
-                allocator = self.allocator
-                self.gateway.stats.sources = Sources(
-                    scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
-                    serving=msgspec.to_builtins(served))
-                tg.start_soon(self.gateway.stats.run_sampler)
-                await self._serve_until_stopped(served, task_status)
-                tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(actors.run, stop)
+            scheduler, allocator = actors.scheduler, actors.allocator
+            self.gateway.pipeline = actors.pipeline
+            self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
+                                        attention=served.attention).set(1)
+            self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,
+                               num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
+                               prefix_caching=cfg.enable_prefix_caching,
+                               num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
+            self.gateway.stats.sources = Sources(
+                scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
+                serving=msgspec.to_builtins(served))
+            tg.start_soon(self.gateway.stats.run_sampler)
+            await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
+            stop.set()
+            tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+
+    async def _run_models(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Several models: the gateway routes each request to its model's set, loaded on demand."""
+        cfg = self.config
+        models = ModelSet(cfg.models, self._build_set, max_loaded=cfg.max_loaded_models,
+                          max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
+                          on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
+        self.models = self.gateway.model_set = models
+        async with anyio.create_task_group() as tg:
+            await tg.start(models.run)
+            for model_id in cfg.preload:
+                try:
+                    await models.load(model_id)
+                except RequestError as exc:        # the daemon serves the others; requests for it get the cause
+                    log.error("preload_failed", model_name=model_id, error=str(exc))
+            await self._serve_until_stopped({"models": list(models.entries)}, task_status)
+            tg.cancel_scope.cancel()
+
+    async def _build_set(self, entry: ModelEntry) -> ModelActors:
+        """Load one model off the loop and wire its actors (ModelSet calls this for each load)."""
+        cfg = self.config.engine
+
+        def build() -> ModelActors:
+            loaded = load_served(entry.source, kernels=cfg.kernels, numerics=cfg.numerics, progress=_progress)
+            if isinstance(loaded, LoadedEncoder):
+                raise ForgeError("an embedding model is served alone, not beside other models")
+            draft = load_draft(loaded, cfg, _progress)
+            parts = build_engine(loaded, cfg, draft)
+            return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,
+                               edge_grammars=Grammars(loaded.tokenizer), draft=draft)
+
+        actors = await anyio.to_thread.run_sync(build)
+        self.metrics.model_loads.labels(model_name=entry.model_id).inc()
+        return actors
 
     async def _run_encoder(self, encoder: LoadedEncoder, *,
                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -192,16 +222,17 @@ class Daemon:
                     router=router, to_tokeniser=to_enc, max_model_len=served.max_model_len,
                     load_stats=lambda: (actor.num_waiting(), 0), serving=served, step_age=actor.step_age,
                     load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
-                await self._serve_until_stopped(served, task_status)
+                await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
                 tg.cancel_scope.cancel()
 
-    async def _serve_until_stopped(self, served: Serving, task_status: TaskStatus[None]) -> None:
-        log.info("ready", **msgspec.structs.asdict(served))
+    async def _serve_until_stopped(self, ready: dict[str, Any], task_status: TaskStatus[None]) -> None:
+        log.info("ready", **ready)
         task_status.started()
         self.is_started.set()
         await self._stop.wait()
         await self._drain()
         self.gateway.pipeline = None
+        self.gateway.model_set = None
         log.info("stopped", inflight=self.gateway.admission.num_inflight)
 
     async def _drain(self) -> None:
@@ -210,8 +241,10 @@ class Daemon:
         if scope.cancelled_caught:
             # Responses still running end properly, never cut off: a stream with an error event and
             # [DONE], a body not yet sent with a 503 (code "shutdown": send it again).
-            pipe = self.gateway.pipeline
-            ended = pipe.router.fail_all() if pipe is not None else 0
+            pipes = [self.gateway.pipeline] if self.gateway.pipeline is not None else []
+            if self.models is not None:
+                pipes += [e.actors.pipeline for e in self.models.loaded() if e.actors is not None]
+            ended = sum(pipe.router.fail_all() for pipe in pipes)
             log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
             with anyio.move_on_after(FINAL_WRITE_S):
                 await self.gateway.admission.wait_idle()

@@ -59,10 +59,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(f"forge: {exc}") from None
 
 
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
+def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -> None:
+    """`many_models`: --model may be given several times (forge serve), a list in args.model."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=env("FORGE_MODEL", None),
-                   help="GGUF model file, or a name from `forge pull --list` [FORGE_MODEL; the default model]")
+    if many_models:
+        g.add_argument("--model", action="append", default=None,
+                       help="GGUF model file, or a name from `forge pull --list`; give it several times to "
+                            "serve several models (ID=MODEL names one's id; the variable comma-separated) "
+                            "[FORGE_MODEL; the default model]")
+    else:
+        g.add_argument("--model", default=env("FORGE_MODEL", None),
+                       help="GGUF model file, or a name from `forge pull --list` [FORGE_MODEL; the default model]")
     g.add_argument("--max-num-seqs", type=int, default=int(env("FORGE_MAX_NUM_SEQS", "64")),
                    help="sequences running at once [FORGE_MAX_NUM_SEQS; 64]")
     g.add_argument("--max-num-batched-tokens", type=int,
@@ -124,8 +131,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="who holds and multiplies the weights: blocks (the file's blocks read in place by "
                         "forge's compiled kernel), onnxruntime (quantized in memory), amx (onnxruntime, and "
                         "prefill-sized steps on the CPU's AMX tiles in bfloat16x3), fast (onnxruntime with "
-                        "int8 activations), numpy (the float32 reference), auto (amx where the CPU has it, "
-                        "else blocks with AVX-512, else onnxruntime) [FORGE_KERNELS; auto]")
+                        "int8 activations), numpy (the float32 reference), auto (blocks with AVX-512, AMX "
+                        "hosts included, else onnxruntime) [FORGE_KERNELS; auto]")
     g.add_argument("--numerics", choices=list(NUMERICS), default=env("FORGE_NUMERICS", "reference"),
                    help="how exactly the weights multiply: reference (float32 over the file's values; "
                         "the same bits for a row whatever the batch) or fast (bfloat16 products on "

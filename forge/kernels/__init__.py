@@ -19,9 +19,11 @@ Backends, chosen once at load (`--kernels`):
     fast         onnxruntime with activations quantized to int8 per block (as llama.cpp does):
                  faster at a few tokens per step, agrees with the reference to ~1e-2 relative
                  (the same as --kernels onnxruntime --numerics fast).
-    auto         amx where the host has it, else blocks where the compiled kernels have AVX-512,
-                 else onnxruntime when it is installed (with AVX2 alone blocks decodes faster
-                 but prefills slower: docs/benchmarks.md), else blocks, else numpy.
+    auto         blocks where the compiled kernels have AVX-512 (AMX hosts included: there blocks
+                 decodes 1.6x faster than amx and keeps a row's bits whatever the batch; amx
+                 prefills faster, so it stays for prompt-heavy loads by name), else onnxruntime
+                 when it is installed (with AVX2 alone blocks decodes faster but prefills slower:
+                 docs/benchmarks.md), else blocks, else numpy.
 
 Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
 
@@ -105,8 +107,9 @@ def _choose_backend(requested: str) -> KernelChoice:
                                  "use, and the compiled kernels; this host has not")
             return KernelChoice("onnxruntime", False, "asked for AMX", amx=True)
         return KernelChoice("onnxruntime", False, "asked for onnxruntime")
-    if have_ort and _amx_ready():
-        return KernelChoice("onnxruntime", False, "quantized weights in memory; AMX tiles for big steps", amx=True)
+    # The blocks backend before the AMX tiles on a host that has both: decode reads each weight once
+    # (1.59x the amx mode's output at one stream, 0.95x at 32, 0.80x the memory; docs/benchmarks.md),
+    # and a row's bits stay the same whatever the batch, which amx's two paths do not keep.
     if _compiled_ready() and (_wide_vectors() or not have_ort):
         return KernelChoice("blocks", False, "the file's blocks read in place, float32 arithmetic")
     if have_ort:

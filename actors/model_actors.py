@@ -1,0 +1,92 @@
+"""One loaded generation model's actors: its tokeniser, scheduler, cache allocator and model worker,
+wired by channels, and the Pipeline the gateway talks to them through.
+
+The supervisor builds one set per loaded model and runs it in its own task group; stopping the set
+(closing the gateway's end of the tokeniser's inbox and cancelling the group) drops every reference
+to the model's weights and K/V, so they are freed. Nothing here is shared between two sets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+
+from actors.allocator import AllocatorActor
+from actors.kv_publisher import KvEventPublisher
+from actors.metrics import Metrics
+from actors.pipeline import Pipeline
+from actors.router import Router
+from actors.scheduler import SchedulerActor, SchedulerInbox
+from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
+from actors.worker import ModelWorkerActor
+from forge.config import EngineConfig
+from forge.engine import EngineParts, Serving, serving
+from forge.loading import LoadedModel
+from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
+from forge.reasoning import CLOSING_TEXT
+from forge.structured import Grammars
+
+
+@dataclass(slots=True)
+class ModelActors:
+    """The four actors of one model and the pipeline over them; `run` serves until `stop`."""
+    served: Serving
+    pipeline: Pipeline
+    tokeniser: TokeniserActor
+    scheduler: SchedulerActor
+    allocator: AllocatorActor
+    worker: ModelWorkerActor
+
+    def tracked(self) -> dict[str, int]:
+        sizes = {"router.requests": len(self.pipeline.router)}
+        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
+            sizes.update(actor.tracked())
+        return sizes
+
+    async def run(self, stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start the four actors, report started, serve until `stop` is set, then stop them."""
+        with self.pipeline.to_tokeniser:          # the gateway's end: closed when the set stops
+            async with anyio.create_task_group() as tg:
+                for actor in (self.allocator, self.worker, self.scheduler, self.tokeniser):
+                    await tg.start(actor.run)
+                task_status.started()
+                await stop.wait()
+                tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+
+
+def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metrics: Metrics, *,
+                served_model_name: str, edge_grammars: Grammars, draft: LoadedModel | None,
+                publisher: KvEventPublisher | None = None) -> ModelActors:
+    """The channels and actors of one model over its engine parts (forge.engine.build_engine); `publisher`:
+    where the allocator sends its KV events (--kv-events)."""
+    served = serving(loaded, cfg, parts, served_model_name=served_model_name, draft=draft)
+    # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
+    # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
+    # The cache allocator actor is the only owner of the block allocator from here on.
+    to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
+    to_sched, sched_in = anyio.create_memory_object_stream[SchedulerInbox](math.inf)
+    to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
+    alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
+    to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
+    worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
+    router = Router()
+    allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
+    worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
+    scheduler = SchedulerActor(parts.core, metrics, inbox=sched_in, to_allocator=to_alloc,
+                               from_allocator=from_alloc, to_worker=to_worker,
+                               from_worker=from_worker, to_tokeniser=to_tok.clone())
+    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, metrics,
+                               inbox=tok_in, to_scheduler=to_sched)
+    pipeline = Pipeline(
+        router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
+        chat_template=loaded.chat_template, max_model_len=served.max_model_len,
+        load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
+        grammar_engine=edge_grammars, serving=served, step_age=scheduler.step_age,
+        vocab_size=loaded.tokenizer.vocab_size,
+        load=scheduler.load, reasoning_parser=served.reasoning_parser,
+        thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
+    return ModelActors(served=served, pipeline=pipeline, tokeniser=tokeniser, scheduler=scheduler,
+                       allocator=allocator, worker=worker)

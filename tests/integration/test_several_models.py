@@ -1,0 +1,185 @@
+"""Several models in one daemon (issue 28), through real hypercorn on 127.0.0.1 with the real SmolLM2
+and Gemma 3 270M: routing by `model`, on-demand loads, LRU swaps under --max-loaded-models, keep_alive,
+a corrupt model beside a good one, and nothing left behind after a client leaves during a load.
+"""
+
+from __future__ import annotations
+
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from actors.gateway import GatewayConfig
+from actors.model_set import ModelEntry
+from actors.supervisor import Daemon, DaemonConfig, running_daemon
+from forge.llm import LoadedModel
+from tests.integration.harness import (
+    HANG_GUARD_S,
+    PROMPT,
+    assert_error,
+    completion_text,
+    data_payloads,
+    engine_config,
+    sample,
+    wait_until,
+)
+
+SMOL, GEMMA = "smollm2", "gemma-3-270m"
+
+
+def several(paths: dict[str, Path], **config: Any) -> Daemon:
+    entries = [ModelEntry(model_id=model_id, source=str(path), size_bytes=path.stat().st_size,
+                          keep_alive=config.pop(f"keep_alive_{model_id}", None))
+               for model_id, path in paths.items()]
+    return Daemon(DaemonConfig(engine=engine_config(kv_cache_memory=64 * 2**20), gateway=GatewayConfig(),
+                               models=entries, drain_timeout=5.0, **config))
+
+
+def body(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **extra}
+
+
+async def complete(client: httpx.AsyncClient, model: str, **extra: Any) -> str:
+    resp = await client.post("/v1/completions", json=body(model, **extra))
+    assert resp.status_code == 200, resp.text
+    reply = resp.json()
+    assert reply["model"] == model
+    return str(reply["choices"][0]["text"])
+
+
+async def stream(client: httpx.AsyncClient, model: str) -> str:
+    async with client.stream("POST", "/v1/completions", json=body(model, stream=True)) as resp:
+        assert resp.status_code == 200
+        raw = await resp.aread()
+    return completion_text(data_payloads(raw))
+
+
+async def single_text(path: Path, model_id: str) -> str:
+    """What a one-model daemon serving `path` answers."""
+    loaded = LoadedModel.load(path, progress=lambda message: None)
+    daemon = Daemon(DaemonConfig(engine=engine_config(kv_cache_memory=64 * 2**20),
+                                 gateway=GatewayConfig(served_model_name=model_id), model=str(path)), loaded)
+    async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+        return await complete(client, model_id)
+
+
+async def states(client: httpx.AsyncClient) -> dict[str, str]:
+    resp = await client.get("/v1/models")
+    assert resp.status_code == 200
+    return {m["id"]: m["state"] for m in resp.json()["data"]}
+
+
+async def test_two_models_stream_at_once_as_each_alone(default_model_path: Path, gemma3_model_path: Path) -> None:
+    with anyio.fail_after(3 * HANG_GUARD_S):
+        alone = {SMOL: await single_text(default_model_path, SMOL), GEMMA: await single_text(gemma3_model_path, GEMMA)}
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            assert await states(client) == {SMOL: "unloaded", GEMMA: "unloaded"}
+            texts: dict[str, str] = {}
+
+            async def one(model: str) -> None:
+                texts[model] = await stream(client, model)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, SMOL)
+                tg.start_soon(one, GEMMA)
+            listed = (await client.get("/v1/models")).json()["data"]
+            await wait_until(lambda: is_idle_all(daemon))
+    assert texts == alone
+    assert {m["id"]: m["state"] for m in listed} == {SMOL: "loaded", GEMMA: "loaded"}
+    assert all(m["max_model_len"] == 1024 and m["size_bytes"] > 0 for m in listed)
+
+
+def is_idle_all(daemon: Daemon) -> bool:
+    return daemon.gateway.admission.num_inflight == 0 and all(v == 0 for v in daemon.tracked().values())
+
+
+async def test_one_loaded_model_at_a_time_swaps_and_answers_each(default_model_path: Path,
+                                                                 gemma3_model_path: Path) -> None:
+    with anyio.fail_after(3 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path}, max_loaded_models=1)
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            texts = [await complete(client, model) for model in (SMOL, GEMMA, SMOL, GEMMA)]
+            loaded_now = await states(client)
+            metrics = (await client.get("/metrics")).text
+    assert texts[0] == texts[2] and texts[1] == texts[3] and texts[0] != texts[1]
+    assert loaded_now == {SMOL: "unloaded", GEMMA: "loaded"}
+    assert sample(daemon, "forge:model_swaps_total", {"model_name": SMOL}) == 2
+    assert sample(daemon, "forge:model_swaps_total", {"model_name": GEMMA}) == 1
+    assert 'forge:model_loads_total{model_name="smollm2"} 2.0' in metrics
+
+
+async def test_unknown_model_is_404_naming_the_available_ones(default_model_path: Path,
+                                                              gemma3_model_path: Path) -> None:
+    with anyio.fail_after(HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            resp = await client.post("/v1/completions", json=body("nope"))
+            unload = await client.post("/models/unload", json={"model": "nope"})
+            bad = await client.post("/v1/completions", json=body(SMOL, keep_alive="soon"))
+            nothing_loaded = await states(client)
+    assert_error(resp, 404, param="model")
+    assert "smollm2" in resp.json()["error"]["message"] and "gemma-3-270m" in resp.json()["error"]["message"]
+    assert_error(unload, 404, param="model")
+    assert_error(bad, 400, param="keep_alive")
+    assert nothing_loaded == {SMOL: "unloaded", GEMMA: "unloaded"}
+
+
+async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(tmp_path: Path,
+                                                                       default_model_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    with open(default_model_path, "rb") as src, open(broken, "wb") as dst:
+        dst.write(src.read(1 << 16))                   # a truncated copy: the header, then nothing
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, "broken": broken})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            failed = await client.post("/v1/completions", json=body("broken"))
+            good = await complete(client, SMOL)
+            listed = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+            health = await client.get("/healthz")
+    assert_error(failed, 500)
+    assert failed.json()["error"]["code"] == "model_load_failed" and "broken" in failed.json()["error"]["message"]
+    assert good
+    assert listed["broken"]["state"] == "unloaded" and listed["broken"]["error"]
+    assert listed[SMOL]["state"] == "loaded"
+    assert health.status_code == 200
+
+
+async def test_keep_alive_unloads_and_the_next_request_reloads(default_model_path: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "second.gguf"
+    shutil.copyfile(default_model_path, copy)
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, "second": copy})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            first = await complete(client, SMOL, keep_alive=0)    # Ollama's field: unload once idle
+            while (await states(client))[SMOL] != "unloaded":
+                await anyio.sleep(0.05)
+            second = await complete(client, SMOL, keep_alive=-1)
+            after = await states(client)
+            await wait_until(lambda: is_idle_all(daemon))
+    assert first == second
+    assert after[SMOL] == "loaded"
+    assert sample(daemon, "forge:model_loads_total", {"model_name": SMOL}) == 2
+
+
+async def test_a_client_leaving_during_a_load_leaves_nothing_behind(default_model_path: Path,
+                                                                    gemma3_model_path: Path) -> None:
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(client.post, "/v1/completions", json=body(GEMMA)))
+                while (await states(client))[GEMMA] != "loading":
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()                   # the client goes away while the model loads
+            while (await states(client))[GEMMA] != "loaded":
+                await anyio.sleep(0.05)
+            await wait_until(lambda: is_idle_all(daemon))
+            assert daemon.models is not None and daemon.models.entries[GEMMA].num_active == 0
+            text = await complete(client, GEMMA)
+            await wait_until(lambda: is_idle_all(daemon))
+    assert text

@@ -91,3 +91,13 @@ def test_kv_events_on_a_port_in_use_say_so_and_exit_2() -> None:
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"forge: cannot bind the KV-event socket to {endpoint}") and "--kv-events-endpoint" in last
+
+
+def test_kv_events_with_several_models_are_refused_in_one_line(default_model_path: Path) -> None:
+    """One KV-event socket publishes one prefix cache, so --kv-events serves one model."""
+    result = forge("serve", "--addr", "127.0.0.1:0", "--model", f"a={default_model_path}",
+                   "--model", f"b={default_model_path}", "--kv-events", "--kv-events-endpoint", "tcp://127.0.0.1:*",
+                   "--log-format", "json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "forge: --kv-events publishes one prefix cache: serve one model with it"

@@ -32,6 +32,7 @@ from actors.http_edge import check_key, error_response_for, json_response, read_
 from actors.lifetime import ResponseLifetime
 from actors.metrics import Metrics
 from actors.model_set import ModelSet, parse_keep_alive
+from actors.models_route import ModelRoutes, peek
 from actors.openapi import openapi_document
 from actors.pipeline import Pipeline
 from actors.responses import (
@@ -103,6 +104,7 @@ class Gateway:
                                          store=ResponseStore(max_responses=config.responses_store_size,
                                                              ttl_s=config.responses_ttl_s))
         self.embeddings = EmbeddingsRoutes(self.life, served_model_name=config.served_model_name)
+        self.model_routes = ModelRoutes(model_set=lambda: self.model_set, check_open=self._check_open, body=self._body)
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -118,13 +120,12 @@ class Gateway:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/models/load", self.load_model, methods=["POST"]),
-            Route("/models/unload", self.unload_model, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             *self.messages.routes(),
             *self.responses.routes(),
             *self.embeddings.routes(),
             *self.fleet.routes(),
+            *self.model_routes.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
             HTTPException: self._http_exception, RequestError: self._request_error, Exception: self._unexpected}
@@ -171,13 +172,13 @@ class Gateway:
         models = self.model_set
         if models is None:
             return None
-        peek = _peek(body)
-        model_id = peek.model if isinstance(peek.model, str) else None
+        peeked = peek(body)
+        model_id = peeked.model if isinstance(peeked.model, str) else None
         if model_id is None:
             recent = models.most_recent()
             model_id = recent.model_id if recent is not None else next(iter(models.entries))
         entry = models.entry(model_id)              # 404 naming the available ids
-        keep_alive = peek.keep_alive if peek.keep_alive is not None else request.headers.get("x-keep-alive")
+        keep_alive = peeked.keep_alive if peeked.keep_alive is not None else request.headers.get("x-keep-alive")
         if keep_alive is not None:
             entry.keep_alive = parse_keep_alive(keep_alive)
         # Waiting for a load counts against the admission bounds like a queued request (503 past them).
@@ -257,30 +258,6 @@ class Gateway:
         pipe = self._ready(request)
         card = wire.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
         return json_response(wire.model_list([card]))
-
-    async def load_model(self, request: Request) -> Response:
-        """POST /models/load {"model": ID}: load it now (an operator's warm-up), behind the API key."""
-        models = self._operated(request)
-        entry = models.entry(_model_field(await self._body(request)))
-        await models.load(entry.model_id)
-        return json_response({"model": entry.model_id, **entry.card()})
-
-    async def unload_model(self, request: Request) -> Response:
-        """POST /models/unload {"model": ID}: unload it if idle (409 while it has requests in flight)."""
-        models = self._operated(request)
-        entry = models.entry(_model_field(await self._body(request)))
-        if entry.state == "loaded" and not models.unload(entry.model_id):
-            raise RequestError(f"the model '{entry.model_id}' has requests in flight", param="model",
-                               status=409, code="model_busy")
-        await models.wait_unloaded(entry.model_id)
-        return json_response({"model": entry.model_id, **entry.card()})
-
-    def _operated(self, request: Request) -> ModelSet:
-        self._check_open(request)
-        if self.model_set is None:
-            raise RequestError("this daemon serves one model: start it with several --model to load and "
-                               "unload models", status=404, type="not_found_error", code="single_model")
-        return self.model_set
 
     async def tokenize(self, request: Request) -> Response:
         pipe = self._ready(request)
@@ -369,26 +346,6 @@ class Gateway:
     def _header(self, pipe: Pipeline, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,
                               include_usage=include_usage)
-
-
-class _Peek(msgspec.Struct):
-    model: object = None
-    keep_alive: object = None                      # Ollama's field: seconds, or a duration like "5m"
-
-
-def _peek(body: bytes) -> _Peek:
-    """The body's `model` and `keep_alive`, before its route decodes it (which answers bad JSON with 400)."""
-    try:
-        return msgspec.json.decode(body, type=_Peek)
-    except msgspec.DecodeError:
-        return _Peek()
-
-
-def _model_field(body: bytes) -> str:
-    model = _peek(body).model
-    if not isinstance(model, str):
-        raise RequestError("the body must be JSON with a string field 'model'", param="model")
-    return model
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

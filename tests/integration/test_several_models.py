@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 
 from actors.gateway import GatewayConfig
 from actors.model_set import ModelEntry
@@ -89,7 +90,13 @@ async def test_two_models_stream_at_once_as_each_alone(default_model_path: Path,
                 tg.start_soon(one, GEMMA)
             listed = (await client.get("/v1/models")).json()["data"]
             await wait_until(lambda: is_idle_all(daemon))
+            stats = (await client.get("/stats")).json()
+            load = (await client.get("/get_load")).json()
     assert texts == alone
+    assert {m["id"]: (m["state"], m["num_active"]) for m in stats["models"]} == {
+        SMOL: ("loaded", 0), GEMMA: ("loaded", 0)}
+    assert all(m["memory_bytes"] > m["size_bytes"] > 0 for m in stats["models"])
+    assert load == {"load": 0}
     assert {m["id"]: m["state"] for m in listed} == {SMOL: "loaded", GEMMA: "loaded"}
     assert all(m["max_model_len"] == 1024 and m["size_bytes"] > 0 for m in listed)
 
@@ -129,8 +136,8 @@ async def test_unknown_model_is_404_naming_the_available_ones(default_model_path
     assert nothing_loaded == {SMOL: "unloaded", GEMMA: "unloaded"}
 
 
-async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(tmp_path: Path,
-                                                                       default_model_path: Path) -> None:
+async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(
+        tmp_path: Path, default_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.gguf"
     with open(default_model_path, "rb") as src, open(broken, "wb") as dst:
         dst.write(src.read(1 << 16))                   # a truncated copy: the header, then nothing
@@ -147,6 +154,9 @@ async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(tmp_path:
     assert listed["broken"]["state"] == "unloaded" and listed["broken"]["error"]
     assert listed[SMOL]["state"] == "loaded"
     assert health.status_code == 200
+    access = [line for line in capsys.readouterr().out.splitlines() if "access" in line and "/v1/completions" in line]
+    assert "model=broken" in access[0] and "status=500" in access[0]
+    assert "model=smollm2" in access[1] and "status=200" in access[1]
 
 
 async def test_keep_alive_unloads_and_the_next_request_reloads(default_model_path: Path, tmp_path: Path) -> None:

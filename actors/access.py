@@ -48,7 +48,8 @@ class AccessLog:
                 # a failure of the server; one that left mid-stream keeps its status, marked.
                 status = info["status"] if info["status"] is not None else (499 if info["client_closed"] else 500)
                 if scope.get("path") not in ("/healthz", "/metrics") or status >= 400:
-                    log.info("access", method=scope.get("method"), path=scope.get("path"),
+                    named = {"model": state["model_name"]} if state.get("model_name") else {}  # several models
+                    log.info("access", **named, method=scope.get("method"), path=scope.get("path"),
                              status=status, response_id=state.get("response_id"),
                              client_closed=info["client_closed"], prompt_tokens=state.get("prompt_tokens"),
                              completion_tokens=state.get("completion_tokens"),

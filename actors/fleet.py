@@ -34,10 +34,13 @@ from forge.prepare import prepare_chat, prepare_completion
 
 class FleetRoutes:
     def __init__(self, *, ready: Callable[[Request], Pipeline], body: Callable[[Request], Awaitable[bytes]],
-                 healthz: Callable[[Request], Awaitable[Response]], served_model_name: str) -> None:
+                 healthz: Callable[[Request], Awaitable[Response]], served_model_name: str,
+                 total_load: Callable[[Request], int] | None = None) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
-        request body within limits; `healthz`: its health route."""
+        request body within limits; `healthz`: its health route; `total_load`: the sequences of every
+        model served (None: the ready pipeline's)."""
         self._ready, self._body, self._healthz = ready, body, healthz
+        self._total_load = total_load
         self._name = served_model_name
         self.instance_id = f"forge-{uuid.uuid4().hex[:16]}"      # one per daemon's life
         self.kv_publisher: KvEventPublisher | None = None          # set by the daemon with --kv-events
@@ -56,6 +59,8 @@ class FleetRoutes:
         return await self._healthz(request)
 
     async def get_load(self, request: Request) -> Response:
+        if self._total_load is not None:
+            return json_response({"load": self._total_load(request)})
         pipe = self._ready(request)
         return json_response({"load": pipe.load()})
 

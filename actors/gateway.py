@@ -90,7 +90,7 @@ class Gateway:
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
         self.stats = Stats(metrics)
         self.fleet = FleetRoutes(ready=self._ready, body=self._body, healthz=self.healthz,
-                                 served_model_name=config.served_model_name)
+                                 served_model_name=config.served_model_name, total_load=self._total_load)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
         self.life = ResponseLifetime(self.admission, metrics, ready=self._ready, body=self._body,
@@ -178,19 +178,27 @@ class Gateway:
             recent = models.most_recent()
             model_id = recent.model_id if recent is not None else next(iter(models.entries))
         entry = models.entry(model_id)              # 404 naming the available ids
+        request.state.model_name = model_id         # for the access log, whatever happens next
         keep_alive = peeked.keep_alive if peeked.keep_alive is not None else request.headers.get("x-keep-alive")
         if keep_alive is not None:
             entry.keep_alive = parse_keep_alive(keep_alive)
         # Waiting for a load counts against the admission bounds like a queued request (503 past them).
         with self.admission.admitting(lambda: (0, 0), 1, len(body) // 4):
             actors = await models.acquire(model_id)
-        request.state.model_name = model_id
+        request.state.model_lease = model_id         # held until _release
         return actors.pipeline
 
+    def _total_load(self, request: Request) -> int:
+        """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""
+        if self.model_set is None:
+            return self._ready(request).load()
+        self._check_open(request)
+        return sum(e.actors.pipeline.load() for e in self.model_set.loaded() if e.actors is not None)
+
     def _release(self, request: Request) -> None:
-        model_id = getattr(request.state, "model_name", None)
+        model_id = getattr(request.state, "model_lease", None)
         if self.model_set is not None and model_id is not None:
-            request.state.model_name = None
+            request.state.model_lease = None
             self.model_set.release(model_id)
 
     async def _body(self, request: Request) -> bytes:
@@ -232,7 +240,10 @@ class Gateway:
 
     async def stats_route(self, request: Request) -> Response:
         self._check_key(request)
-        return json_response(self.stats.snapshot(self._health()["status"]), headers={"Cache-Control": "no-store"})
+        snapshot = self.stats.snapshot(self._health()["status"])
+        if self.model_set is not None:
+            snapshot["models"] = self.model_set.statistics()
+        return json_response(snapshot, headers={"Cache-Control": "no-store"})
 
     async def openapi(self, request: Request) -> Response:
         self._check_key(request)

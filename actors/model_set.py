@@ -95,6 +95,18 @@ class ModelSet:
         """The loaded model used last (what a request naming no model, or a model-less route, gets)."""
         return max(self.loaded(), key=lambda e: e.last_used, default=None)
 
+    def statistics(self) -> list[dict[str, object]]:
+        """Each model as /stats and the dashboard show it: state, memory, its requests."""
+        out = []
+        for entry in self.entries.values():
+            row: dict[str, object] = {"id": entry.model_id, "num_active": entry.num_active,
+                                      "num_loads": entry.num_loads, **entry.card()}
+            if entry.actors is not None:
+                core = entry.actors.scheduler.statistics()
+                row.update(running=core.num_running, waiting=core.num_waiting)
+            out.append(row)
+        return out
+
     # ---- acquire / release --------------------------------------------------------------------
 
     async def acquire(self, model_id: str) -> ModelActors:

@@ -178,7 +178,7 @@ class Daemon:
         models = ModelSet(cfg.models, self._build_set, max_loaded=cfg.max_loaded_models,
                           max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
-        self.models = self.gateway.model_set = models
+        self.models = models
         async with anyio.create_task_group() as tg:
             await tg.start(models.run)
             for model_id in cfg.preload:
@@ -186,6 +186,7 @@ class Daemon:
                     await models.load(model_id)
                 except RequestError as exc:        # the daemon serves the others; requests for it get the cause
                     log.error("preload_failed", model_name=model_id, error=str(exc))
+            self.gateway.model_set = models          # until now /healthz and requests answer 503 loading
             await self._serve_until_stopped({"models": list(models.entries)}, task_status)
             tg.cancel_scope.cancel()
 

@@ -121,3 +121,24 @@ def test_keep_alive_takes_ollamas_forms() -> None:
     for bad in ("soon", True, [1], "inf"):
         with pytest.raises(RequestError):
             parse_keep_alive(bad)
+
+
+async def test_the_memory_budget_unloads_the_idle_model_to_fit_the_next(tiny_paths: dict[str, Path]) -> None:
+    probe = model_set(tiny_paths)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(probe.run)
+            await probe.load("a")
+            one = probe.entries["a"].memory_bytes                 # weights + K/V of one
+            tg.cancel_scope.cancel()
+    models = model_set(tiny_paths, max_memory=one + one // 2)     # room for one and a half
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(models.run)
+            await models.load("a")
+            await models.load("b")
+            await models.wait_unloaded("a")
+            states = {k: e.state for k, e in models.entries.items()}
+            tg.cancel_scope.cancel()
+    assert one > models.entries["b"].size_bytes
+    assert states == {"a": "unloaded", "b": "loaded", "c": "unloaded"} and models.num_swaps == 1

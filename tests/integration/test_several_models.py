@@ -5,13 +5,18 @@ a corrupt model beside a good one, and nothing left behind after a client leaves
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
+import pytest
 
 from actors.gateway import GatewayConfig
 from actors.model_set import ModelEntry
@@ -24,7 +29,9 @@ from tests.integration.harness import (
     completion_text,
     data_payloads,
     engine_config,
+    free_port,
     sample,
+    wait_healthy,
     wait_until,
 )
 
@@ -89,7 +96,13 @@ async def test_two_models_stream_at_once_as_each_alone(default_model_path: Path,
                 tg.start_soon(one, GEMMA)
             listed = (await client.get("/v1/models")).json()["data"]
             await wait_until(lambda: is_idle_all(daemon))
+            stats = (await client.get("/stats")).json()
+            load = (await client.get("/get_load")).json()
     assert texts == alone
+    assert {m["id"]: (m["state"], m["num_active"]) for m in stats["models"]} == {
+        SMOL: ("loaded", 0), GEMMA: ("loaded", 0)}
+    assert all(m["memory_bytes"] > m["size_bytes"] > 0 for m in stats["models"])
+    assert load == {"load": 0}
     assert {m["id"]: m["state"] for m in listed} == {SMOL: "loaded", GEMMA: "loaded"}
     assert all(m["max_model_len"] == 1024 and m["size_bytes"] > 0 for m in listed)
 
@@ -129,8 +142,8 @@ async def test_unknown_model_is_404_naming_the_available_ones(default_model_path
     assert nothing_loaded == {SMOL: "unloaded", GEMMA: "unloaded"}
 
 
-async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(tmp_path: Path,
-                                                                       default_model_path: Path) -> None:
+async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(
+        tmp_path: Path, default_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.gguf"
     with open(default_model_path, "rb") as src, open(broken, "wb") as dst:
         dst.write(src.read(1 << 16))                   # a truncated copy: the header, then nothing
@@ -147,6 +160,9 @@ async def test_a_corrupt_model_fails_its_requests_and_the_other_serves(tmp_path:
     assert listed["broken"]["state"] == "unloaded" and listed["broken"]["error"]
     assert listed[SMOL]["state"] == "loaded"
     assert health.status_code == 200
+    access = [line for line in capsys.readouterr().out.splitlines() if "access" in line and "/v1/completions" in line]
+    assert "model=broken" in access[0] and "status=500" in access[0]
+    assert "model=smollm2" in access[1] and "status=200" in access[1]
 
 
 async def test_keep_alive_unloads_and_the_next_request_reloads(default_model_path: Path, tmp_path: Path) -> None:
@@ -183,3 +199,51 @@ async def test_a_client_leaving_during_a_load_leaves_nothing_behind(default_mode
             text = await complete(client, GEMMA)
             await wait_until(lambda: is_idle_all(daemon))
     assert text
+
+
+async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
+        tmp_path: Path, default_model_path: Path, gemma3_model_path: Path) -> None:
+    """As a user starts it: two --model flags (an ID=PATH and a catalog name), --preload, the API key on
+    POST /models/load and /models/unload, and SIGTERM draining both."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    port = free_port()
+    env.update(FORGE_HOME=str(gemma3_model_path.parent.parent), FORGE_DOWNLOAD="0", FORGE_ADDR=f"127.0.0.1:{port}")
+    log = tmp_path / "forge.log"
+    with open(log, "wb") as out:
+        proc = await anyio.open_process(
+            [sys.executable, "-m", "actors", "serve", "--model", f"{SMOL}={default_model_path}", "--model", GEMMA,
+             "--preload", SMOL, "--max-loaded-models", "1", "--api-key", "k", "--kv-cache-memory", "64MiB",
+             "--kv-cache-commit", "off"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    auth = {"Authorization": "Bearer k"}
+    try:
+        with anyio.fail_after(2 * HANG_GUARD_S):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD_S) as http:
+                await wait_healthy(http, proc, lambda: log.read_text()[-4000:], interval=0.2)
+                at_start = {m["id"]: m["state"] for m in (await http.get("/v1/models", headers=auth)).json()["data"]}
+                no_key = await http.post("/models/load", json={"model": GEMMA})
+                loaded = await http.post("/models/load", json={"model": GEMMA}, headers=auth)
+                after_load = {m["id"]: m["state"]
+                              for m in (await http.get("/v1/models", headers=auth)).json()["data"]}
+                text = await complete_with(http, GEMMA, auth)
+                unloaded = await http.post("/models/unload", json={"model": GEMMA}, headers=auth)
+                bad = await http.post("/models/unload", content=b"{", headers=auth)
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0, log.read_text()[-4000:]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert at_start == {SMOL: "loaded", GEMMA: "unloaded"}
+    assert_error(no_key, 401)
+    assert loaded.status_code == 200 and loaded.json()["state"] == "loaded"
+    assert after_load == {SMOL: "unloaded", GEMMA: "loaded"}           # one at a time: smollm2 made room
+    assert text
+    assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
+    assert_error(bad, 400, param="model")
+
+
+async def complete_with(client: httpx.AsyncClient, model: str, headers: dict[str, str]) -> str:
+    resp = await client.post("/v1/completions", json=body(model), headers=headers)
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["choices"][0]["text"])

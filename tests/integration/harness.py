@@ -7,8 +7,13 @@ anyio.fail_after, which is a hang guard and never a timed assertion.
 from __future__ import annotations
 
 import json
+import os
 import socket
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,6 +42,27 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def forge_serve(tmp_path: Path, args: list[str], *, forge_home: Path) -> AsyncIterator[
+        tuple[anyio.abc.Process, int, Path]]:
+    """`forge serve ARGS` as a user starts it: a process of its own with no FORGE_ variable but
+    FORGE_HOME (no download) and FORGE_ADDR on a free port, its output in tmp_path/forge.log. Yields
+    (process, port, log); a process the body did not stop is killed on the way out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    port = free_port()
+    env.update(FORGE_HOME=str(forge_home), FORGE_DOWNLOAD="0", FORGE_ADDR=f"127.0.0.1:{port}")
+    log = tmp_path / "forge.log"
+    with open(log, "wb") as out:
+        proc = await anyio.open_process([sys.executable, "-m", "actors", "serve", *args],
+                                        stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        yield proc, port, log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def long_prompt(num_words: int) -> str:

@@ -9,10 +9,7 @@ name and found in FORGE_HOME without a download (FORGE_DOWNLOAD=0).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -20,7 +17,7 @@ import httpx
 import openai
 
 from forge.tokenizer import Tokenizer
-from tests.integration.harness import HANG_GUARD_S, free_port, wait_healthy
+from tests.integration.harness import HANG_GUARD_S, forge_serve, wait_healthy
 
 REFERENCE = json.loads((Path(__file__).resolve().parent.parent / "data" / "gemma3_270m_reference.json").read_text())
 
@@ -31,15 +28,9 @@ async def test_gemma3_serves_the_reference_continuation(tmp_path: Path, gemma3_m
     gaps = case["top2_gap"]
     num_tokens = next((i for i, gap in enumerate(gaps) if gap < 1e-3), len(gaps))      # up to a near-tie
     expected = tok.decode(case["output_ids"][:num_tokens])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
-    port = free_port()
-    env.update(FORGE_HOME=str(gemma3_model_path.parent.parent), FORGE_DOWNLOAD="0", FORGE_ADDR=f"127.0.0.1:{port}")
-    log = tmp_path / "forge.log"
-    with open(log, "wb") as out:
-        proc = await anyio.open_process([sys.executable, "-m", "actors", "serve", "--model", "gemma-3-270m",
-                                         "--kv-cache-memory", "256MiB"],
-                                        stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    try:
+    serve = forge_serve(tmp_path, ["--model", "gemma-3-270m", "--kv-cache-memory", "256MiB"],
+                        forge_home=gemma3_model_path.parent.parent)
+    async with serve as (proc, port, log):
         with anyio.fail_after(HANG_GUARD_S):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD_S) as http:
                 await wait_healthy(http, proc, lambda: log.read_text()[-4000:], interval=0.2)
@@ -56,10 +47,6 @@ async def test_gemma3_serves_the_reference_continuation(tmp_path: Path, gemma3_m
                     max_completion_tokens=5, temperature=0)
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0, log.read_text()[-4000:]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert [m.id for m in models.data] == ["gemma-3-270m"]
     assert plain.choices[0].text == streamed == expected
     assert plain.usage is not None and plain.usage.prompt_tokens == len(case["prompt_ids"])   # <bos> included

@@ -5,11 +5,8 @@ a corrupt model beside a good one, and nothing left behind after a client leaves
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ from tests.integration.harness import (
     completion_text,
     data_payloads,
     engine_config,
-    free_port,
+    forge_serve,
     sample,
     wait_healthy,
     wait_until,
@@ -205,18 +202,11 @@ async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
         tmp_path: Path, default_model_path: Path, gemma3_model_path: Path) -> None:
     """As a user starts it: two --model flags (an ID=PATH and a catalog name), --preload, the API key on
     POST /models/load and /models/unload, and SIGTERM draining both."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
-    port = free_port()
-    env.update(FORGE_HOME=str(gemma3_model_path.parent.parent), FORGE_DOWNLOAD="0", FORGE_ADDR=f"127.0.0.1:{port}")
-    log = tmp_path / "forge.log"
-    with open(log, "wb") as out:
-        proc = await anyio.open_process(
-            [sys.executable, "-m", "actors", "serve", "--model", f"{SMOL}={default_model_path}", "--model", GEMMA,
-             "--preload", SMOL, "--max-loaded-models", "1", "--api-key", "k", "--kv-cache-memory", "64MiB",
-             "--kv-cache-commit", "off"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    serve = forge_serve(tmp_path, ["--model", f"{SMOL}={default_model_path}", "--model", GEMMA, "--preload", SMOL,
+                                   "--max-loaded-models", "1", "--api-key", "k", "--kv-cache-memory", "64MiB",
+                                   "--kv-cache-commit", "off"], forge_home=gemma3_model_path.parent.parent)
     auth = {"Authorization": "Bearer k"}
-    try:
+    async with serve as (proc, port, log):
         with anyio.fail_after(2 * HANG_GUARD_S):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD_S) as http:
                 await wait_healthy(http, proc, lambda: log.read_text()[-4000:], interval=0.2)
@@ -230,10 +220,6 @@ async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
                 bad = await http.post("/models/unload", content=b"{", headers=auth)
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0, log.read_text()[-4000:]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert at_start == {SMOL: "loaded", GEMMA: "unloaded"}
     assert_error(no_key, 401)
     assert loaded.status_code == 200 and loaded.json()["state"] == "loaded"

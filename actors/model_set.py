@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from actors.model_actors import ModelActors
 from forge.errors import CapacityError, RequestError
+from forge.loading import release_free_memory
 
 log = structlog.get_logger("forge.models")
 
@@ -211,6 +212,7 @@ class ModelSet:
             entry.actors, entry.state, entry.memory_bytes = None, "unloaded", 0
             del actors
             gc.collect()                    # the weights' mapping and the K/V go now, not at some later cycle
+            release_free_memory()           # and glibc hands the freed heap back rather than keeping it
             entry._stopped.set()
             log.info("model_unloaded", model_name=entry.model_id)
 

@@ -53,7 +53,7 @@ class LoadedModel:
             progress(f"warning: {warning}")
         model = LlamaModel.from_reader(reader, resolved, choice)
         del reader
-        _release_free_memory()
+        release_free_memory()
         eos = tokenizer.token_str(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""
         bos = tokenizer.token_str(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
         template = ChatTemplate(tokenizer.chat_template, bos_token=bos, eos_token=eos)
@@ -64,7 +64,7 @@ class LoadedModel:
         return os.path.basename(self.path).removesuffix(".gguf")
 
 
-def _release_free_memory() -> None:
+def release_free_memory() -> None:
     """Hand the heap's free pages back to the system (glibc only; elsewhere a no-op). Loading frees
     hundreds of MiB of temporaries (dequantized tensors, kernel graphs) that glibc would otherwise
     keep mapped for the daemon's whole life: measured 1.7x less resident memory afterwards."""

@@ -1,5 +1,7 @@
-"""Unloading a model gives its memory back: in a fresh process, RSS after load + unload is within 10%
-of what it was before the load (weights' mapping, K/V, the runner's buffers all dropped)."""
+"""Unloading a model gives its memory back: in a fresh process, each unload returns most of what its load
+took (weights' mapping, K/V, the runner's buffers all dropped), and a daemon swapping one model in and out
+does not grow from swap to swap. The first swap after the warm-up may keep a little (allocator arenas,
+caches filled once), so growth is judged across the later ones."""
 
 from __future__ import annotations
 
@@ -29,14 +31,16 @@ async def main() -> None:
         await models.load("m")                       # a warm-up load: imports, thread pools, kernels built
         models.unload("m")
         await models.wait_unloaded("m")
-        before = rss()
-        await models.load("m")
-        loaded = rss()
-        models.unload("m")
-        await models.wait_unloaded("m")
-        after = rss()
+        swaps = []
+        for _ in range(4):
+            before = rss()
+            await models.load("m")
+            loaded = rss()
+            models.unload("m")
+            await models.wait_unloaded("m")
+            swaps.append({"before": before, "loaded": loaded, "after": rss()})
         tg.cancel_scope.cancel()
-    print(json.dumps({"before": before, "loaded": loaded, "after": after}))
+    print(json.dumps(swaps))
 
 anyio.run(main)
 '''
@@ -47,6 +51,10 @@ def test_unloading_a_model_returns_its_memory(default_model_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", PROBE, str(default_model_path)], capture_output=True, text=True,
                          cwd=repo, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
-    rss = json.loads(run.stdout.strip().splitlines()[-1])
-    assert rss["loaded"] - rss["before"] > 50 << 20, rss       # the load did take memory (weights + K/V)
-    assert rss["after"] <= rss["before"] * 1.10, rss
+    swaps = json.loads(run.stdout.strip().splitlines()[-1])
+    for swap in swaps:
+        took = swap["loaded"] - swap["before"]
+        assert took > 50 << 20, swaps                          # the load did take memory (weights + K/V)
+        assert swap["after"] - swap["before"] <= took * 0.25, swaps    # and the unload gave most of it back
+    took = swaps[0]["loaded"] - swaps[0]["before"]
+    assert swaps[-1]["after"] - swaps[0]["after"] <= took * 0.10, swaps   # swapping does not leak

@@ -34,11 +34,11 @@ from forge.prepare import prepare_chat, prepare_completion
 
 class FleetRoutes:
     def __init__(self, *, ready: Callable[[Request], Pipeline], body: Callable[[Request], Awaitable[bytes]],
-                 healthz: Callable[[Request], Awaitable[Response]], served_model_name: str,
-                 total_load: Callable[[Request], int] | None = None) -> None:
+                 healthz: Callable[[Request], Awaitable[Response]], total_load: Callable[[Request], int],
+                 served_model_name: str) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
-        request body within limits; `healthz`: its health route; `total_load`: the sequences of every
-        model served (None: the ready pipeline's)."""
+        request body within limits; `healthz`: its health route; `total_load`: the sequences running and
+        waiting over every model served."""
         self._ready, self._body, self._healthz = ready, body, healthz
         self._total_load = total_load
         self._name = served_model_name
@@ -59,10 +59,7 @@ class FleetRoutes:
         return await self._healthz(request)
 
     async def get_load(self, request: Request) -> Response:
-        if self._total_load is not None:
-            return json_response({"load": self._total_load(request)})
-        pipe = self._ready(request)
-        return json_response({"load": pipe.load()})
+        return json_response({"load": self._total_load(request)})
 
     async def server_info(self, request: Request) -> Response:
         pipe = self._ready(request)

@@ -47,8 +47,9 @@ def body(model: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **extra}
 
 
-async def complete(client: httpx.AsyncClient, model: str, **extra: Any) -> str:
-    resp = await client.post("/v1/completions", json=body(model, **extra))
+async def complete(client: httpx.AsyncClient, model: str, *, headers: dict[str, str] | None = None,
+                   **extra: Any) -> str:
+    resp = await client.post("/v1/completions", json=body(model, **extra), headers=headers)
     assert resp.status_code == 200, resp.text
     reply = resp.json()
     assert reply["model"] == model
@@ -215,7 +216,7 @@ async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
                 loaded = await http.post("/models/load", json={"model": GEMMA}, headers=auth)
                 after_load = {m["id"]: m["state"]
                               for m in (await http.get("/v1/models", headers=auth)).json()["data"]}
-                text = await complete_with(http, GEMMA, auth)
+                text = await complete(http, GEMMA, headers=auth)
                 unloaded = await http.post("/models/unload", json={"model": GEMMA}, headers=auth)
                 bad = await http.post("/models/unload", content=b"{", headers=auth)
             proc.send_signal(signal.SIGTERM)
@@ -227,9 +228,3 @@ async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
     assert text
     assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
     assert_error(bad, 400, param="model")
-
-
-async def complete_with(client: httpx.AsyncClient, model: str, headers: dict[str, str]) -> str:
-    resp = await client.post("/v1/completions", json=body(model), headers=headers)
-    assert resp.status_code == 200, resp.text
-    return str(resp.json()["choices"][0]["text"])

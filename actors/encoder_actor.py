@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from actors.metrics import Metrics
+from actors.metrics import ModelMetrics
 from actors.router import Router
 from forge.bert.encoder import LoadedEncoder
 from forge.errors import RequestError
@@ -29,7 +29,7 @@ MAX_ROUND_INPUTS = 256
 
 
 class EncoderActor:
-    def __init__(self, encoder: LoadedEncoder, router: Router, metrics: Metrics, *,
+    def __init__(self, encoder: LoadedEncoder, router: Router, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[EncoderInbox]) -> None:
         self._encoder = encoder
         self._router = router

@@ -93,7 +93,7 @@ class Gateway:
                                  served_model_name=config.served_model_name, total_load=self._total_load)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
-        self.life = ResponseLifetime(self.admission, metrics, ready=self._ready, body=self._body,
+        self.life = ResponseLifetime(self.admission, ready=self._ready, body=self._body,
                                      ping_interval=config.sse_ping_interval, route=self._route,
                                      release=self._release, is_routed=lambda: self.model_set is not None,
                                      check_open=self._check_open)

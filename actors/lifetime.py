@@ -20,7 +20,6 @@ from starlette.responses import Response
 
 from actors.admission import Admission
 from actors.http_edge import error_response, json_response
-from actors.metrics import Metrics
 from actors.pipeline import Pipeline, only_embeds
 from actors.responses import ChoiceReader
 from actors.router import ResponseGroup
@@ -35,7 +34,7 @@ Route = Callable[[Request, bytes], Awaitable["Pipeline | None"]]
 
 
 class ResponseLifetime:
-    def __init__(self, admission: Admission, metrics: Metrics, *, ready: Callable[[Request], Pipeline],
+    def __init__(self, admission: Admission, *, ready: Callable[[Request], Pipeline],
                  body: Callable[[Request], Awaitable[bytes]], ping_interval: float,
                  route: Route | None = None, release: Callable[[Request], None] = lambda _request: None,
                  is_routed: Callable[[], bool] = lambda: False,
@@ -45,7 +44,6 @@ class ResponseLifetime:
         `route`: with several models (`is_routed`), the pipeline the body names, held until `release`,
         called once as the response ends; `check_open` then checks key and draining before the body."""
         self.admission = admission
-        self._metrics = metrics
         self._ready, self._body = ready, body
         self._ping_interval = ping_interval
         self._route, self._release = route, release
@@ -116,7 +114,7 @@ class ResponseLifetime:
             raise rejected.error()
         num_prompt_tokens = sum(s.num_prompt_tokens for s in statuses if isinstance(s, Accepted))
         request.state.prompt_tokens = num_prompt_tokens
-        return ChoiceReader(group, self._metrics, arrival=arrival, ping_interval=self._ping_interval,
+        return ChoiceReader(group, pipe.metrics, arrival=arrival, ping_interval=self._ping_interval,
                             num_prompt_tokens=num_prompt_tokens)
 
     async def respond(self, request: Request, pipe: Pipeline, reader: ChoiceReader, build: Callable[[], Any], *,

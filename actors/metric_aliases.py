@@ -1,7 +1,7 @@
 """forge's metrics under vLLM's names too, for the routers and endpoint pickers that read a model server's
 metrics by those names (the Gateway API Inference Extension's model-server protocol: queue depth, K/V usage,
 the cache's layout; LLM-aware routers and dashboards: prefix-cache hits, tokens, latencies). Each `forge:` family
-below is exposed again as `vllm:`, with a `model_name` label (the served name), at every scrape: the same
+below is exposed again as `vllm:`, with its `model_name` label (the served name), at every scrape: the same
 values, never a second count.
 """
 
@@ -33,12 +33,12 @@ ALIASES = {
 
 
 class VllmAliases(Collector):
-    """Collects `collectors` (forge's metric objects) and yields the aliased families, relabelled."""
+    """Collects `collectors` (forge's metric objects) and yields the aliased families, renamed; and
+    vllm:cache_config_info from `cache_configs` (served name -> its cache's layout), read at each scrape."""
 
-    def __init__(self, collectors: Iterable[Collector], model_name: str, cache_config: dict[str, str]) -> None:
+    def __init__(self, collectors: Iterable[Collector], cache_configs: dict[str, dict[str, str]]) -> None:
         self._collectors = list(collectors)
-        self._model_name = model_name
-        self._cache_config = cache_config
+        self._cache_configs = cache_configs
 
     def collect(self) -> Iterator[Metric]:
         for collector in self._collectors:
@@ -48,9 +48,11 @@ class VllmAliases(Collector):
                     continue
                 out = Metric(alias, family.documentation, family.type, family.unit)
                 for sample in family.samples:
-                    out.add_sample(alias + sample.name[len(family.name):],
-                                   {**sample.labels, "model_name": self._model_name}, sample.value, sample.timestamp)
+                    out.add_sample(alias + sample.name[len(family.name):], sample.labels, sample.value,
+                                   sample.timestamp)
                 yield out
-        info = Metric("vllm:cache_config_info", "The K/V cache's configuration.", "gauge")
-        info.add_sample("vllm:cache_config_info", {**self._cache_config, "model_name": self._model_name}, 1.0)
-        yield info
+        if self._cache_configs:
+            info = Metric("vllm:cache_config_info", "The K/V cache's configuration.", "gauge")
+            for model_name, config in list(self._cache_configs.items()):
+                info.add_sample("vllm:cache_config_info", {**config, "model_name": model_name}, 1.0)
+            yield info

@@ -1,6 +1,8 @@
 """Prometheus metrics under the `forge:` prefix, with the names serving dashboards already use.
 
-One registry per daemon (not the global one), so several daemons can live in one test process.
+One registry per daemon (not the global one), so several daemons can live in one test process. Every
+family a model's actors observe carries a `model_name` label (the served name), as vLLM's do: one scrape of
+a daemon serving several models tells them apart, and replicas' series aggregate by model.
 Gauges are read from the actors' statistics() at scrape time; counters and histograms are
 observed where the event happens.
 """
@@ -9,12 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from actors.metric_aliases import VllmAliases
 from forge.block_allocator import MISS_REASONS
+
+if TYPE_CHECKING:
+    from actors.kv_publisher import KvEventPublisherStats
+    from forge.engine_core import CoreStats
+    from forge.messages import CacheStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
@@ -49,93 +57,104 @@ class LatencyWindow:
         return {"count": len(values), "p50": p50, "p90": p90, "p99": p99}
 
 
+class Labelled:
+    """One model's share of a family with labels beyond `model_name`: `.labels(reason=...)` gives that
+    model's series with those labels."""
+
+    def __init__(self, family: Any, model_name: str) -> None:
+        self._family = family
+        self._model_name = model_name
+
+    def labels(self, **labels: str) -> Any:
+        return self._family.labels(model_name=self._model_name, **labels)
+
+
 class Metrics:
+    """The daemon's registry; `model(name)` gives one model's actors their share (ModelMetrics). What the
+    gateway counts before a request reaches a model (rejections) and the model set's own counters (loads,
+    swaps) are the daemon's."""
+
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.num_requests_running = Gauge("forge:num_requests_running", "Requests in the running batch.", registry=r)
-        self.num_requests_waiting = Gauge("forge:num_requests_waiting", "Requests waiting to run.", registry=r)
-        self.kv_cache_usage_perc = Gauge("forge:kv_cache_usage_perc", "KV-cache usage, 1 = full.", registry=r)
-        self.prompt_tokens = Counter("forge:prompt_tokens", "Prompt tokens processed.", registry=r)
-        self.generation_tokens = Counter("forge:generation_tokens", "Tokens generated.", registry=r)
-        self.request_success = Counter("forge:request_success", "Finished requests.", ["finished_reason"],
-                                       registry=r)
-        self.request_aborted = Counter("forge:request_aborted", "Requests whose client left, by where they were.",
-                                       ["phase"], registry=r)
-        self.request_rejected = Counter("forge:request_rejected", "Requests refused, by reason.", ["reason"],
-                                        registry=r)
-        self.request_failed = Counter("forge:request_failed", "Requests ended by a fault of the engine.", registry=r)
-        self.num_preemptions = Counter("forge:num_preemptions", "Sequences preempted.", registry=r)
-        self.prefix_cache_hit_rate = Gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.",
-                                           registry=r)
-        self.prefix_cache_queries = Counter("forge:prefix_cache_queries",
-                                            "Prompt tokens looked up in the prefix cache.", registry=r)
-        self.prefix_cache_hits = Counter("forge:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                                         registry=r)
-        self.prefix_cache_misses = Counter("forge:prefix_cache_misses", "Prompt tokens not found, by reason.",
-                                           ["reason"], registry=r)
-        self.kv_events_published = Counter("forge:kv_events_published", "KV-event batches sent (--kv-events).",
-                                           registry=r)
-        self.kv_events_dropped = Counter("forge:kv_events_dropped",
-                                         "KV-event batches dropped: the queue to the socket was full.", registry=r)
-        self.time_to_first_token = Histogram("forge:time_to_first_token_seconds", "Time to first token.",
-                                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.inter_token_latency = Histogram("forge:inter_token_latency_seconds", "Time between tokens.",
-                                             buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
-        self.time_per_output_token = Histogram("forge:time_per_output_token_seconds",
-                                               "A request's time per token after its first.",
-                                               buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
-        self.e2e_request_latency = Histogram("forge:e2e_request_latency_seconds", "Request latency.",
-                                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.request_queue_time = Histogram("forge:request_queue_time_seconds", "Time queued before running.",
-                                            buckets=_LATENCY_BUCKETS, registry=r)
+        per_model = ["model_name"]
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, [*per_model, *labels], registry=r)
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, [*per_model, *labels], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, per_model, buckets=buckets, registry=r)
+
+        self.num_requests_running = gauge("forge:num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("forge:num_requests_waiting", "Requests waiting to run.")
+        self.kv_cache_usage_perc = gauge("forge:kv_cache_usage_perc", "KV-cache usage, 1 = full.")
+        self.prompt_tokens = counter("forge:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("forge:generation_tokens", "Tokens generated.")
+        self.request_success = counter("forge:request_success", "Finished requests.", "finished_reason")
+        self.request_aborted = counter("forge:request_aborted", "Requests whose client left, by where they were.",
+                                       "phase")
+        self.request_failed = counter("forge:request_failed", "Requests ended by a fault of the engine.")
+        self.num_preemptions = counter("forge:num_preemptions", "Sequences preempted.")
+        self.prefix_cache_hit_rate = gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.")
+        self.prefix_cache_queries = counter("forge:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("forge:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prefix_cache_misses = counter("forge:prefix_cache_misses", "Prompt tokens not found, by reason.",
+                                           "reason")
+        self.kv_events_published = counter("forge:kv_events_published", "KV-event batches sent (--kv-events).")
+        self.kv_events_dropped = counter("forge:kv_events_dropped",
+                                         "KV-event batches dropped: the queue to the socket was full.")
+        self.time_to_first_token = histogram("forge:time_to_first_token_seconds", "Time to first token.",
+                                             _LATENCY_BUCKETS)
+        self.inter_token_latency = histogram("forge:inter_token_latency_seconds", "Time between tokens.",
+                                             _TOKEN_LATENCY_BUCKETS)
+        self.time_per_output_token = histogram("forge:time_per_output_token_seconds",
+                                               "A request's time per token after its first.", _TOKEN_LATENCY_BUCKETS)
+        self.e2e_request_latency = histogram("forge:e2e_request_latency_seconds", "Request latency.",
+                                             _LATENCY_BUCKETS)
+        self.request_queue_time = histogram("forge:request_queue_time_seconds", "Time queued before running.",
+                                            _LATENCY_BUCKETS)
         # per engine step: the tokens it computed (prefill chunks plus one per decode) and how long
         # its forward and sampling took (what --max-num-batched-tokens trades against TPOT)
-        self.iteration_tokens = Histogram("forge:iteration_tokens_total", "Tokens computed per engine step.",
-                                          buckets=_STEP_TOKEN_BUCKETS, registry=r)
-        self.step_duration = Histogram("forge:step_duration_seconds", "Forward and sampling time of a step.",
-                                       buckets=_TOKEN_LATENCY_BUCKETS, registry=r)
+        self.iteration_tokens = histogram("forge:iteration_tokens_total", "Tokens computed per engine step.",
+                                          _STEP_TOKEN_BUCKETS)
+        self.step_duration = histogram("forge:step_duration_seconds", "Forward and sampling time of a step.",
+                                       _TOKEN_LATENCY_BUCKETS)
         # speculative decoding, with vLLM's meanings
-        self.spec_num_drafts = Counter("forge:spec_decode_num_drafts", "Sequence-steps that carried drafts.",
-                                       registry=r)
-        self.spec_num_draft_tokens = Counter("forge:spec_decode_num_draft_tokens", "Draft tokens proposed.",
-                                             registry=r)
-        self.spec_num_accepted_tokens = Counter("forge:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                                                registry=r)
-        self.spec_accepted_per_pos = Counter("forge:spec_decode_num_accepted_tokens_per_pos",
-                                             "Draft tokens accepted, by their position in the draft.",
-                                             ["position"], registry=r)
+        self.spec_num_drafts = counter("forge:spec_decode_num_drafts", "Sequence-steps that carried drafts.")
+        self.spec_num_draft_tokens = counter("forge:spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.spec_num_accepted_tokens = counter("forge:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = counter("forge:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by their position in the draft.", "position")
+        self.kernels = gauge("forge:kernels_info",
+                             "The kernels in use: the weights' backend, its numerics, the decode attention.",
+                             "backend", "numerics", "attention")
+        # the daemon's own
+        self.request_rejected = Counter("forge:request_rejected", "Requests refused, by reason.", ["reason"],
+                                        registry=r)
         self.model_swaps = Counter("forge:model_swaps", "Models unloaded to make room for another's load.",
                                    ["model_name"], registry=r)
         self.model_loads = Counter("forge:model_loads", "Model loads, by model.", ["model_name"], registry=r)
-        self.kernels = Gauge("forge:kernels_info",
-                             "The kernels in use: the weights' backend, its numerics, the decode attention.",
-                             ["backend", "numerics", "attention"], registry=r)
+        for rejected in ("overload", "draining", "too_long", "auth", "invalid"):
+            self.request_rejected.labels(reason=rejected)
+        # the vLLM-named aliases (they pick their families by name), and each served model's cache layout
+        self.cache_configs: dict[str, dict[str, str]] = {}
+        own = [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))]
+        r.register(VllmAliases(own, self.cache_configs))
         # the dashboard's recent latencies (GET /stats), recorded beside the histograms above
         self.recent_ttft = LatencyWindow()
         self.recent_itl = LatencyWindow()
         self.recent_tpot = LatencyWindow()
         self._refreshers: list[Callable[[], None]] = []
 
-    def serve(self, *, model_name: str, block_size: int, num_blocks: int, cache_dtype: str, prefix_caching: bool,
-              num_spec_positions: int = 0) -> None:
-        """Once the model is loaded: every labelled series this daemon can produce created at zero,
-        so that replicas of one configuration expose the same label sets from their first scrape
-        (routers that merge replicas' metrics refuse mismatched ones), and the vLLM-named aliases."""
-        for reason in ("stop", "length"):
-            self.request_success.labels(finished_reason=reason)
-        for phase in ("queued", "prefill", "decode"):
-            self.request_aborted.labels(phase=phase)
-        for rejected in ("overload", "draining", "too_long", "auth", "invalid"):
-            self.request_rejected.labels(reason=rejected)
-        for miss in MISS_REASONS:
-            self.prefix_cache_misses.labels(reason=miss)
-        for pos in range(num_spec_positions):
-            self.spec_accepted_per_pos.labels(position=str(pos))
-        own = [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))]
-        self.registry.register(VllmAliases(
-            own,   # the aliases pick their families by name (metric_aliases.ALIASES)
-            model_name, {"block_size": str(block_size), "num_gpu_blocks": str(num_blocks), "cache_dtype": cache_dtype,
-                         "enable_prefix_caching": str(prefix_caching)}))
+    def model(self, model_name: str, *, num_spec_positions: int = 0) -> ModelMetrics:
+        """One model's share, every labelled series it can produce created at zero, so that replicas of one
+        configuration expose the same label sets from their first scrape (routers that merge replicas'
+        metrics refuse mismatched ones). A fresh share for each load: the counts it takes from the actors
+        at a scrape (ModelMetrics.refresh) start from the new allocator's zero."""
+        return ModelMetrics(self, model_name, num_spec_positions=num_spec_positions)
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
         self._refreshers.append(refresh)
@@ -148,3 +167,93 @@ class Metrics:
     def render(self) -> bytes:
         self.refresh()
         return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """The series of one served model: what its actors and its responses observe. The attributes bear the
+    families' names; a family with further labels is a Labelled (`.labels(reason=...)`)."""
+
+    def __init__(self, metrics: Metrics, model_name: str, *, num_spec_positions: int = 0) -> None:
+        m, name = metrics, model_name
+        self.model_name = name
+
+        def own(family: Any) -> Any:
+            return family.labels(model_name=name)
+
+        self.num_requests_running: Gauge = own(m.num_requests_running)
+        self.num_requests_waiting: Gauge = own(m.num_requests_waiting)
+        self.kv_cache_usage_perc: Gauge = own(m.kv_cache_usage_perc)
+        self.prompt_tokens: Counter = own(m.prompt_tokens)
+        self.generation_tokens: Counter = own(m.generation_tokens)
+        self.request_success = Labelled(m.request_success, name)
+        self.request_aborted = Labelled(m.request_aborted, name)
+        self.request_failed: Counter = own(m.request_failed)
+        self.num_preemptions: Counter = own(m.num_preemptions)
+        self.prefix_cache_hit_rate: Gauge = own(m.prefix_cache_hit_rate)
+        self.prefix_cache_queries: Counter = own(m.prefix_cache_queries)
+        self.prefix_cache_hits: Counter = own(m.prefix_cache_hits)
+        self.prefix_cache_misses = Labelled(m.prefix_cache_misses, name)
+        self.kv_events_published: Counter = own(m.kv_events_published)
+        self.kv_events_dropped: Counter = own(m.kv_events_dropped)
+        self.time_to_first_token: Histogram = own(m.time_to_first_token)
+        self.inter_token_latency: Histogram = own(m.inter_token_latency)
+        self.time_per_output_token: Histogram = own(m.time_per_output_token)
+        self.e2e_request_latency: Histogram = own(m.e2e_request_latency)
+        self.request_queue_time: Histogram = own(m.request_queue_time)
+        self.iteration_tokens: Histogram = own(m.iteration_tokens)
+        self.step_duration: Histogram = own(m.step_duration)
+        self.spec_num_drafts: Counter = own(m.spec_num_drafts)
+        self.spec_num_draft_tokens: Counter = own(m.spec_num_draft_tokens)
+        self.spec_num_accepted_tokens: Counter = own(m.spec_num_accepted_tokens)
+        self.spec_accepted_per_pos = Labelled(m.spec_accepted_per_pos, name)
+        self.kernels = Labelled(m.kernels, name)
+        self.recent_ttft, self.recent_itl, self.recent_tpot = m.recent_ttft, m.recent_itl, m.recent_tpot
+        self._daemon = m
+        self._kernels: tuple[str, str, str] | None = None
+        self._seen: dict[str, int] = {}               # the allocator's and publisher's counts at the last scrape
+        for reason in ("stop", "length"):
+            self.request_success.labels(finished_reason=reason)
+        for phase in ("queued", "prefill", "decode"):
+            self.request_aborted.labels(phase=phase)
+        for miss in MISS_REASONS:
+            self.prefix_cache_misses.labels(reason=miss)
+        for pos in range(num_spec_positions):
+            self.spec_accepted_per_pos.labels(position=str(pos))
+
+    def describe(self, *, kernels: str, numerics: str, attention: str, block_size: int, num_blocks: int,
+                 cache_dtype: str, prefix_caching: bool) -> None:
+        """Its kernels (forge:kernels_info) and its K/V cache's layout (vllm:cache_config_info)."""
+        self.kernels.labels(backend=kernels, numerics=numerics, attention=attention).set(1)
+        self._kernels = (kernels, numerics, attention)
+        self._daemon.cache_configs[self.model_name] = {
+            "block_size": str(block_size), "num_gpu_blocks": str(num_blocks), "cache_dtype": cache_dtype,
+            "enable_prefix_caching": str(prefix_caching)}
+
+    def refresh(self, stats: CoreStats, cache: CacheStats, events: KvEventPublisherStats | None = None) -> None:
+        """The gauges from its scheduler's and allocator's statistics, and the counts kept there (the prefix
+        cache's, the KV events') carried into the counters (what a scrape does first)."""
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        used = cache.num_total_blocks - cache.num_free_blocks
+        self.kv_cache_usage_perc.set(used / cache.num_total_blocks if cache.num_total_blocks else 0.0)
+        self.prefix_cache_hit_rate.set(cache.prefix_hit_rate)
+        self._count(self.prefix_cache_queries, "queries", cache.prefix_queries)
+        self._count(self.prefix_cache_hits, "hits", cache.prefix_hits)
+        for reason, total in cache.prefix_misses:
+            self._count(self.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
+        if events is not None:
+            self._count(self.kv_events_published, "kv_published", events.num_published)
+            self._count(self.kv_events_dropped, "kv_dropped", events.num_dropped)
+
+    def unloaded(self) -> None:
+        """Its model is gone: nothing running, waiting or held, no kernels in use (counters keep their totals)."""
+        for gauge in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc):
+            gauge.set(0)
+        if self._kernels is not None:
+            self._daemon.kernels.remove(self.model_name, *self._kernels)
+            self._kernels = None
+        self._daemon.cache_configs.pop(self.model_name, None)
+
+    def _count(self, counter: Counter, key: str, total: int) -> None:
+        counter.inc(total - self._seen.get(key, 0))
+        self._seen[key] = total

@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 
 from actors.allocator import AllocatorActor
 from actors.kv_publisher import KvEventPublisher
-from actors.metrics import Metrics
+from actors.metrics import Metrics, ModelMetrics
 from actors.pipeline import Pipeline
 from actors.router import Router
 from actors.scheduler import SchedulerActor, SchedulerInbox
@@ -39,6 +39,11 @@ class ModelActors:
     scheduler: SchedulerActor
     allocator: AllocatorActor
     worker: ModelWorkerActor
+    metrics: ModelMetrics
+
+    def refresh_metrics(self) -> None:
+        """Its gauges and cache counters up to date (a scrape's first step)."""
+        self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics())
 
     def tracked(self) -> dict[str, int]:
         sizes = {"router.requests": len(self.pipeline.router)}
@@ -63,6 +68,11 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     """The channels and actors of one model over its engine parts (forge.engine.build_engine); `publisher`:
     where the allocator sends its KV events (--kv-events)."""
     served = serving(loaded, cfg, parts, served_model_name=served_model_name, draft=draft)
+    own = metrics.model(served_model_name,
+                        num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
+    own.describe(kernels=served.kernels, numerics=served.numerics, attention=served.attention,
+                 block_size=served.block_size, num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
+                 prefix_caching=cfg.enable_prefix_caching)
     # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
     # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
     # The cache allocator actor is the only owner of the block allocator from here on.
@@ -75,18 +85,18 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     router = Router()
     allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
     worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
-    scheduler = SchedulerActor(parts.core, metrics, inbox=sched_in, to_allocator=to_alloc,
+    scheduler = SchedulerActor(parts.core, own, inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker,
                                from_worker=from_worker, to_tokeniser=to_tok.clone())
-    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, metrics,
+    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, own,
                                inbox=tok_in, to_scheduler=to_sched)
     pipeline = Pipeline(
         router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
         chat_template=loaded.chat_template, max_model_len=served.max_model_len,
         load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
-        grammar_engine=edge_grammars, serving=served, step_age=scheduler.step_age,
+        grammar_engine=edge_grammars, serving=served, metrics=own, step_age=scheduler.step_age,
         vocab_size=loaded.tokenizer.vocab_size,
         load=scheduler.load, reasoning_parser=served.reasoning_parser,
         thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
     return ModelActors(served=served, pipeline=pipeline, tokeniser=tokeniser, scheduler=scheduler,
-                       allocator=allocator, worker=worker)
+                       allocator=allocator, worker=worker, metrics=own)

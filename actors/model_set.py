@@ -210,6 +210,7 @@ class ModelSet:
                 load.done.set()
         finally:
             entry.actors, entry.state, entry.memory_bytes = None, "unloaded", 0
+            actors.metrics.unloaded()       # its gauges at zero, its kernels and cache layout no longer listed
             del actors
             gc.collect()                    # the weights' mapping and the K/V go now, not at some later cycle
             release_free_memory()           # and glibc hands the freed heap back rather than keeping it

@@ -62,6 +62,12 @@ _GENERATED = {"type": "object", "required": ["text", "prompt_tokens", "completio
               "properties": {"text": {"type": "string"}, "prompt_tokens": {"type": "integer", "minimum": 0},
                              "completion_tokens": {"type": "integer", "minimum": 0}}}
 
+# POST /models/load and /models/unload (a daemon serving several models; one serving one answers 404)
+_MODEL_NAMED = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
+_MODEL_CARD = {"type": "object", "required": ["model", "state"],
+               "properties": {"model": {"type": "string"},
+                              "state": {"enum": ["unloaded", "loading", "loaded", "unloading"]}}}
+
 _STATUSES = ((400, "the request is malformed or out of range; `param` names the field"),
              (401, "the API key is missing or wrong"),
              (404, "no such model, or no such route"),
@@ -130,7 +136,14 @@ def openapi_document() -> dict[str, Any]:
                                  parameters=_RESPONSE_ID)},
         "/v1/embeddings": {"post": _operation("createEmbedding", "Embed inputs (pooled final hidden states)",
                                               body=embeddings, ok=_json(_EMBEDDINGS, "the embeddings"))},
-        "/v1/models": {"get": _operation("listModels", "The model served")},
+        "/v1/models": {"get": _operation("listModels", "The models served, with their states")},
+        "/models/load": {"post": _operation("loadModel", "Load a model now (several models; 404 with one)",
+                                            body=_MODEL_NAMED, ok=_json(_MODEL_CARD, "the model, loaded"))},
+        "/models/unload": {"post": _operation(
+            "unloadModel", "Unload an idle model (several models; 404 with one)", body=_MODEL_NAMED,
+            ok=_json(_MODEL_CARD, "the model, unloaded"),
+            errors={**_ERRORS, "409": {"description": "the model has requests in flight", "content": {
+                "application/json": {"schema": {"$ref": _REF.format(name="ErrorBody")}}}}})},
         "/tokenize": {"post": _operation("tokenize", "Token ids of a prompt or chat", body=tokenize)},
         "/detokenize": {"post": _operation("detokenize", "Text of token ids", body=detokenize)},
         "/generate": {"post": _operation("generate", "Greedy completion (the seed's API)", body=generate,

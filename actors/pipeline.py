@@ -11,6 +11,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from actors.admission import LoadStats
+from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
 from actors.router import Router
 from forge.chat import ChatTemplate
@@ -33,6 +34,7 @@ class Pipeline:
     max_model_len: int
     load_stats: LoadStats
     serving: Serving                                # what is served (forge.engine)
+    metrics: ModelMetrics                           # its series (the responses' latencies are observed there)
     text_tokenizer: Tokenizer | None = None
     chat_template: ChatTemplate | None = None
     grammar_engine: Grammars | None = None

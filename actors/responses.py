@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from actors.metrics import Metrics
+from actors.metrics import ModelMetrics
 from actors.router import SHUTDOWN, ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
@@ -58,7 +58,7 @@ class Choice:
 class ChoiceReader:
     """Reads the choices of one response to their ends. Used by one task: the response's."""
 
-    def __init__(self, group: ResponseGroup, metrics: Metrics, *, arrival: float, ping_interval: float,
+    def __init__(self, group: ResponseGroup, metrics: ModelMetrics, *, arrival: float, ping_interval: float,
                  num_prompt_tokens: int = 0) -> None:
         self.group = group
         self.num_prompt_tokens = num_prompt_tokens      # as the scheduler accepted the choices (all of them)

@@ -14,7 +14,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.metrics import Metrics
+from actors.metrics import ModelMetrics
 from forge.engine_core import CoreStats, EngineCore
 from forge.errors import RequestError
 from forge.messages import (
@@ -37,7 +37,7 @@ log = structlog.get_logger("forge.scheduler")
 
 
 class SchedulerActor:
-    def __init__(self, core: EngineCore, metrics: Metrics, *,
+    def __init__(self, core: EngineCore, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[SchedulerInbox],
                  to_allocator: MemoryObjectSendStream[AllocateStep],
                  from_allocator: MemoryObjectReceiveStream[StepAllocation],

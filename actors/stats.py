@@ -50,8 +50,13 @@ def _total(counter: Counter) -> float:
 
 
 def _by_label(counter: Counter, label: str) -> dict[str, float]:
-    return {s.labels[label]: s.value for m in counter.collect() for s in m.samples
-            if s.name.endswith("_total") and label in s.labels}
+    """The counter's totals by one label, summed over the others (every model's, with several)."""
+    out: dict[str, float] = {}
+    for m in counter.collect():
+        for s in m.samples:
+            if s.name.endswith("_total") and label in s.labels:
+                out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out
 
 
 class Stats:

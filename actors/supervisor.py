@@ -152,18 +152,14 @@ class Daemon:
         served = actors.served
         self.tokeniser, self.scheduler = actors.tokeniser, actors.scheduler
         self.allocator, self.worker = actors.allocator, actors.worker
-        self._register_gauges()
+        self.metrics.on_scrape(lambda: actors.metrics.refresh(
+            actors.scheduler.statistics(), actors.allocator.statistics(),
+            publisher.statistics() if publisher is not None else None))
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             await tg.start(actors.run, stop)
             scheduler, allocator = actors.scheduler, actors.allocator
             self.gateway.pipeline = actors.pipeline
-            self.metrics.kernels.labels(backend=served.kernels, numerics=served.numerics,
-                                        attention=served.attention).set(1)
-            self.metrics.serve(model_name=served.served_model_name, block_size=served.block_size,
-                               num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
-                               prefix_caching=cfg.enable_prefix_caching,
-                               num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
             self.gateway.stats.sources = Sources(
                 scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
                 serving=msgspec.to_builtins(served))
@@ -179,6 +175,13 @@ class Daemon:
                           max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
+
+        def refresh() -> None:                    # each loaded model's gauges and cache counters
+            for entry in models.loaded():
+                if entry.actors is not None:
+                    entry.actors.refresh_metrics()
+
+        self.metrics.on_scrape(refresh)
         async with anyio.create_task_group() as tg:
             await tg.start(models.run)
             for model_id in cfg.preload:
@@ -215,13 +218,14 @@ class Daemon:
         served = encoder_serving(encoder, served_model_name=self.config.gateway.served_model_name)
         to_enc, enc_in = anyio.create_memory_object_stream[EncoderInbox](math.inf)
         router = Router()
-        self.encoder = actor = EncoderActor(encoder, router, self.metrics, inbox=enc_in)
+        own = self.metrics.model(served.served_model_name)
+        self.encoder = actor = EncoderActor(encoder, router, own, inbox=enc_in)
         with to_enc:
             async with anyio.create_task_group() as tg:
                 await tg.start(actor.run)
                 self.gateway.pipeline = Pipeline(
                     router=router, to_tokeniser=to_enc, max_model_len=served.max_model_len,
-                    load_stats=lambda: (actor.num_waiting(), 0), serving=served, step_age=actor.step_age,
+                    load_stats=lambda: (actor.num_waiting(), 0), serving=served, metrics=own, step_age=actor.step_age,
                     load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
                 await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
                 tg.cancel_scope.cancel()
@@ -249,33 +253,6 @@ class Daemon:
             log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
             with anyio.move_on_after(FINAL_WRITE_S):
                 await self.gateway.admission.wait_idle()
-
-    def _register_gauges(self) -> None:
-        m = self.metrics
-        seen: dict[str, int] = {}                  # the cache's counts at the last scrape
-
-        def count(counter: Any, key: str, total: int) -> None:
-            counter.inc(total - seen.get(key, 0))
-            seen[key] = total
-
-        def refresh() -> None:
-            if self.scheduler is not None and self.allocator is not None:
-                stats, cache = self.scheduler.statistics(), self.allocator.statistics()
-                m.num_requests_running.set(stats.num_running)
-                m.num_requests_waiting.set(stats.num_waiting)
-                used = cache.num_total_blocks - cache.num_free_blocks
-                m.kv_cache_usage_perc.set(used / cache.num_total_blocks if cache.num_total_blocks else 0.0)
-                m.prefix_cache_hit_rate.set(cache.prefix_hit_rate)
-                count(m.prefix_cache_queries, "queries", cache.prefix_queries)
-                count(m.prefix_cache_hits, "hits", cache.prefix_hits)
-                for reason, total in cache.prefix_misses:
-                    count(m.prefix_cache_misses.labels(reason=reason), f"miss:{reason}", total)
-            if self.kv_publisher is not None:
-                events = self.kv_publisher.statistics()
-                count(m.kv_events_published, "kv_published", events.num_published)
-                count(m.kv_events_dropped, "kv_dropped", events.num_dropped)
-
-        m.on_scrape(refresh)
 
 
 def _progress(message: str) -> None:

@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.metrics import Metrics
+from actors.metrics import ModelMetrics
 from actors.router import Router
 from actors.scheduler import SchedulerInbox
 from forge.chat import ChatTemplate
@@ -50,7 +50,7 @@ class _Stream:
 
 
 class TokeniserActor:
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: Metrics, *,
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[TokeniserInbox],
                  to_scheduler: MemoryObjectSendStream[SchedulerInbox]) -> None:
         self._tok = tokenizer

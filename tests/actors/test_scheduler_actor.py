@@ -44,8 +44,9 @@ async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int)
     to_worker, worker_in = anyio.create_memory_object_stream[Any](1)
     worker_out, from_worker = anyio.create_memory_object_stream[Any](1)
     to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
-    scheduler = SchedulerActor(core, Metrics(), inbox=sched_in, to_allocator=to_alloc, from_allocator=from_alloc,
-                               to_worker=to_worker, from_worker=from_worker, to_tokeniser=to_tok)
+    scheduler = SchedulerActor(core, Metrics().model("test"), inbox=sched_in, to_allocator=to_alloc,
+                               from_allocator=from_alloc, to_worker=to_worker, from_worker=from_worker,
+                               to_tokeniser=to_tok)
     allocator = AllocatorActor(cache, alloc_in, alloc_out)
     worker = ModelWorkerActor(runner, worker_in, worker_out)
     received: list[Any] = []

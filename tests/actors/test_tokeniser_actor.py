@@ -69,7 +69,7 @@ async def running(tokenizer: Tokenizer) -> AsyncIterator[Rig]:
     inbox, actor_in = anyio.create_memory_object_stream[Any](math.inf)
     actor_out, to_scheduler = anyio.create_memory_object_stream[Any](math.inf)
     router = Router()
-    actor = TokeniserActor(tokenizer, ChatTemplate(None), router, Metrics(), inbox=actor_in,
+    actor = TokeniserActor(tokenizer, ChatTemplate(None), router, Metrics().model("test"), inbox=actor_in,
                            to_scheduler=actor_out)
     with anyio.fail_after(10), to_scheduler:
         async with anyio.create_task_group() as tg:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.supervisor import Daemon
 from forge.config import EngineConfig
@@ -114,8 +115,17 @@ def is_idle(daemon: Daemon) -> bool:
 
 
 def sample(daemon: Daemon, name: str, labels: dict[str, str] | None = None) -> float:
-    value = daemon.metrics.registry.get_sample_value(name, labels or {})
-    return 0.0 if value is None else value
+    """The sample `name` summed over the series whose labels include `labels` (every model's, unless
+    `labels` names one)."""
+    want = (labels or {}).items()
+    return sum(s.value for family in daemon.metrics.registry.collect() for s in family.samples
+               if s.name == name and want <= s.labels.items())
+
+
+def scraped(text: str, name: str, **labels: str) -> float:
+    """The sample `name` of a /metrics page, summed over the series whose labels include `labels`."""
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and labels.items() <= s.labels.items())
 
 
 def generated_tokens(daemon: Daemon) -> float:

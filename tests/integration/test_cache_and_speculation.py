@@ -4,7 +4,6 @@ answers exactly as a plain one."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import anyio
 import httpx
 
 from actors.supervisor import running_daemon
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, scraped
 
 SYSTEM = ("You are a careful assistant for the harbour museum of Gull Rock. " * 12).strip()   # ~160 tokens
 TEXT = ("The lighthouse on Gull Rock was built in 1871 by the harbour board. Its lamp burned paraffin until "
@@ -20,10 +19,7 @@ TEXT = ("The lighthouse on Gull Rock was built in 1871 by the harbour board. Its
         "passed, and his daughter Mary rowed out to rescue the crew of the schooner Alba in the storm of 1889.")
 
 
-def metric(text: str, name: str, labels: str = "") -> float:
-    pattern = rf"^{re.escape(name)}{re.escape(labels)} (\S+)$"
-    values = [float(m.group(1)) for m in re.finditer(pattern, text, re.MULTILINE)]
-    return values[0] if values else 0.0
+metric = scraped
 
 
 async def sse_usage(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +63,7 @@ async def test_cached_tokens_in_every_usage_and_salts_keep_tenants_apart(make_da
     assert salted_again["prompt_tokens_details"]["cached_tokens"] >= prompt - 16
     # The counters add up: every token looked up was found or missed for a reason.
     queries, hits = metric(text, "forge:prefix_cache_queries_total"), metric(text, "forge:prefix_cache_hits_total")
-    misses = {r: metric(text, "forge:prefix_cache_misses_total", f'{{reason="{r}"}}')
+    misses = {r: metric(text, "forge:prefix_cache_misses_total", reason=r)
               for r in ("partial_block", "evicted", "new")}
     assert queries > hits > 0 and misses["new"] > 0 and misses["partial_block"] > 0
     assert queries == hits + sum(misses.values())
@@ -102,7 +98,7 @@ async def test_a_speculating_daemon_answers_as_a_plain_one(make_daemon: MakeDaem
     proposed = metric(text, "forge:spec_decode_num_draft_tokens_total")
     accepted = metric(text, "forge:spec_decode_num_accepted_tokens_total")
     assert 0 < accepted <= proposed and drafts > 0
-    assert metric(text, "forge:spec_decode_num_accepted_tokens_per_pos_total", '{position="0"}') > 0
+    assert metric(text, "forge:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
     assert metric(answers["off-metrics"]["text"], "forge:spec_decode_num_drafts_total") == 0
     drafted = answers["draft"]
     assert drafted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]

@@ -51,14 +51,16 @@ def value(page: WebDriver, element_id: str) -> str:
 
 
 def scrape(text: str) -> dict[str, float]:
-    """/metrics as {"name{label=value}": value}, labelled samples summed under the bare name too."""
+    """/metrics as {"name{label=value}": value} (summed over models), labelled samples summed under the bare
+    name too."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
-            if s.labels:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}"] = s.value
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            if labels:
+                key = f"{s.name}{{{labels}}}"
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 

@@ -22,6 +22,7 @@ from tests.integration.harness import (
     data_payloads,
     long_prompt,
     sample,
+    scraped,
     sse_events,
 )
 
@@ -109,16 +110,6 @@ METRIC_NAMES = ["forge:num_requests_running", "forge:num_requests_waiting", "for
                 "forge:iteration_tokens_total_bucket", "forge:step_duration_seconds_bucket"]
 
 
-def _scrape(text: str) -> dict[str, float]:
-    """name{labels} -> value for every sample line."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
-
-
 async def test_metrics_grow_after_a_request(make_daemon: MakeDaemon) -> None:
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(make_daemon()) as url, httpx.AsyncClient(base_url=url) as client:
@@ -130,19 +121,27 @@ async def test_metrics_grow_after_a_request(make_daemon: MakeDaemon) -> None:
     assert before.status_code == 200 and before.headers["content-type"].startswith("text/plain")
     for name in METRIC_NAMES:
         assert f"\n{name}" in after.text, name
-    b, a = _scrape(before.text), _scrape(after.text)
-    assert b["forge:prompt_tokens_total"] == 0 and a["forge:prompt_tokens_total"] == 5
-    assert b["forge:generation_tokens_total"] == 0 and a["forge:generation_tokens_total"] == 3
-    assert a['forge:request_success_total{finished_reason="length"}'] == 1
-    assert a["forge:time_to_first_token_seconds_count"] == 1 + b["forge:time_to_first_token_seconds_count"]
-    assert a["forge:e2e_request_latency_seconds_count"] == 1
-    assert a["forge:num_requests_running"] == 0 and a["forge:kv_cache_usage_perc"] == 0
+
+    def before_(name: str, **labels: str) -> float:        # every series of the model names it
+        return scraped(before.text, name, model_name=SERVED_MODEL, **labels)
+
+    def after_(name: str, **labels: str) -> float:
+        return scraped(after.text, name, model_name=SERVED_MODEL, **labels)
+
+    assert before_("forge:prompt_tokens_total") == 0 and after_("forge:prompt_tokens_total") == 5
+    assert before_("forge:generation_tokens_total") == 0 and after_("forge:generation_tokens_total") == 3
+    assert after_("forge:request_success_total", finished_reason="length") == 1
+    ttft = "forge:time_to_first_token_seconds_count"
+    assert after_(ttft) == 1 + before_(ttft)
+    assert after_("forge:e2e_request_latency_seconds_count") == 1
+    assert after_("forge:num_requests_running") == 0 and after_("forge:kv_cache_usage_perc") == 0
     default = choose_kernels("auto").name                                           # what auto picks here
-    assert a[f'forge:kernels_info{{attention="compiled",backend="{default}",numerics="reference"}}'] == 1
+    assert after_("forge:kernels_info", backend=default, numerics="reference", attention="compiled") == 1
     # 3 tokens: one step computes the prompt and samples the first, two decode steps the others
-    steps = a["forge:iteration_tokens_total_count"] - b.get("forge:iteration_tokens_total_count", 0)
-    assert steps == 3 == a["forge:step_duration_seconds_count"] - b.get("forge:step_duration_seconds_count", 0)
-    assert a["forge:iteration_tokens_total_sum"] - b.get("forge:iteration_tokens_total_sum", 0) == 5 + 2
+    steps = after_("forge:iteration_tokens_total_count") - before_("forge:iteration_tokens_total_count")
+    assert steps == 3 == after_("forge:step_duration_seconds_count") - before_("forge:step_duration_seconds_count")
+    assert after_("forge:iteration_tokens_total_sum") - before_("forge:iteration_tokens_total_sum") == 5 + 2
+    assert scraped(after.text, "forge:prompt_tokens_total", model_name="another") == 0
 
 
 # (method, path, body (bytes, or JSON), status, param, code): every bad input and its error.

@@ -185,7 +185,7 @@ async def test_a_stream_cut_by_a_killed_replica_ends_in_an_error_the_client_sees
                             for r in replicas:
                                 async with httpx.AsyncClient(base_url=r.url) as http:
                                     running = [line for line in (await http.get("/metrics")).text.splitlines()
-                                               if line.startswith("forge:num_requests_running ")]
+                                               if line.startswith("forge:num_requests_running{")]
                                 if running and float(running[0].split()[-1]) > 0:
                                     await r.stop(signal.SIGKILL)
             except Exception as e:    # the transport's error: openai's client carries its own httpx

@@ -28,6 +28,7 @@ from tests.integration.harness import (
     engine_config,
     forge_serve,
     sample,
+    scraped,
     wait_healthy,
     wait_until,
 )
@@ -96,7 +97,17 @@ async def test_two_models_stream_at_once_as_each_alone(default_model_path: Path,
             await wait_until(lambda: is_idle_all(daemon))
             stats = (await client.get("/stats")).json()
             load = (await client.get("/get_load")).json()
+            metrics = (await client.get("/metrics")).text
     assert texts == alone
+    for model in (SMOL, GEMMA):                     # one scrape tells the models apart
+        assert scraped(metrics, "forge:request_success_total", model_name=model) == 1
+        assert scraped(metrics, "vllm:request_success_total", model_name=model) == 1
+        assert scraped(metrics, "forge:time_to_first_token_seconds_count", model_name=model) == 1
+        assert scraped(metrics, "forge:prompt_tokens_total", model_name=model) > 0
+        assert scraped(metrics, "forge:kernels_info", model_name=model) == 1
+        assert scraped(metrics, "vllm:cache_config_info", model_name=model) == 1
+        assert f'forge:num_requests_running{{model_name="{model}"}} 0.0' in metrics
+    assert scraped(metrics, "forge:request_success_total") == 2
     assert {m["id"]: (m["state"], m["num_active"]) for m in stats["models"]} == {
         SMOL: ("loaded", 0), GEMMA: ("loaded", 0)}
     assert all(m["memory_bytes"] > m["size_bytes"] > 0 for m in stats["models"])
@@ -118,6 +129,11 @@ async def test_one_loaded_model_at_a_time_swaps_and_answers_each(default_model_p
             loaded_now = await states(client)
             metrics = (await client.get("/metrics")).text
     assert texts[0] == texts[2] and texts[1] == texts[3] and texts[0] != texts[1]
+    # the unloaded model's counts stay; nothing of it is listed as in use
+    assert scraped(metrics, "forge:request_success_total", model_name=SMOL) == 2
+    assert scraped(metrics, "forge:kernels_info", model_name=SMOL) == 0
+    assert scraped(metrics, "forge:kernels_info", model_name=GEMMA) == 1
+    assert scraped(metrics, "vllm:cache_config_info", model_name=SMOL) == 0
     assert loaded_now == {SMOL: "unloaded", GEMMA: "loaded"}
     assert sample(daemon, "forge:model_swaps_total", {"model_name": SMOL}) == 2
     assert sample(daemon, "forge:model_swaps_total", {"model_name": GEMMA}) == 1

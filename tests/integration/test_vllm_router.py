@@ -150,12 +150,15 @@ async def test_replicas_expose_the_same_series_and_vllms_names(make_daemon: Make
                 assert done.status_code == 200
                 used = series((await http.get(urls[0] + "/metrics")).text)
     assert set(fresh[0]) == set(fresh[1])
-    for label in ('{finished_reason="stop"}', '{reason="overload"}', '{phase="decode"}', '{position="0"}'):
-        assert any(key.endswith(label) for key in fresh[0]), label
+    for label in ('finished_reason="stop"', '{reason="overload"}', 'phase="decode"', 'position="0"'):
+        assert any(label in key for key in fresh[0]), label
     name = f'model_name="{SERVED_MODEL}"'
     for gauge in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
         assert f"{gauge}{{{name}}}" in fresh[0], gauge
     assert any(k.startswith("vllm:cache_config_info{") and 'block_size="' in k for k in fresh[0])
-    assert used[f"vllm:generation_tokens_total{{{name}}}"] == used["forge:generation_tokens_total"] == 5
+    assert used[f"vllm:generation_tokens_total{{{name}}}"] == used[f"forge:generation_tokens_total{{{name}}}"] == 5
     assert used[f'vllm:request_success_total{{finished_reason="length",{name}}}'] == 1
+    # every series of the model's names it; the gateway's rejections and the model set's counts are the daemon's
+    daemons = ("forge:request_rejected", "forge:model_swaps", "forge:model_loads")
+    assert all(name in key for key in used if key.startswith("forge:") and not key.startswith(daemons))
     assert used[f"vllm:time_to_first_token_seconds_count{{{name}}}"] == 1

@@ -64,9 +64,10 @@ class ModelActors:
 
 def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metrics: Metrics, *,
                 served_model_name: str, edge_grammars: Grammars, draft: LoadedModel | None,
-                publisher: KvEventPublisher | None = None) -> ModelActors:
+                publisher: KvEventPublisher | None = None, cores: anyio.CapacityLimiter | None = None) -> ModelActors:
     """The channels and actors of one model over its engine parts (forge.engine.build_engine); `publisher`:
-    where the allocator sends its KV events (--kv-events)."""
+    where the allocator sends its KV events (--kv-events); `cores`: the turn its worker's steps take with
+    the other models' (actors.worker)."""
     served = serving(loaded, cfg, parts, served_model_name=served_model_name, draft=draft)
     own = metrics.model(served_model_name,
                         num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)
@@ -84,7 +85,7 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
     router = Router()
     allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
-    worker = ModelWorkerActor(parts.runner, worker_in, worker_out)
+    worker = ModelWorkerActor(parts.runner, worker_in, worker_out, cores=cores)
     scheduler = SchedulerActor(parts.core, own, inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker,
                                from_worker=from_worker, to_tokeniser=to_tok.clone())

@@ -81,6 +81,7 @@ class Daemon:
         self.encoder: EncoderActor | None = None    # an embedding model's one actor, instead of those four
         self.kv_publisher: KvEventPublisher | None = None
         self.models: ModelSet | None = None         # several models: their sets, loaded on demand
+        self._cores: anyio.CapacityLimiter | None = None
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
@@ -175,6 +176,7 @@ class Daemon:
                           max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
+        self._cores = anyio.CapacityLimiter(1)    # the models' steps take turns on the cores (actors.worker)
 
         def refresh() -> None:                    # each loaded model's gauges and cache counters
             for entry in models.loaded():
@@ -204,7 +206,7 @@ class Daemon:
             draft = load_draft(loaded, cfg, _progress)
             parts = build_engine(loaded, cfg, draft)
             return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,
-                               edge_grammars=Grammars(loaded.tokenizer), draft=draft)
+                               edge_grammars=Grammars(loaded.tokenizer), draft=draft, cores=self._cores)
 
         actors = await anyio.to_thread.run_sync(build)
         self.metrics.model_loads.labels(model_name=entry.model_id).inc()

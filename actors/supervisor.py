@@ -39,7 +39,7 @@ from actors.tokeniser_actor import TokeniserActor
 from actors.worker import ModelWorkerActor
 from forge.bert.encoder import LoadedEncoder
 from forge.config import EngineConfig
-from forge.engine import build_engine, encoder_serving
+from forge.engine import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, load_draft, load_served
@@ -145,11 +145,8 @@ class Daemon:
         parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
         if parts.plan.warning is not None:
             log.warning("kv_cache_short", reason=parts.plan.warning)
-        # The gateway checks constraints at the edge with a grammar engine of its own over the same
-        # vocabulary; the worker's makes the matchers (no object is shared between actors).
-        edge_grammars = await anyio.to_thread.run_sync(Grammars, loaded.tokenizer)
         actors = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
-                             edge_grammars=edge_grammars, draft=draft, publisher=publisher)
+                             edge_grammars=edge_grammars(loaded, parts), draft=draft, publisher=publisher)
         served = actors.served
         self.tokeniser, self.scheduler = actors.tokeniser, actors.scheduler
         self.allocator, self.worker = actors.allocator, actors.worker
@@ -206,7 +203,7 @@ class Daemon:
             draft = load_draft(loaded, cfg, _progress)
             parts = build_engine(loaded, cfg, draft)
             return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,
-                               edge_grammars=Grammars(loaded.tokenizer), draft=draft, cores=self._cores)
+                               edge_grammars=edge_grammars(loaded, parts), draft=draft, cores=self._cores)
 
         actors = await anyio.to_thread.run_sync(build)
         self.metrics.model_loads.labels(model_name=entry.model_id).inc()
@@ -255,6 +252,14 @@ class Daemon:
             log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
             with anyio.move_on_after(FINAL_WRITE_S):
                 await self.gateway.admission.wait_idle()
+
+
+def edge_grammars(loaded: LoadedModel, parts: EngineParts) -> Grammars:
+    """The gateway checks constraints at the edge with a grammar engine of its own over the model's
+    vocabulary; the worker's makes the matchers. No mutable object is shared between them: the edge's
+    is the worker's sibling (Grammars.sibling), sharing only the vocabulary llguidance built once."""
+    worker = parts.runner.grammars
+    return worker.sibling() if worker is not None else Grammars(loaded.tokenizer)
 
 
 def _progress(message: str) -> None:

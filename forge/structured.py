@@ -234,17 +234,28 @@ class Grammars:
     matcher belongs to one sequence.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, num_threads: int = 1) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, num_threads: int = 1, _like: Grammars | None = None) -> None:
         self.vocab_size = tokenizer.vocab_size
         self.eos_token_id = tokenizer.eos_token_id
-        vocab = _Vocabulary(tokenizer)
-        self._lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+        self._tokenizer, self._num_threads = tokenizer, num_threads
+        if _like is None:
+            vocab = _Vocabulary(tokenizer)
+            self._lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+            self.closing = Closing(vocab.tokens, sorted(tokenizer.end_token_ids))
+            self.vocabulary = vocab.tokens      # each id's bytes (forge.reasoning follows tags over them)
+        else:
+            self._lltok, self.closing, self.vocabulary = _like._lltok, _like.closing, _like.vocabulary
         self._executor = llguidance.LLExecutor(num_threads=num_threads)
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._errors: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
-        self.closing = Closing(vocab.tokens, sorted(tokenizer.end_token_ids))
-        self.vocabulary = vocab.tokens          # each id's bytes (forge.reasoning follows tags over them)
+
+    def sibling(self) -> Grammars:
+        """Another grammar engine over the same vocabulary, with its own cache, lock and executor (the
+        gateway's, beside the worker's). It shares only what never changes once built: llguidance's
+        tokenizer (its token trie, about a second to build for a 262,144-piece vocabulary) and the
+        vocabulary's bytes."""
+        return Grammars(self._tokenizer, num_threads=self._num_threads, _like=self)
 
     def check(self, grammar: str, *, param: str | None = None) -> None:
         """Raise InvalidRequest with llguidance's reason if `grammar` does not compile for this vocabulary.

@@ -64,18 +64,25 @@ class AffineBlocks:
 SUPPORTED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def affine_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> AffineBlocks:
-    """The tensor `data` (uint8 [rows, bytes per row], as a GGUF reader gives it) as codes.
-
-    Raises ValueError for a type not in SUPPORTED or data that is not whole blocks of `shape`.
-    """
+def check_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
+    """Raises ValueError unless `data` is whole blocks of a [rows, cols] matrix of a type in SUPPORTED
+    (what affine_blocks would decode, checked without decoding it)."""
     if qtype not in _DECODERS:
         raise ValueError(f"no integer-code form for {qtype.name}")
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     rows, cols = shape
     if cols % block_elems or data.dtype != np.uint8 or data.size != rows * cols // block_elems * block_bytes:
         raise ValueError(f"{qtype.name} data of {data.size} bytes is not a [{rows}, {cols}] matrix")
-    blocks = np.ascontiguousarray(data).reshape(-1, block_bytes)                    # [nb, block_bytes]
+
+
+def affine_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> AffineBlocks:
+    """The tensor `data` (uint8 [rows, bytes per row], as a GGUF reader gives it) as codes.
+
+    Raises ValueError for a type not in SUPPORTED or data that is not whole blocks of `shape`.
+    """
+    check_blocks(data, qtype, shape)
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).reshape(-1, GGML_QUANT_SIZES[qtype][1])     # [nb, block_bytes]
     bits, sub, decode = _DECODERS[qtype]
     codes, scale, offset = decode(blocks)       # [nb, block_elems], [nb, block_elems // sub] x2
     with np.errstate(all="ignore"):

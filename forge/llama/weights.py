@@ -24,7 +24,7 @@ from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile
 from forge.kernels import KernelChoice, compiled, products
 from forge.kernels.block_linear import BlockMatrix, as_blocks
-from forge.kernels.blocks import SUPPORTED, affine_blocks
+from forge.kernels.blocks import SUPPORTED, affine_blocks, check_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
 from forge.llama.linear import Q8Matrix
@@ -178,7 +178,7 @@ class _TensorSource:
         """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
         tensor = self._tensor(name)
         if self._kernels is not None and tensor.tensor_type in SUPPORTED:
-            affine_blocks(tensor.data, tensor.tensor_type, shape)        # checks the shape, raises ValueError
+            check_blocks(tensor.data, tensor.tensor_type, shape)         # raises ValueError
             return QuantEmbedding(tensor.data, tensor.tensor_type, shape, copy=not self._blocks)
         return self.owned(name, shape)
 

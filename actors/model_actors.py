@@ -41,9 +41,10 @@ class ModelActors:
     worker: ModelWorkerActor
     metrics: ModelMetrics
 
-    def refresh_metrics(self) -> None:
-        """Its gauges and cache counters up to date (a scrape's first step)."""
-        self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics())
+    def refresh_metrics(self, publisher: KvEventPublisher | None = None) -> None:
+        """Its gauges and cache counters (and its KV events', with `publisher`) up to date (a scrape's first step)."""
+        self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics(),
+                             publisher.statistics() if publisher is not None else None)
 
     def tracked(self) -> dict[str, int]:
         sizes = {"router.requests": len(self.pipeline.router)}

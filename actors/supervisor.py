@@ -150,9 +150,7 @@ class Daemon:
         served = actors.served
         self.tokeniser, self.scheduler = actors.tokeniser, actors.scheduler
         self.allocator, self.worker = actors.allocator, actors.worker
-        self.metrics.on_scrape(lambda: actors.metrics.refresh(
-            actors.scheduler.statistics(), actors.allocator.statistics(),
-            publisher.statistics() if publisher is not None else None))
+        self.metrics.on_scrape(lambda: actors.refresh_metrics(publisher))
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             await tg.start(actors.run, stop)

@@ -62,6 +62,9 @@ class GGUFFile:
         return self.metadata.get(key)
 
 
+_LENGTH = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf: memoryview, name: str) -> None:
         self.buf, self.pos, self.name = buf, 0, name
@@ -106,7 +109,32 @@ class _Cursor:
             return array
         if count > len(self.buf):           # every item takes at least a byte
             raise self.fail("array longer than the file")
+        if item_kind == _STRING:
+            return self.strings(count)
         return [self.value(item_kind, depth + 1) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str | bytes]:
+        """`count` strings in a row (a vocabulary: 262,144 of them for Gemma), as `string` reads each, in
+        one loop over local names (a third of the time of calling it per item)."""
+        buf, pos, size, read_length = self.buf, self.pos, len(self.buf), _LENGTH.unpack_from
+        out: list[str | bytes] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self.fail("truncated header")
+            (n,) = read_length(buf, pos)
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                raise self.fail("truncated string")
+            try:
+                append(str(buf[pos:pos + n], "utf-8"))
+            except UnicodeDecodeError:
+                append(bytes(buf[pos:pos + n]))
+            pos += n
+        self.pos = pos
+        return out
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:

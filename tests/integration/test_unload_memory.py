@@ -1,7 +1,10 @@
 """Unloading a model gives its memory back: in a fresh process, each unload returns most of what its load
 took (weights' mapping, K/V, the runner's buffers all dropped), and a daemon swapping one model in and out
-does not grow from swap to swap. The first swap after the warm-up may keep a little (allocator arenas,
-caches filled once), so growth is judged across the later ones."""
+does not grow from swap to swap. The K/V is committed at each load, so that a load's share of RSS is mostly
+what an unload must give back. glibc may keep a little now and then (a worker thread's arena, caches filled
+once: up to ~20 MiB once, seen in CI), so growth is judged over six swaps against a floor of 32 MiB; a leaked
+model (its weights and K/V, about 90 MiB here) would add that much at every swap. Over 30 swaps by hand the RSS
+after an unload rose from 83 to 95 MiB in the first dozen and stayed there: bounded, not a leak."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ def rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 async def main() -> None:
-    engine = EngineConfig(kv_cache_memory=64 << 20, max_model_len=256, max_num_seqs=4, blas_threads=1)
+    engine = EngineConfig(kv_cache_memory=64 << 20, kv_cache_commit=True, max_model_len=256, max_num_seqs=4,
+                          blas_threads=1)
     daemon = Daemon(DaemonConfig(engine=engine, gateway=GatewayConfig()))
     models = ModelSet([ModelEntry(model_id="m", source=sys.argv[1])], daemon._build_set)
     async with anyio.create_task_group() as tg:
@@ -32,7 +36,7 @@ async def main() -> None:
         models.unload("m")
         await models.wait_unloaded("m")
         swaps = []
-        for _ in range(4):
+        for _ in range(6):
             before = rss()
             await models.load("m")
             loaded = rss()
@@ -54,7 +58,8 @@ def test_unloading_a_model_returns_its_memory(default_model_path: Path) -> None:
     swaps = json.loads(run.stdout.strip().splitlines()[-1])
     for swap in swaps:
         took = swap["loaded"] - swap["before"]
-        assert took > 50 << 20, swaps                          # the load did take memory (weights + K/V)
+        assert took > 64 << 20, swaps                          # the load did take memory (weights + K/V)
         assert swap["after"] - swap["before"] <= took * 0.25, swaps    # and the unload gave most of it back
     took = swaps[0]["loaded"] - swaps[0]["before"]
-    assert swaps[-1]["after"] - swaps[0]["after"] <= took * 0.10, swaps   # swapping does not leak
+    grown = swaps[-1]["after"] - swaps[0]["after"]
+    assert grown <= max(took * 0.10, 32 << 20), swaps          # swapping does not leak

@@ -170,43 +170,45 @@ class Metrics:
 
 
 class ModelMetrics:
-    """The series of one served model: what its actors and its responses observe. The attributes bear the
-    families' names; a family with further labels is a Labelled (`.labels(reason=...)`)."""
+    """The series of one served model: what its actors and its responses observe. Each attribute below is
+    the daemon's family of that name with this model's `model_name`; a family with further labels is a
+    Labelled (`.labels(reason=...)`)."""
+
+    num_requests_running: Gauge
+    num_requests_waiting: Gauge
+    kv_cache_usage_perc: Gauge
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    request_success: Labelled
+    request_aborted: Labelled
+    request_failed: Counter
+    num_preemptions: Counter
+    prefix_cache_hit_rate: Gauge
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    prefix_cache_misses: Labelled
+    kv_events_published: Counter
+    kv_events_dropped: Counter
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    time_per_output_token: Histogram
+    e2e_request_latency: Histogram
+    request_queue_time: Histogram
+    iteration_tokens: Histogram
+    step_duration: Histogram
+    spec_num_drafts: Counter
+    spec_num_draft_tokens: Counter
+    spec_num_accepted_tokens: Counter
+    spec_accepted_per_pos: Labelled
+    kernels: Labelled
 
     def __init__(self, metrics: Metrics, model_name: str, *, num_spec_positions: int = 0) -> None:
-        m, name = metrics, model_name
-        self.model_name = name
-
-        def own(family: Any) -> Any:
-            return family.labels(model_name=name)
-
-        self.num_requests_running: Gauge = own(m.num_requests_running)
-        self.num_requests_waiting: Gauge = own(m.num_requests_waiting)
-        self.kv_cache_usage_perc: Gauge = own(m.kv_cache_usage_perc)
-        self.prompt_tokens: Counter = own(m.prompt_tokens)
-        self.generation_tokens: Counter = own(m.generation_tokens)
-        self.request_success = Labelled(m.request_success, name)
-        self.request_aborted = Labelled(m.request_aborted, name)
-        self.request_failed: Counter = own(m.request_failed)
-        self.num_preemptions: Counter = own(m.num_preemptions)
-        self.prefix_cache_hit_rate: Gauge = own(m.prefix_cache_hit_rate)
-        self.prefix_cache_queries: Counter = own(m.prefix_cache_queries)
-        self.prefix_cache_hits: Counter = own(m.prefix_cache_hits)
-        self.prefix_cache_misses = Labelled(m.prefix_cache_misses, name)
-        self.kv_events_published: Counter = own(m.kv_events_published)
-        self.kv_events_dropped: Counter = own(m.kv_events_dropped)
-        self.time_to_first_token: Histogram = own(m.time_to_first_token)
-        self.inter_token_latency: Histogram = own(m.inter_token_latency)
-        self.time_per_output_token: Histogram = own(m.time_per_output_token)
-        self.e2e_request_latency: Histogram = own(m.e2e_request_latency)
-        self.request_queue_time: Histogram = own(m.request_queue_time)
-        self.iteration_tokens: Histogram = own(m.iteration_tokens)
-        self.step_duration: Histogram = own(m.step_duration)
-        self.spec_num_drafts: Counter = own(m.spec_num_drafts)
-        self.spec_num_draft_tokens: Counter = own(m.spec_num_draft_tokens)
-        self.spec_num_accepted_tokens: Counter = own(m.spec_num_accepted_tokens)
-        self.spec_accepted_per_pos = Labelled(m.spec_accepted_per_pos, name)
-        self.kernels = Labelled(m.kernels, name)
+        m = metrics
+        self.model_name = model_name
+        for attr, kind in ModelMetrics.__annotations__.items():    # the names above (annotations are strings)
+            family = getattr(m, attr)
+            setattr(self, attr, Labelled(family, model_name) if kind == "Labelled"
+                    else family.labels(model_name=model_name))
         self.recent_ttft, self.recent_itl, self.recent_tpot = m.recent_ttft, m.recent_itl, m.recent_tpot
         self._daemon = m
         self._kernels: tuple[str, str, str] | None = None

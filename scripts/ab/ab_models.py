@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +44,13 @@ def prompt(seed: int, num_words: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 1)) % len(WORDS)] for i in range(num_words)) + "\nContinue:"
 
 
-async def ttft(client: httpx.AsyncClient, model: str, text: str, max_tokens: int) -> float:
-    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    start = time.perf_counter()
-    first: float | None = None
-    async with client.stream("POST", "/v1/completions", json=body) as reply:
-        if reply.status_code != 200:
-            raise RuntimeError(f"{model}: {reply.status_code} {(await reply.aread())[:300]!r}")
-        async for line in reply.aiter_lines():
-            if first is None and line.startswith("data: {") and '"text":' in line:
-                first = time.perf_counter() - start
-    if first is None:
-        raise RuntimeError(f"{model}: no token streamed")
-    return first
+async def ttft(base: str, model: str, text: str, max_tokens: int) -> float:
+    """The TTFT of one streamed request, as `forge bench` measures it (forge_bench.loadgen)."""
+    workload = loadgen.Workload([loadgen.WorkItem(text, "single", 0)], max_tokens)
+    (result,), _ = await loadgen.run_closed_loop(base, workload, 1, 1, model=model, progress=False)
+    if not result.ok or result.ttft_s is None:
+        raise RuntimeError(f"{model}: {result.error or 'no token streamed'}")
+    return result.ttft_s
 
 
 async def cold_and_loaded(base: str, models: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -67,8 +59,8 @@ async def cold_and_loaded(base: str, models: list[str], args: argparse.Namespace
         for model in models:
             cold, loaded = [], []
             for r in range(args.rounds):
-                cold.append(await ttft(client, model, prompt(2 * r, args.prompt_words), args.max_tokens))
-                loaded.append(await ttft(client, model, prompt(2 * r + 1, args.prompt_words), args.max_tokens))
+                cold.append(await ttft(base, model, prompt(2 * r, args.prompt_words), args.max_tokens))
+                loaded.append(await ttft(base, model, prompt(2 * r + 1, args.prompt_words), args.max_tokens))
                 done = await client.post("/models/unload", json={"model": model})
                 if done.status_code != 200:
                     raise RuntimeError(f"unload {model}: {done.status_code} {done.text[:300]}")
@@ -86,9 +78,8 @@ async def throughput(base: str, pair: list[str], workload: loadgen.Workload,
                                                       model=model, progress=False)
         return model, loadgen.summarize(results, wall, ttft_slo=10.0, tpot_slo=1.0)
 
-    async with httpx.AsyncClient(base_url=base, timeout=1800) as client:
-        for model in pair:                                  # both loaded before anything is timed
-            await ttft(client, model, prompt(99, 8), 2)
+    for model in pair:                                      # both loaded before anything is timed
+        await ttft(base, model, prompt(99, 8), 2)
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         rec: dict[str, Any] = {}

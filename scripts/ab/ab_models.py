@@ -11,7 +11,8 @@
         --model bench-1.7b=~/.cache/forge/bench-models/bench-1.7b-Q4_K_M.gguf --rounds 3 \\
         --pair smollm2,gemma --concurrency 4 --requests 16
 
-A model is ID=SOURCE (a catalog name or a GGUF path; `default`: the default model). Every figure is the
+A model is ID=SOURCE (a catalog name or a GGUF path; `default`: the default model), at least two of them (one
+model is served alone, with nothing to load or unload). Every figure is the
 median over --rounds. --json saves every record.
 """
 
@@ -119,6 +120,8 @@ def main() -> None:
     ap.add_argument("--flags", default="", help="more `forge serve` flags")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if len(args.model) < 2:
+        ap.error("give --model at least twice: one model is served alone, without loads and unloads")
 
     ids, cli = [], []
     for spec in args.model:

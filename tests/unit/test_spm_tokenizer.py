@@ -13,6 +13,7 @@ test_gemma3.py.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,31 @@ def test_merges_are_ranked_by_the_piece_they_make() -> None:
     # "abc" scores highest: its splits come first, the longer left part before the shorter
     merges = spm_merges(tokens, [0.0, 0.0, 0.0, -2.0, -1.0, 5.0])
     assert merges == [("ab", "c"), ("a", "bc"), ("b", "c"), ("a", "b")]
+
+
+def reference_merges(tokens: list[str], priority: list[float]) -> list[tuple[str, str]]:
+    """The ranking written plainly: every split of each piece (its last spelling counting) into two pieces of
+    the vocabulary, sorted as tuples by the piece's priority (highest first), the longer left part, the
+    longer right part, then the order found."""
+    ids = {piece: i for i, piece in enumerate(tokens)}
+    found: list[tuple[float, int, int, int, str, str]] = []
+    for order, piece in enumerate(tokens):
+        if ids[piece] != order:
+            continue
+        for k in range(1, len(piece)):
+            if piece[:k] in ids and piece[k:] in ids:
+                found.append((-priority[order], -k, -(len(piece) - k), len(found), piece[:k], piece[k:]))
+    return [(left, right) for *_, left, right in sorted(found)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_merges_rank_as_the_plain_sort_does(seed: int) -> None:
+    """spm_merges ranks with one numpy sort; ties (equal scores, duplicate spellings) as the tuple sort."""
+    rng = random.Random(seed)
+    alphabet = "ab▁c"
+    tokens = list(alphabet) + ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 6))) for _ in range(300)]
+    priority = [float(rng.randint(-4, 4)) for _ in tokens]
+    assert spm_merges(tokens, priority) == reference_merges(tokens, priority)
 
 
 @pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: repr(c["text"])[:40])

@@ -46,3 +46,23 @@ def test_every_tensor_of_the_default_model_matches_the_gguf_package(default_mode
     for tensor in read_gguf(default_model_path).tensors.values():
         np.testing.assert_array_equal(dequantize(tensor.data, tensor.tensor_type),
                                       gguf_dequantize(tensor.data, tensor.tensor_type), err_msg=tensor.name)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K])
+def test_checking_blocks_accepts_what_decoding_them_does(qtype: GGMLQuantizationType) -> None:
+    """check_blocks (a load's check of a matrix it keeps in its blocks) refuses exactly what affine_blocks would,
+    without decoding anything."""
+    from forge.kernels.blocks import affine_blocks, check_blocks
+
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    rows, cols = 3, 2 * elems
+    data = np.zeros((rows, 2 * nbytes), np.uint8)
+    check_blocks(data, qtype, (rows, cols))
+    affine_blocks(data, qtype, (rows, cols))
+    for shape in [(rows, cols - elems), (rows + 1, cols), (rows, cols + 1)]:
+        for check in (check_blocks, affine_blocks):
+            with pytest.raises(ValueError):
+                check(data, qtype, shape)
+    for check in (check_blocks, affine_blocks):
+        with pytest.raises(ValueError):
+            check(data, GGMLQuantizationType.F16, (rows, cols))

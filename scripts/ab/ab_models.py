@@ -13,7 +13,9 @@
 
 A model is ID=SOURCE (a catalog name or a GGUF path; `default`: the default model), at least two of them (one
 model is served alone, with nothing to load or unload). Every figure is the
-median over --rounds. --json saves every record.
+median over --rounds. --json saves every record. An older commit: run this script from a worktree of it
+(`cd .bench/old && ../../.venv/bin/python ../../scripts/ab/ab_models.py ...`): the daemon is started with
+`python -m actors` in the working directory, so it is that checkout's.
 """
 
 from __future__ import annotations

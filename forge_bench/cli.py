@@ -308,7 +308,8 @@ def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> s
     return "\n".join([
         f"Command: `forge bench compare --concurrency {args.concurrency} --rounds {args.rounds} "
         f"--max-tokens {args.max_tokens}`  ",
-        f"Machine: {machine}; medians over {args.rounds} rounds, servers run one at a time (A B A B).  ",
+        f"Machine: {machine}; medians over {args.rounds} rounds, servers run one at a time "
+        f"({' '.join(['A B'] * args.rounds)}).  ",
         *[f"{info}  " for info in getattr(args, "server_info", {}).values()],
         "", *lines])
 

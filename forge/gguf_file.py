@@ -81,15 +81,7 @@ class _Cursor:
         return value
 
     def string(self) -> str | bytes:
-        n = self.unpack("<Q")
-        if self.pos + n > len(self.buf):
-            raise self.fail("truncated string")
-        raw = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw
+        return self.strings(1)[0]
 
     def value(self, kind: int, depth: int = 0) -> Value:
         if kind in _SCALARS:
@@ -114,8 +106,9 @@ class _Cursor:
         return [self.value(item_kind, depth + 1) for _ in range(count)]
 
     def strings(self, count: int) -> list[str | bytes]:
-        """`count` strings in a row (a vocabulary: 262,144 of them for Gemma), as `string` reads each, in
-        one loop over local names (a third of the time of calling it per item)."""
+        """`count` strings in a row, each its length (u64) then its bytes: text, or the bytes when they are
+        not UTF-8. One loop over local names, for a vocabulary's 262,144 (Gemma): half the time of a call
+        per string."""
         buf, pos, size, read_length = self.buf, self.pos, len(self.buf), _LENGTH.unpack_from
         out: list[str | bytes] = []
         append = out.append

@@ -30,9 +30,12 @@ Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
     reference    float32 activations and accumulation over exactly the file's weights (the
                  default: the greedy reference tests hold, a row's bits do not depend on the batch).
     fast         blocks: x and the widened weights rounded to bfloat16, float32 accumulation
-                 (AVX-512 BF16's pair dot products: about twice the reference's prefill, a few
-                 1e-3 relative); onnxruntime: int8 activations per block. auto picks blocks where
-                 the CPU has AVX-512 BF16, else onnxruntime's.
+                 (AVX-512 BF16's pair dot products: about twice the reference's prefill on an AMD
+                 host, a few 1e-3 relative; where the CPU has AMX tiles, steps of 8+ rows multiply
+                 the same values on them: 5-7x the prefill of the vector path there, and a row's
+                 bits then differ between steps below and above 8 rows); onnxruntime: int8
+                 activations per block. auto picks blocks where the CPU has AVX-512 BF16, else
+                 onnxruntime's. FORGE_KERNEL_ISA=avx512 builds the kernels without the tiles.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
 every backend. forge.kernels.blocks is the reference every kernel is tested against.
@@ -75,8 +78,10 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
         return choice
     if choice.backend == "blocks" or requested == "auto":
         if _compiled_ready() and _bf16_products():
+            tiles = _amx_rows()
             return replace(choice, backend="blocks", amx=False, bf16=True,
-                           reason="the file's blocks read in place, bfloat16 products (fast numerics)")
+                           reason="the file's blocks read in place, bfloat16 products (fast numerics"
+                                  + (f"; steps of {tiles}+ rows on the AMX tiles)" if tiles else ")"))
         if choice.backend == "blocks":
             raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16); "
                              "this host has not (--kernels onnxruntime --numerics fast: int8 activations)")
@@ -134,6 +139,13 @@ def _bf16_products() -> bool:
     from forge.kernels import products
 
     return products.qmatmul_fast()
+
+
+def _amx_rows() -> int:
+    """The fewest rows of a fast step that the compiled products take on the AMX tiles (0: none)."""
+    from forge.kernels import products
+
+    return products.qmatmul_amx_rows()
 
 
 def _wide_vectors() -> bool:

@@ -39,10 +39,13 @@ CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
 LDFLAGS = ["-shared"]
 
 # Instruction-set levels the kernels can be built for, as flags added to -march=native: "native"
-# is everything the host has (AVX-512 paths where it has AVX-512F); "avx2" and "baseline" take
-# the wider sets away, so a host can run (and the tests check) the code a smaller CPU would get.
-# FORGE_KERNEL_ISA picks the level the process runs (default native).
-ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"], "baseline": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]}
+# is everything the host has (AVX-512 paths where it has AVX-512F, AMX tiles where it has them);
+# "avx512" takes the AMX tiles away, "avx2" and "baseline" the wider vector sets too, so a host can
+# run (and the tests check) the code a smaller CPU would get. FORGE_KERNEL_ISA picks the level the
+# process runs (default native; avx512 is how an AMX host measures the path other CPUs take).
+NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
+ISA_FLAGS = {"native": [], "avx512": NO_AMX, "avx2": [*NO_AMX, "-mno-avx512f"],
+             "baseline": [*NO_AMX, "-mno-avx512f", "-mno-avx2", "-mno-fma"]}
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -148,6 +151,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_qmatmul_lanes.restype = ctypes.c_int
     lib.forge_qmatmul_fast.argtypes = []
     lib.forge_qmatmul_fast.restype = ctypes.c_int
+    lib.forge_qmatmul_amx.argtypes = []
+    lib.forge_qmatmul_amx.restype = ctypes.c_int
     return lib
 
 

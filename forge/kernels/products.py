@@ -195,6 +195,13 @@ def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
     return lib is not None and bool(lib.forge_qmatmul_fast())
 
 
+def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:
+    """The fewest rows of a step in the fast numerics that run on the AMX tiles here (qmatmul.c's
+    AMX_MIN_ROWS), or 0 where none do: the build has no tiles, or Linux does not allow them."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_amx())
+
+
 def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
     """The vector width qmatmul.c was built with on this host (16: AVX-512, 8: AVX2 or less)."""
     lib = lib or library()

@@ -800,6 +800,7 @@ typedef struct {
     float *out;
     int64_t ldo;
     const uint16_t *xb;                   /* x rounded to bfloat16 [T, K]: the `fast` numerics; else NULL */
+    int amx;                              /* big `fast` steps on the AMX tiles (xb padded to 32 rows) */
 } job;
 
 /* The most rows a float32 step of this job takes on the fused path. */
@@ -825,11 +826,186 @@ static float *panel_buffer(int64_t floats) {
     return grown(&buf, &size, floats * 4);
 }
 
+/* ---- big `fast` steps on the AMX tiles ------------------------------------------------------------
+ * Where the CPU has AMX (Intel Sapphire Rapids and later) and Linux lets the process use it, `fast`
+ * steps of AMX_MIN_ROWS rows or more multiply the same bfloat16 values (x and every weight widened
+ * exactly, then rounded) on the tiles: TDPBF16PS adds a tile row's 32 products into each float32
+ * output in K order. The order differs from the vector paths' lanes, so on such a host a row's
+ * bits in the fast numerics depend on whether its step had AMX_MIN_ROWS rows (the reference
+ * numerics never use the tiles). Per thread: its run of panels in groups of up to 32 rows of W
+ * (within a part), each group widened into bfloat16 and laid out as the tiles read it, then every
+ * 32 rows of x of the current tile of x multiplied by it in 2 x 2 tiles of 16 x 16 outputs.
+ * A build without the AMX flags (FORGE_KERNEL_ISA=avx512 and lower) has none of this. */
+#if defined(HAVE_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define HAVE_AMX 1
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 8
+#endif
+#ifndef AMX_X_BYTES
+#define AMX_X_BYTES (1 << 22)
+#endif
+int amx_enable(void);                       /* amx_gemm.c: Linux's permission, once per process */
+
+static int amx_usable(void) {
+    static _Atomic int state = 0;           /* 0 not asked yet, 1 usable, -1 not */
+    int s = atomic_load(&state);
+    if (s == 0) {
+        s = amx_enable() == 0 ? 1 : -1;
+        atomic_store(&state, s);
+    }
+    return s == 1;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit units (each a pair of bfloat16). */
+static inline void transpose16(__m512i *r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {                /* u[i + j], 128-bit lane L: unit 4L + j of rows i .. i + 3 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {                    /* the 128-bit lanes transposed, 4 x 4 */
+        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
+/* rows r0 .. r0 + n (n <= 32) of part pt as the tiles take them: for 32 values of K (chunk ks) and
+ * 16 rows of W (cb), 16 tile rows of 16 pairs: panel[((ks * 2 + cb) * 16 + p) * 16 + c] = values
+ * 2p and 2p + 1 of chunk ks of row 16 cb + c, as one 32-bit unit (rows past n are zero). rows_bf
+ * [16][256] bfloat16 and row [256] float32: scratch. */
+static void amx_widen(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r0, int64_t n, float *row,
+                      bf16_t *rows_bf, uint32_t *panel) {
+    /* 16 rows at a time, 256 values of K at a time: widened, rounded and transposed in L1 */
+    for (int64_t cb = 0; cb < 2; cb++)
+        for (int64_t k0 = 0; k0 < K; k0 += 256) {
+            const int64_t len = K - k0 < 256 ? K - k0 : 256;
+            for (int64_t c = 0; c < 16; c++) {
+                bf16_t *dst = rows_bf + c * 256;
+                if (cb * 16 + c < n) {
+                    dequant(pt->type, pt->data + (r0 + cb * 16 + c) * row_bytes, k0, len, row);
+                    to_bf16(row, len, dst);
+                } else {
+                    memset(dst, 0, (size_t)len * sizeof *dst);
+                }
+            }
+            for (int64_t ks = k0 / 32; ks < (k0 + len) / 32; ks++) {
+                __m512i r[16];
+                for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512(rows_bf + c * 256 + (ks * 32 - k0));
+                transpose16(r);
+                uint32_t *tile = panel + (ks * 2 + cb) * 256;
+                for (int p = 0; p < 16; p++) _mm512_storeu_si512(tile + p * 16, r[p]);
+            }
+        }
+}
+
+/* out rows [t_lo, t_hi) of x (xb, zero past T), columns [0, n) = x @ the group's rows. */
+static void amx_group(const job *jb, const uint32_t *panel, int64_t n, float *out, int64_t t_lo, int64_t t_hi) {
+    const int64_t K = jb->K, ldo = jb->ldo, sa = K * 2;
+    float tail[32 * 32];
+    for (int64_t i = t_lo; i < t_hi; i += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const uint16_t *a0 = jb->xb + i * K, *a1 = a0 + 16 * K;
+        for (int64_t ks = 0; ks < K / 32; ks++) {
+            _tile_loadd(4, a0 + ks * 32, sa);
+            _tile_loadd(5, a1 + ks * 32, sa);
+            _tile_loadd(6, panel + ks * 512, 64);
+            _tile_loadd(7, panel + ks * 512 + 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        const int64_t rows = jb->T - i < 32 ? jb->T - i : 32;
+        if (rows == 32 && n == 32) {
+            float *o = out + i * ldo;
+            _tile_stored(0, o, ldo * 4);
+            _tile_stored(1, o + 16, ldo * 4);
+            _tile_stored(2, o + 16 * ldo, ldo * 4);
+            _tile_stored(3, o + 16 * ldo + 16, ldo * 4);
+            continue;
+        }
+        _tile_stored(0, tail, 128);
+        _tile_stored(1, tail + 16, 128);
+        _tile_stored(2, tail + 16 * 32, 128);
+        _tile_stored(3, tail + 16 * 32 + 16, 128);
+        for (int64_t r = 0; r < rows; r++) memcpy(out + (i + r) * ldo, tail + r * 32, (size_t)n * sizeof(float));
+    }
+}
+
+/* Panels [p_lo, p_hi) of the job on the tiles (jb->amx). */
+static void amx_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    const int64_t K = jb->K;
+    uint8_t *mem = grown(&buf, &size, 32 * K * 2 + 16 * 256 * 2 + 256 * 4);
+    if (mem == NULL) abort();                  /* a few hundred KiB: the process is out of memory */
+    uint32_t *panel = (uint32_t *)mem;
+    bf16_t *rows_bf = (bf16_t *)(mem + 32 * K * 2);
+    float *row = (float *)(mem + 32 * K * 2 + 16 * 256 * 2);
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    int64_t tb = AMX_X_BYTES / (K * 2) / 32 * 32;
+    tb = tb < 32 ? 32 : tb;
+    for (int64_t t0 = 0; t0 < jb->T; t0 += tb) {
+        const int64_t t1 = jb->T - t0 < tb ? jb->T : t0 + tb;
+        for (int64_t p = p_lo; p < p_hi;) {
+            int64_t part = 0;
+            while (jb->part_panels[part + 1] <= p) part++;
+            const qpart *pt = &jb->parts[part];
+            int64_t end = p + 32 / NR;
+            if (end > p_hi) end = p_hi;
+            if (end > jb->part_panels[part + 1]) end = jb->part_panels[part + 1];
+            int64_t col0 = 0;
+            for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
+            const int64_t r0 = (p - jb->part_panels[part]) * NR;
+            const int64_t n = (end - p) * NR < pt->rows - r0 ? (end - p) * NR : pt->rows - r0;
+            const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
+            amx_widen(pt, K, row_bytes, r0, n, row, rows_bf, panel);
+            amx_group(jb, panel, n, jb->out + col0 + r0, t0, t1);
+            p = end;
+        }
+    }
+    _tile_release();
+}
+#endif
+
 static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
 
 /* Panels [p_lo, p_hi) of the whole (all parts) into out: small steps panel by panel; big ones in
  * tiles of rows of x that stay in L2 (about 384 KiB), each tile over every panel. */
 static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
+#if defined(HAVE_AMX)
+    if (jb->amx) {
+        amx_panels(jb, p_lo, p_hi);
+        return;
+    }
+#endif
     if (jb->T <= fused_max_rows(jb)) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, 0, jb->T);
         return;
@@ -1044,7 +1220,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     if (fast) return -2;
 #endif
     job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo,
-              .xb = NULL};
+              .xb = NULL, .amx = 0};
     jb.part_panels[0] = 0;
     for (int64_t i = 0; i < num_parts; i++) {
         const int64_t bv = block_values(parts[i].type);
@@ -1056,14 +1232,30 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     if (fast) {                           /* x rounded once, on the caller's thread */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
-        bf16_t *xb = grown(&buf, &size, T * K * 2);
+        int64_t rows = T;
+#if defined(HAVE_AMX)
+        jb.amx = T >= AMX_MIN_ROWS && amx_usable();
+        if (jb.amx) rows = (T + 31) / 32 * 32;        /* the tiles read x 32 rows at a time */
+#endif
+        bf16_t *xb = grown(&buf, &size, rows * K * 2);
         if (xb == NULL) return -3;
         for (int64_t t = 0; t < T; t++) to_bf16(x + t * ldx, K, xb + t * K);
+        memset(xb + T * K, 0, (size_t)((rows - T) * K) * sizeof *xb);
         jb.xb = xb;
     }
 #endif
     run_parallel(qmatmul_part, &jb, jb.part_panels[num_parts] > 1);
     return 0;
+}
+
+/* The fewest rows of a `fast` step that run on the AMX tiles here (AMX_MIN_ROWS), or 0 where none
+ * do (the build has no tiles, or Linux does not allow them). */
+int forge_qmatmul_amx(void) {
+#if defined(HAVE_AMX)
+    return amx_usable() ? AMX_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
 }
 
 /* Whether this build has the `fast` numerics (AVX-512 BF16). */

@@ -39,7 +39,10 @@ def _cpu_flags() -> set[str]:
 
 FLAGS = _cpu_flags()
 # The levels this host can run (each is still built by test_every_level_builds).
-RUNNABLE = ["native", "baseline"] + (["avx2"] if {"avx2", "fma"} <= FLAGS and "avx512f" in FLAGS else [])
+RUNNABLE = ["native", "baseline"] + (["avx512", "avx2"] if {"avx2", "fma"} <= FLAGS and "avx512f" in FLAGS else [])
+# The levels with the fast numerics here (AVX-512 BF16): native takes the AMX tiles for big steps
+# where the host has them, avx512 never does.
+FAST_LEVELS = ["native", "avx512"] if "avx512_bf16" in FLAGS else ["native"]
 
 
 def random_matrix(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, k: int) -> tuple[
@@ -150,6 +153,12 @@ def test_one_thread_and_two_give_the_same_bits() -> None:
     one = product(lib, x, [(blocks, int(Q.Q4_K))], 512)
     products.pool_threads(2, lib=lib)
     np.testing.assert_array_equal(product(lib, x, [(blocks, int(Q.Q4_K))], 512), one)
+    if FAST:                                      # the fast numerics too, the AMX tiles' steps included
+        x = rng.standard_normal((70, 512)).astype(np.float32)
+        products.pool_threads(1, lib=lib)
+        one = fast_product(x, [(blocks, int(Q.Q4_K))], 512, lib)
+        products.pool_threads(2, lib=lib)
+        np.testing.assert_array_equal(fast_product(x, [(blocks, int(Q.Q4_K))], 512, lib), one)
 
 
 def test_every_level_builds() -> None:
@@ -221,23 +230,32 @@ def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return rounded.astype(np.uint32).view(np.float32)
 
 
+@pytest.fixture(scope="module", params=FAST_LEVELS)
+def fast_lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
+    built = compiled.library_at(request.param)
+    products.pool_threads(2, lib=built)
+    return built
+
+
 def fast_product(x: npt.NDArray[np.float32], parts: list[tuple[npt.NDArray[np.uint8], int]],
-                 k: int) -> npt.NDArray[np.float32]:
+                 k: int, lib: ctypes.CDLL | None = None) -> npt.NDArray[np.float32]:
     out = np.empty((x.shape[0], sum(p.shape[0] for p, _ in parts)), dtype=np.float32)
-    products.qmatmul(np.ascontiguousarray(x), k, products.qparts(parts), out, lib=compiled.library_at("native"),
+    products.qmatmul(np.ascontiguousarray(x), k, products.qparts(parts), out, lib=lib or compiled.library_at("native"),
                      fast=True)
     return out
 
 
 @settings(max_examples=25, deadline=None)
 @given(qtypes=st.lists(st.sampled_from(QUANTIZED + PLAIN), min_size=1, max_size=3),
-       rows=st.lists(st.integers(1, 23), min_size=3, max_size=3),
-       blocks_along_k=st.integers(1, 3), num_x=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+       rows=st.lists(st.integers(1, 40), min_size=3, max_size=3),
+       blocks_along_k=st.integers(1, 3), num_x=st.integers(1, 80), seed=st.integers(0, 2**32 - 1))
 def test_fast_numerics_are_the_product_of_the_bfloat16_rounded_values(
-        qtypes: list[GGMLQuantizationType], rows: list[int], blocks_along_k: int, num_x: int, seed: int) -> None:
+        fast_lib: ctypes.CDLL, qtypes: list[GGMLQuantizationType], rows: list[int], blocks_along_k: int, num_x: int,
+        seed: int) -> None:
     """x and every widened weight rounded to bfloat16, their products exact, summed in float32:
-    within float32 accumulation's error of that product in float64, on both paths. Where the CPU
-    has no AVX-512 BF16, asking for it is refused instead."""
+    within float32 accumulation's error of that product in float64, on every path (fused, tiled,
+    and the AMX tiles from 8 rows where the host has them; parts of up to 40 rows cross the tiles'
+    groups of 32). Where the CPU has no AVX-512 BF16, asking for it is refused instead."""
     rng = np.random.default_rng(seed)
     k = 256 * blocks_along_k
     made = [random_matrix(rng, qtype, n, k) for qtype, n in zip(qtypes, rows, strict=False)]
@@ -245,28 +263,47 @@ def test_fast_numerics_are_the_product_of_the_bfloat16_rounded_values(
     x = rng.standard_normal((num_x, k)).astype(np.float32)
     if not FAST:
         with pytest.raises(ValueError, match="no fast numerics"):
-            fast_product(x, parts, k)
+            fast_product(x, parts, k, fast_lib)
         return
-    got = fast_product(x, parts, k)
+    got = fast_product(x, parts, k, fast_lib)
     assert_matches_reference(got, bf16_round(x), bf16_round(np.concatenate([w for _, w in made])))
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
-def test_fast_numerics_keep_a_rows_result_independent_of_the_step(qtype: GGMLQuantizationType) -> None:
-    """Batch invariance holds in the fast numerics too: the fused path (up to 4 rows) and the
-    tiled path round and add in the same order."""
+def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
+                                                                  qtype: GGMLQuantizationType) -> None:
+    """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
+    round and add in the same order. The AMX tiles add in another order: where they take steps
+    (from amx_rows rows), a row's bits are the same in every step of that size or more, and the
+    same in every smaller step, but may differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
     blocks, _ = random_matrix(rng, qtype, 37, 512)
     x = rng.standard_normal((150, 512)).astype(np.float32)
+    part = [(blocks, int(qtype))]
     if not FAST:
         with pytest.raises(ValueError, match="no fast numerics"):
-            fast_product(x[:1], [(blocks, int(qtype))], 512)
+            fast_product(x[:1], part, 512, fast_lib)
         return
-    alone = np.concatenate([fast_product(x[r:r + 1], [(blocks, int(qtype))], 512) for r in range(0, 150, 7)])
-    for num_rows in (3, 4, 5, 16, 17, 64, 150):
-        step = fast_product(x[:num_rows], [(blocks, int(qtype))], 512)
+    amx_rows = products.qmatmul_amx_rows(fast_lib)
+    alone = np.concatenate([fast_product(x[r:r + 1], part, 512, fast_lib) for r in range(0, 150, 7)])
+    # with the tiles, the reference for big steps: each row in a step of exactly amx_rows rows
+    tiled = (np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:amx_rows - 1]]), part, 512, fast_lib)[:1]
+                             for r in range(0, 150, 7)]) if amx_rows else alone)
+    for num_rows in (3, 4, 5, 7, 8, 16, 17, 33, 64, 150):
+        step = fast_product(x[:num_rows], part, 512, fast_lib)
         picked = list(range(0, num_rows, 7))
-        np.testing.assert_array_equal(step[picked], alone[:len(picked)])
+        want = tiled if amx_rows and num_rows >= amx_rows else alone
+        np.testing.assert_array_equal(step[picked], want[:len(picked)])
+
+
+def test_the_tiles_are_the_native_levels_alone() -> None:
+    """Only the native build takes the AMX tiles, and only on a CPU that has them; the avx512
+    level is how such a host runs the path of CPUs without them."""
+    assert products.qmatmul_amx_rows(compiled.library_at("avx512")) == 0
+    native = products.qmatmul_amx_rows(compiled.library_at("native"))
+    assert native == 0 or {"amx_tile", "amx_bf16"} <= FLAGS
+    if {"amx_tile", "amx_bf16", "avx512_bf16"} <= FLAGS:
+        assert native == 8
 
 
 def test_the_other_levels_have_no_fast_numerics() -> None:

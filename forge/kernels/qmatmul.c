@@ -830,9 +830,10 @@ static float *panel_buffer(int64_t floats) {
  * Where the CPU has AMX (Intel Sapphire Rapids and later) and Linux lets the process use it, `fast`
  * steps of AMX_MIN_ROWS rows or more multiply the same bfloat16 values (x and every weight widened
  * exactly, then rounded) on the tiles: TDPBF16PS adds a tile row's 32 products into each float32
- * output in K order. The order differs from the vector paths' lanes, so on such a host a row's
- * bits in the fast numerics depend on whether its step had AMX_MIN_ROWS rows (the reference
- * numerics never use the tiles). Per thread: its run of panels in groups of up to 32 rows of W
+ * output in K order. Smaller `fast` steps there take the float32 path (faster at decode on the
+ * Intel host than the bfloat16 vectors, and exact), so on such a host a row's bits in the fast
+ * numerics depend on whether its step had AMX_MIN_ROWS rows (the reference numerics never use the
+ * tiles). Per thread: its run of panels in groups of up to 32 rows of W
  * (within a part), each group widened into bfloat16 and laid out as the tiles read it, then every
  * 32 rows of x of the current tile of x multiplied by it in 2 x 2 tiles of 16 x 16 outputs.
  * A build without the AMX flags (FORGE_KERNEL_ISA=avx512 and lower) has none of this. */
@@ -1229,12 +1230,17 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     }
     if (T <= 0) return 0;
 #if defined(HAVE_BF16)
+#if defined(HAVE_AMX)
+    /* With the tiles, smaller `fast` steps take the float32 path: on the Intel host its one-row decode
+     * is faster than the bfloat16 one (and exact), and the bits differ across AMX_MIN_ROWS anyway. */
+    if (fast && T < AMX_MIN_ROWS && amx_usable()) fast = 0;
+#endif
     if (fast) {                           /* x rounded once, on the caller's thread */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         int64_t rows = T;
 #if defined(HAVE_AMX)
-        jb.amx = T >= AMX_MIN_ROWS && amx_usable();
+        jb.amx = amx_usable();                        /* T >= AMX_MIN_ROWS here */
         if (jb.amx) rows = (T + 31) / 32 * 32;        /* the tiles read x 32 rows at a time */
 #endif
         bf16_t *xb = grown(&buf, &size, rows * K * 2);

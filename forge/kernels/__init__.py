@@ -32,8 +32,9 @@ Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
     fast         blocks: x and the widened weights rounded to bfloat16, float32 accumulation
                  (AVX-512 BF16's pair dot products: about twice the reference's prefill on an AMD
                  host, a few 1e-3 relative; where the CPU has AMX tiles, steps of 8+ rows multiply
-                 the same values on them: 5-7x the prefill of the vector path there, and a row's
-                 bits then differ between steps below and above 8 rows); onnxruntime: int8
+                 the same values on them, 5-7x the prefill of the vector path there, and smaller
+                 steps take the float32 path, faster there: a row's bits then differ between
+                 steps below and above 8 rows); onnxruntime: int8
                  activations per block. auto picks blocks where the CPU has AVX-512 BF16, else
                  onnxruntime's. FORGE_KERNEL_ISA=avx512 builds the kernels without the tiles.
 

@@ -213,6 +213,7 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
         health = "/health"
     base = f"http://127.0.0.1:{port}"
     log_path = Path(args.logs) / f"{server}-{port}.log"
+    started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
     try:
@@ -220,6 +221,7 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
     except BaseException:
         _stop(proc, own_group)
         raise
+    args.ready_s[server] = round(time.monotonic() - started, 2)   # start-up: launched until healthy
     info = (f"{server}: {args.peer_command}" if own_group
             else _server_info(server, base, log_path, None if server == "forge" else cmd[0]))
     print(info, file=sys.stderr)
@@ -254,7 +256,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     workload = loadgen.build_workload(_tokenizer(model_path), num_requests=args.workload_size,
                                       max_tokens=args.max_tokens, seed=args.seed)
     max_streams = max(_levels(args.concurrency))
-    args.server_info = {}
+    args.server_info, args.ready_s = {}, {}
     records: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for server in ("forge", _peer(args)):
@@ -269,7 +271,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 rss = _group_peak_rss_mib(proc.pid) if group else _peak_rss_mib(proc.pid)
                 for rec in records:
                     if rec["server"] == server and rec["round"] == rnd + 1:
-                        rec["peak_rss_mib"] = rss
+                        rec["peak_rss_mib"], rec["ready_s"] = rss, args.ready_s[server]
             finally:
                 _stop(proc, server != "forge" and bool(args.peer_command))
     report = compare_report(records, args)
@@ -291,7 +293,8 @@ def compare_report(records: list[dict[str, Any]], args: argparse.Namespace) -> s
     peer = _peer(args)
     lines = [f"| streams | metric | forge | {peer} | forge / {peer} |", "|---|---|---|---|---|"]
     metrics = [("output_tok_s", "output tok/s"), ("ttft_p50", "TTFT p50 s"), ("tpot_p50", "TPOT p50 s"),
-               ("e2e_p50", "e2e p50 s"), ("errors", "errors"), ("peak_rss_mib", "peak RSS MiB")]
+               ("e2e_p50", "e2e p50 s"), ("errors", "errors"), ("peak_rss_mib", "peak RSS MiB"),
+               ("ready_s", "start-up to ready s")]
     for c in _levels(args.concurrency):
         for key, label in metrics:
             f = _median([r.get(key) for r in records if r["server"] == "forge" and r["concurrency"] == c])

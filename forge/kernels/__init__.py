@@ -57,7 +57,7 @@ class KernelChoice:
     int8_activations: bool    # the `fast` mode
     reason: str               # why, for the start-up log line
     amx: bool = False         # big steps on the AMX tiles (the `amx` mode)
-    bf16: bool = False        # the blocks backend's fast numerics: bfloat16 products
+    fast_products: bool = False   # the blocks backend's fast numerics (bfloat16 or int8 products)
 
     @property
     def name(self) -> str:
@@ -65,7 +65,7 @@ class KernelChoice:
 
     @property
     def numerics(self) -> str:
-        return "fast" if self.int8_activations or self.bf16 else "reference"
+        return "fast" if self.int8_activations or self.fast_products else "reference"
 
 
 def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
@@ -78,14 +78,19 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
     if numerics == "reference" or choice.numerics == "fast":
         return choice
     if choice.backend == "blocks" or requested == "auto":
-        if _compiled_ready() and _bf16_products():
+        kind = _fast_kind() if _compiled_ready() else ""
+        if kind == "bfloat16":
             tiles = _amx_rows()
-            return replace(choice, backend="blocks", amx=False, bf16=True,
+            return replace(choice, backend="blocks", amx=False, fast_products=True,
                            reason="the file's blocks read in place, bfloat16 products (fast numerics"
                                   + (f"; steps of {tiles}+ rows on the AMX tiles)" if tiles else ")"))
+        if kind == "int8":
+            return replace(choice, backend="blocks", amx=False, fast_products=True,
+                           reason="the file's blocks read in place, int8 activations per block of 32 (fast numerics)")
         if choice.backend == "blocks":
-            raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16); "
-                             "this host has not (--kernels onnxruntime --numerics fast: int8 activations)")
+            raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16) or "
+                             "AVX2 without AVX-512; this host has neither (--kernels onnxruntime --numerics fast: int8 "
+                             "activations)")
     if choice.backend == "onnxruntime" and requested != "amx":
         return replace(choice, amx=False, int8_activations=True, reason="int8 activations (fast numerics)")
     raise ValueError(f"--kernels {requested} has no fast numerics (the numpy reference and amx compute in "
@@ -135,11 +140,11 @@ def _compiled_ready() -> bool:
     return compiled.library() is not None
 
 
-def _bf16_products() -> bool:
-    """Whether the compiled products have the fast numerics here (AVX-512 BF16)."""
+def _fast_kind() -> str:
+    """The compiled products' fast numerics here: "bfloat16", "int8" or "" (products.qmatmul_fast_kind)."""
     from forge.kernels import products
 
-    return products.qmatmul_fast()
+    return products.qmatmul_fast_kind()
 
 
 def _amx_rows() -> int:

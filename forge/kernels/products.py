@@ -131,8 +131,8 @@ def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart
 def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None,
             fast: bool = False) -> None:
     """out [T, N] = x [T, k] @ W.T, W the parts of `descriptor` stacked (see qmatmul.c): float32
-    activations and accumulation (`fast`: x and the weights rounded to bfloat16, float32
-    accumulation; only where qmatmul_fast() is true), on the kernel pool's threads. x and out
+    activations and accumulation (`fast`: qmatmul_fast_kind()'s numerics, x and the weights rounded
+    to bfloat16 or x as int8 codes per block of 32; only where it has one), on the kernel pool's threads. x and out
     C-contiguous float32. `lib`: another level's build (library_at), else the process's."""
     lib = lib or library()
     assert lib is not None, "qmatmul called without the compiled kernels"
@@ -142,9 +142,9 @@ def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctyp
     rc = lib.forge_qmatmul(ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), ptr(out),
                            out.shape[1], int(fast))
     if rc == -2:
-        raise ValueError("qmatmul: this build has no fast numerics (AVX-512 BF16)")
+        raise ValueError("qmatmul: this build has no fast numerics (AVX-512 BF16 or AVX2)")
     if rc == -3:
-        raise MemoryError("qmatmul: no memory to round x to bfloat16")
+        raise MemoryError("qmatmul: no memory to round or quantize x")
     if rc != 0:
         raise ValueError(f"qmatmul: K={k} is not whole blocks of the parts' types, or too many parts")
 
@@ -189,10 +189,20 @@ def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> Non
     lib.forge_parallel_copy(ptr(dst), ptr(src), src.size)
 
 
+FAST_KINDS = {0: "", 1: "bfloat16", 2: "int8"}
+
+
 def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether qmatmul has the `fast` numerics here (built with AVX-512 BF16: the CPU has it)."""
+    """Whether qmatmul has the `fast` numerics here (qmatmul_fast_kind() is not "")."""
+    return qmatmul_fast_kind(lib) != ""
+
+
+def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
+    """The `fast` numerics of qmatmul here: "bfloat16" (x and the widened weights rounded to
+    bfloat16: built with AVX-512 BF16), "int8" (x as int8 codes per block of 32, integer products:
+    an AVX2 build), or "" (none: the baseline build, or AVX-512 without BF16)."""
     lib = lib or library()
-    return lib is not None and bool(lib.forge_qmatmul_fast())
+    return "" if lib is None else FAST_KINDS[int(lib.forge_qmatmul_fast())]
 
 
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:

@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -608,6 +609,163 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
     if (mr == 1) fused1(x, ldx, k0, k1, type, rows, acc);
     else fused2(x, ldx, k0, k1, type, rows, acc);
 }
+
+/* ---- the `fast` numerics on AVX2 (no AVX-512 BF16): int8 activations -------------------------
+ * x quantized per block of 32 values as llama.cpp's Q8_0 (dx = max|x| / 127, codes x * (127 / max|x|)
+ * rounded to nearest even), each weight block's codes multiplied with them as integers (VPMADDUBSW,
+ * VPMADDWD: exact; a signed code goes in as |w| against x with w's sign), each block's eight int32
+ * sums then scaled by the weight block's scale times dx into float32 lanes, and the offsets (Q4_1's
+ * m, Q4_K's mins) times dx * the sum of the block's codes. Every row of x is quantized alone and
+ * added in one order whatever the step: a row's bits do not depend on the batch. */
+#define HAVE_I8 1
+#define FR8 2
+
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* The 8 int32 sums of 4 products each of unsigned codes u with signed x codes s. */
+static inline __m256i dot_us(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* The same for signed codes v (|v| in -128..127 fits VPMADDUBSW's unsigned side, x takes v's sign). */
+static inline __m256i dot_ss(__m256i v, __m256i s) { return dot_us(_mm256_abs_epi8(v), _mm256_sign_epi8(s, v)); }
+
+/* 16 bytes of nibbles as 32 codes in order: the low nibbles (values 0..15), then the high ones. */
+static inline __m256i nibbles32(const uint8_t *q) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* v as computed, hidden from -ffast-math's reassociation: a product of three factors would otherwise be
+ * free to be regrouped differently in the one-row and two-row bodies, and a row's bits with it. */
+#define OPAQUE(v) __asm__("" : "+x"(v))
+
+/* acc[t][c] += I (eight int32 sums: an expression of xv, row t's codes of x block blk) as float times
+ * (scale * dx[t][blk]), for t < mr. */
+#define I8_ROWS(mr, c, blk, I, scale)                                                              \
+    for (int t = 0; t < (mr); t++) {                                                               \
+        const __m256i xv = load32((const uint8_t *)(xq + t * K + 32 * (blk)));                     \
+        float sx = (scale) * xd[t * nb + (blk)];                                                   \
+        OPAQUE(sx);                                                                                \
+        acc[t][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(sx), acc[t][c]);        \
+    }
+
+#define FUSED_I8(mr)                                                                               \
+    static void fusedq##mr(const int8_t *xq, const float *xd, const float *xs, int64_t K, int64_t type, \
+                           const uint8_t *const *rows, float *acc_io) {                            \
+        const int64_t nb = K / 32;                                                                 \
+        const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32); \
+        __m256 acc[mr][NR];                                                                        \
+        for (int t = 0; t < (mr); t++)                                                             \
+            for (int c = 0; c < NR; c++) acc[t][c] = _mm256_loadu_ps(acc_io + (t * NR + c) * VN);  \
+        switch (type) {                                                                            \
+        case T_Q4_K:                                                                               \
+            for (int64_t sb = 0; sb < K / 256; sb++)                                               \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + sb * 144;                                         \
+                    for (int l = 0; l < 3; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
+                    const float d = f16(b), dmin = f16(b + 2);                                     \
+                    uint8_t sc[8], mn[8];                                                          \
+                    for (int j = 0; j < 8; j++) k_scale_min(b + 4, j, &sc[j], &mn[j]);             \
+                    __m256 mins = _mm256_mul_ps(                                                   \
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))), \
+                        _mm256_set1_ps(-dmin));                                                    \
+                    OPAQUE(mins);                                                                  \
+                    for (int t = 0; t < (mr); t++)                                                 \
+                        acc[t][c] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xs + t * nb + 8 * sb), acc[t][c]); \
+                    for (int j = 0; j < 4; j++) {                                                  \
+                        const __m256i q = load32(b + 16 + 32 * j);                                 \
+                        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
+                        const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]); \
+                        I8_ROWS(mr, c, 8 * sb + 2 * j, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xv), s0), d) \
+                        I8_ROWS(mr, c, 8 * sb + 2 * j + 1, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xv), s1), d) \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        case T_Q6_K:                                                                               \
+            for (int64_t sb = 0; sb < K / 256; sb++)                                               \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + sb * 210;                                         \
+                    for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
+                    const float d = f16(b + 208);                                                  \
+                    const int8_t *sc = (const int8_t *)(b + 192);                                  \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        const __m256i l0 = load32(b + 64 * h), l1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h); \
+                        __m256i v[4];                                                              \
+                        v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)); \
+                        v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)); \
+                        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)); \
+                        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),     \
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));   \
+                        for (int i = 0; i < 4; i++) {                                              \
+                            const __m256i w = _mm256_sub_epi8(v[i], k32);                          \
+                            const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * i + 1]), \
+                                                                 _mm_set1_epi16(sc[8 * h + 2 * i])); \
+                            const __m256i aw = _mm256_abs_epi8(w);                                 \
+                            I8_ROWS(mr, c, 8 * sb + 4 * h + i,                                     \
+                                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), s16), d) \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        case T_Q4_0:                                                                               \
+        case T_Q4_1:                                                                               \
+        case T_Q8_0: {                                                                             \
+            const int64_t bb = block_bytes(type);                                                  \
+            for (int64_t blk = 0; blk < nb; blk++)                                                 \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk * bb;                                         \
+                    if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
+                    const float d = f16(b);                                                        \
+                    if (type == T_Q8_0) {                                                          \
+                        const __m256i w = load32(b + 2);                                           \
+                        I8_ROWS(mr, c, blk, dot_ss(w, xv), d)                                      \
+                    } else if (type == T_Q4_0) {                                                   \
+                        const __m256i w = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));  \
+                        I8_ROWS(mr, c, blk, dot_ss(w, xv), d)                                      \
+                    } else {                                                                       \
+                        const __m256i w = nibbles32(b + 4);                                        \
+                        const __m256 m8 = _mm256_set1_ps(f16(b + 2) * 0.125f);                     \
+                        I8_ROWS(mr, c, blk, dot_us(w, xv), d)                                      \
+                        for (int t = 0; t < (mr); t++)                                             \
+                            acc[t][c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[t * nb + blk]), acc[t][c]); \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        }                                                                                          \
+        for (int t = 0; t < (mr); t++)                                                             \
+            for (int c = 0; c < NR; c++) _mm256_storeu_ps(acc_io + (t * NR + c) * VN, acc[t][c]);  \
+    }
+FUSED_I8(1)
+FUSED_I8(2)
+
+static void fused_rows_i8(int mr, const int8_t *xq, const float *xd, const float *xs, int64_t K, int64_t type,
+                          const uint8_t *const *rows, float *acc) {
+    if (mr == 1) fusedq1(xq, xd, xs, K, type, rows, acc);
+    else fusedq2(xq, xd, xs, K, type, rows, acc);
+}
+
+/* Row t of x (K values) as int8 codes q, per block of 32 the scale d and s = d * the codes' sum.
+ * Exact IEEE arithmetic (not -ffast-math's), so that the tests can quantize x the same way. */
+__attribute__((optimize("no-fast-math"))) static void quantize_row(const float *x, int64_t K, int8_t *q, float *d,
+                                                                    float *s) {
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *v = x + 32 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int c = (int)nearbyintf(v[i] * id);
+            c = c > 127 ? 127 : c < -127 ? -127 : c;
+            q[32 * b + i] = (int8_t)c;
+            sum += c;
+        }
+        d[b] = amax / 127.0f;
+        s[b] = d[b] * (float)sum;
+    }
+}
 #endif
 
 /* Values [k0, k0 + n) of one row (k0 and n whole blocks of the type) as float32 into dst. The
@@ -801,6 +959,8 @@ typedef struct {
     int64_t ldo;
     const uint16_t *xb;                   /* x rounded to bfloat16 [T, K]: the `fast` numerics; else NULL */
     int amx;                              /* big `fast` steps on the AMX tiles (xb padded to 32 rows) */
+    const int8_t *xq;                     /* x as int8 codes [T, K] (the `fast` numerics on AVX2); else NULL */
+    const float *xd, *xs;                 /* per row and block of 32: the scale, and scale * the codes' sum */
 } job;
 
 /* The most rows a float32 step of this job takes on the fused path. */
@@ -1011,6 +1171,15 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, 0, jb->T);
         return;
     }
+#if defined(HAVE_I8)
+    if (jb->xq != NULL) {                 /* int8 codes of x in tiles of ~256 KiB, each over every panel */
+        int64_t tb = 262144 / jb->K / FR8 * FR8;
+        tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
+        for (int64_t t0 = 0; t0 < jb->T; t0 += tb)
+            for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
+        return;
+    }
+#endif
     /* x tiles of ~384 KiB of floats, or ~768 KiB of bfloat16 rows: twice the rows, so that each panel's
      * widening (dequant, then rounding) is shared by more of them (measured 555-573 against 498
      * GFLOP/s at 512 rows on 1.7B-shaped layers; ad-hoc, docs/benchmarks.md) */
@@ -1029,6 +1198,21 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     const int64_t col0 = at.col0, r0 = at.r0, row_bytes = at.row_bytes;
     const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
+#if defined(HAVE_I8)
+    if (jb->xq != NULL && fused_type(pt->type)) {  /* the fast numerics on AVX2: int8 codes of x */
+        const uint8_t *rows[NR];
+        const int64_t nb = K / 32;
+        for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
+        for (int64_t t0 = t_lo; t0 < t_hi; t0 += FR8) {
+            const int mr = (int)(t_hi - t0 < FR8 ? t_hi - t0 : FR8);
+            memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+            fused_rows_i8(mr, jb->xq + t0 * K, jb->xd + t0 * nb, jb->xs + t0 * nb, K, pt->type, rows, acc);
+            for (int64_t t = 0; t < mr; t++)
+                reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
+        }
+        return;
+    }
+#endif
 #if defined(HAVE_FUSED)
 #if defined(HAVE_BF16)
     const int64_t fused_max = bf ? FUSED_MAX_ROWS_BF16 : fused_max_rows(jb);
@@ -1213,11 +1397,11 @@ void forge_parallel_copy(uint8_t *dst, const uint8_t *src, int64_t n) {
 int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart *parts, int64_t num_parts,
                   float *out, int64_t ldo, int64_t fast) {
     if (num_parts < 1 || num_parts > MAX_PARTS || K <= 0 || K % 32) return -1;
-#if !defined(HAVE_BF16)
+#if !defined(HAVE_BF16) && !defined(HAVE_I8)
     if (fast) return -2;
 #endif
     job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo,
-              .xb = NULL, .amx = 0};
+              .xb = NULL, .amx = 0, .xq = NULL, .xd = NULL, .xs = NULL};
     jb.part_panels[0] = 0;
     for (int64_t i = 0; i < num_parts; i++) {
         const int64_t bv = block_values(parts[i].type);
@@ -1246,6 +1430,19 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         jb.xb = xb;
     }
 #endif
+#if defined(HAVE_I8)
+    if (fast) {                           /* x quantized once, on the caller's thread */
+        static __thread void *buf = NULL;
+        static __thread int64_t size = 0;
+        const int64_t nb = K / 32;
+        float *scales = grown(&buf, &size, T * K + 2 * T * nb * 4);
+        if (scales == NULL) return -3;
+        int8_t *codes = (int8_t *)(scales + 2 * T * nb);
+        for (int64_t t = 0; t < T; t++)
+            quantize_row(x + t * ldx, K, codes + t * K, scales + t * nb, scales + T * nb + t * nb);
+        jb.xq = codes, jb.xd = scales, jb.xs = scales + T * nb;
+    }
+#endif
     run_parallel(qmatmul_part, &jb, jb.part_panels[num_parts] > 1);
     return 0;
 }
@@ -1260,10 +1457,13 @@ int forge_qmatmul_amx(void) {
 #endif
 }
 
-/* Whether this build has the `fast` numerics (AVX-512 BF16). */
+/* Which `fast` numerics this build has: 1 bfloat16 products (AVX-512 BF16), 2 int8 activations
+ * (AVX2), 0 none. */
 int forge_qmatmul_fast(void) {
 #if defined(HAVE_BF16)
     return 1;
+#elif defined(HAVE_I8)
+    return 2;
 #else
     return 0;
 #endif

@@ -113,7 +113,7 @@ class _TensorSource:
         self._model_name = model_name
         self._kernels = kernels if kernels is not None and kernels.backend in ("onnxruntime", "blocks") else None
         self._blocks = self._kernels is not None and self._kernels.backend == "blocks"
-        self.fast = self._blocks and self._kernels is not None and self._kernels.fast_products   # bfloat16 or int8 products
+        self.fast = self._blocks and self._kernels is not None and self._kernels.fast_products   # bfloat16/int8
         self._num_threads = _usable_cores()
         if self._blocks:
             products.pool_threads(self._num_threads)

@@ -305,7 +305,8 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
-    round and add in the same order (int8: every row quantized alone, one path, tiles of x or not). The AMX tiles add in another order: where they take steps
+    round and add in the same order (int8: every row quantized alone, one path, tiles of x or not).
+    The AMX tiles add in another order: where they take steps
     (from amx_rows rows, smaller ones going to the float32 path), a row's bits are the same in
     every step of that size or more, and the same in every smaller step, but differ between the
     two."""

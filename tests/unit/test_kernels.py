@@ -188,7 +188,8 @@ def test_numerics_are_chosen_apart_from_the_backend() -> None:
     if products.qmatmul_fast():
         for name in ("auto", "blocks"):
             chosen = choose_kernels(name, "fast")
-            assert (chosen.backend, chosen.fast_products, chosen.amx, chosen.numerics) == ("blocks", True, False, "fast")
+            assert (chosen.backend, chosen.fast_products, chosen.amx) == ("blocks", True, False)
+            assert chosen.numerics == "fast"
     else:
         with pytest.raises(ValueError, match="AVX-512 BF16"):
             choose_kernels("blocks", "fast")

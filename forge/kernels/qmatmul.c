@@ -17,6 +17,12 @@
  * the end (reduce_row): the result for a row does not depend on how many rows the step has, which
  * path took it, nor on the thread split (batch invariance).
  *
+ * The `fast` numerics (asked per call) trade that exactness for speed: with AVX-512 BF16, x and the
+ * widened weights rounded to bfloat16 (pair dot products, on the AMX tiles for big steps where
+ * there are tiles); on AVX2 alone, x as int8 codes per block of 32 with a float scale each,
+ * multiplied with the file's integer codes in int32 (VPMADDUBSW/VPMADDWD) before one float scale
+ * per block (forge_qmatmul_fast says which this build has).
+ *
  * Threads: a pool of its own (forge_pool_threads), the caller taking the first run of panels;
  * workers spin for a while after a job (the next matmul of a step comes within microseconds) and
  * then sleep on a futex. One caller at a time: a second concurrent caller computes alone.

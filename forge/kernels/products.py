@@ -205,6 +205,13 @@ def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
     return "" if lib is None else FAST_KINDS[int(lib.forge_qmatmul_fast())]
 
 
+def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
+    """The most rows of a step in the fast numerics that take the int8 products here (qmatmul.c's
+    I8_MAX_ROWS: bigger steps take the float32 path, faster there), or 0 where none do."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_int8_rows())
+
+
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:
     """The fewest rows of a step in the fast numerics that run on the AMX tiles here (qmatmul.c's
     AMX_MIN_ROWS), or 0 where none do: the build has no tiles, or Linux does not allow them."""

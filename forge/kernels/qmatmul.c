@@ -625,6 +625,15 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
  * added in one order whatever the step: a row's bits do not depend on the batch. */
 #define HAVE_I8 1
 #define FR8 2
+/* Steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones (prefill) the float32 path,
+ * faster there: the int8 rows go FR8 at a time through each panel, widening its codes again for
+ * each pair, where the float32 tiles widen a panel once for a whole tile of x (1.7B-shaped layers,
+ * AVX2 host, ms int8 against float32: 21.3 / 45.2 at 1 row, 66.8 / 97.4 at 4, 144.1 / 123.5 at 5,
+ * 172.7 / 146.9 at 8, 8,122 / 4,918 at 512; docs/benchmarks.md). A row's bits then differ
+ * between steps of up to I8_MAX_ROWS rows and bigger ones, as with the AMX tiles. */
+#ifndef I8_MAX_ROWS
+#define I8_MAX_ROWS 4
+#endif
 
 static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -1437,7 +1446,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     }
 #endif
 #if defined(HAVE_I8)
-    if (fast) {                           /* x quantized once, on the caller's thread */
+    if (fast && T <= I8_MAX_ROWS) {       /* x quantized once, on the caller's thread */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         const int64_t nb = K / 32;
@@ -1458,6 +1467,16 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
 int forge_qmatmul_amx(void) {
 #if defined(HAVE_AMX)
     return amx_usable() ? AMX_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
+}
+
+/* The most rows of a `fast` step that take the int8 products here (I8_MAX_ROWS), or 0 where the
+ * build has none (bigger steps take the float32 path). */
+int forge_qmatmul_int8_rows(void) {
+#if defined(HAVE_I8)
+    return I8_MAX_ROWS;
 #else
     return 0;
 #endif

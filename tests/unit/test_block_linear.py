@@ -275,9 +275,10 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
     float32: within float32 accumulation's error of that product in float64, on every path (fused,
     tiled, and the AMX tiles from 8 rows where the host has them; parts of up to 40 rows cross the
     tiles' groups of 32). With the tiles, steps of fewer rows are the float32 reference's product.
-    int8: x's int8 codes times their block scales against the exact weights, for the types with
-    integer products (the others are the float32 product), fused and tiled. Where the build has no
-    fast numerics, asking for them is refused instead."""
+    int8: in steps of up to int8_rows rows, x's int8 codes times their block scales against the
+    exact weights, for the types with integer products (the others are the float32 product); bigger
+    steps (prefill) are the float32 reference's product for every type. Where the build has no fast
+    numerics, asking for them is refused instead."""
     rng = np.random.default_rng(seed)
     k = 256 * blocks_along_k
     made = [random_matrix(rng, qtype, n, k) for qtype, n in zip(qtypes, rows, strict=False)]
@@ -289,6 +290,9 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
         return
     got = fast_product(x, parts, k, fast_lib)
     if products.qmatmul_fast_kind(fast_lib) == "int8":
+        if num_x > products.qmatmul_int8_rows(fast_lib):
+            assert_matches_reference(got, x, np.concatenate([w for _, w in made]))
+            return
         col = 0
         for qtype, (_, w) in zip(qtypes, made, strict=False):
             assert_matches_reference(got[:, col:col + w.shape[0]], int8_round(x) if qtype in INT8_TYPES else x, w)
@@ -305,11 +309,11 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
-    round and add in the same order (int8: every row quantized alone, one path, tiles of x or not).
-    The AMX tiles add in another order: where they take steps
-    (from amx_rows rows, smaller ones going to the float32 path), a row's bits are the same in
-    every step of that size or more, and the same in every smaller step, but differ between the
-    two."""
+    round and add in the same order. int8 products take steps of up to int8_rows rows, every row
+    quantized alone; bigger steps take the float32 path, whose rows are each row's float32 product
+    alone. The AMX tiles add in another order: where they take steps (from amx_rows rows, smaller
+    ones going to the float32 path), a row's bits are the same in every step of that size or more,
+    and the same in every smaller step, but differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
     blocks, _ = random_matrix(rng, qtype, 37, 512)
     x = rng.standard_normal((150, 512)).astype(np.float32)
@@ -323,10 +327,14 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     # with the tiles, the reference for big steps: each row in a step of exactly amx_rows rows
     tiled = (np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:amx_rows - 1]]), part, 512, fast_lib)[:1]
                              for r in range(0, 150, 7)]) if amx_rows else alone)
+    int8_rows = products.qmatmul_int8_rows(fast_lib)
+    if int8_rows:   # bigger steps: each row's float32 product alone (the reference path)
+        tiled = np.concatenate([product(fast_lib, x[r:r + 1], part, 512) for r in range(0, 150, 7)])
     for num_rows in (3, 4, 5, 7, 8, 16, 17, 33, 64, 150):
         step = fast_product(x[:num_rows], part, 512, fast_lib)
         picked = list(range(0, num_rows, 7))
-        want = tiled if amx_rows and num_rows >= amx_rows else alone
+        want = (tiled if (amx_rows and num_rows >= amx_rows) or (int8_rows and num_rows > int8_rows)
+                else alone)
         np.testing.assert_array_equal(step[picked], want[:len(picked)])
 
 
@@ -338,6 +346,14 @@ def test_the_tiles_are_the_native_levels_alone() -> None:
     assert native == 0 or {"amx_tile", "amx_bf16"} <= FLAGS
     if {"amx_tile", "amx_bf16", "avx512_bf16"} <= FLAGS:
         assert native == 8
+
+
+def test_int8_products_are_decode_steps_alone() -> None:
+    """The int8 products take steps of up to 4 rows (decode, speculative verification), where
+    they beat float32; prefill takes the float32 path. Builds without int8 products say 0."""
+    for isa in compiled.ISA_FLAGS:
+        want = 4 if FAST_KINDS[isa] == "int8" else 0
+        assert products.qmatmul_int8_rows(compiled.library_at(isa)) == want, isa
 
 
 def test_each_level_has_its_fast_numerics() -> None:

@@ -8,7 +8,11 @@
  * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
  * sums are added across lanes together (sum16x16) into sixteen scores; for heads of 64 and groups
  * of up to 4, or of 128 and groups of up to 2, the outputs stay in registers while the values
- * stream past (weigh_values).
+ * stream past (weigh_values). Sequences of many KV heads with one query head each (MHA: the
+ * 1.7B and 7B shapes) go position by position on every CPU (decode_heads_): all heads' keys of a
+ * position lie side by side in its row, so one contiguous read serves every head, where head by
+ * head reads a short stretch of each row, rows a page apart; with AVX-512, sixteen positions at a
+ * time. Each head's arithmetic is the same in either order, so the bits are too.
  * Chunks of a few rows (a decode row with its guesses, up to forge.llama.attention's
  * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
@@ -341,6 +345,67 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     }
     return 0;
 }
+#else
+/* Heads [g0, g1) of one sequence with one query head per KV head (MHA), position by position, for
+ * CPUs without AVX-512: for each key, every head's score; then for each value, every head's output.
+ * A position's row holds all heads side by side (nkv x hd values), so this reads one contiguous
+ * stretch per position, where head by head (decode_pairs_) reads hd values a row, a page apart, and
+ * waits on the memory (1.7B shapes, AVX2 host: the step's attention at 1,000 keys 103 ms of 215).
+ * Each head's arithmetic is decode_pairs_' in the same order (its dot, expf and sums), so the same
+ * bits. Returns 0, or -2 with no memory. */
+static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
+                                       const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
+                                       const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
+                                       int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
+                                       float *restrict out) {
+    const int64_t heads = g1 - g0, kv_stride = nkv * hd, span = len - first;
+    float *scores = scratch_buffer(1, heads * span);                   /* [heads, span] */
+    if (scores == NULL)
+        return -2;
+    float maxes[MAX_GROUP * 4], sums[MAX_GROUP * 4];
+    row_buffer buf;
+    (void)buf;                                       /* unused by the float32 kernel */
+    for (int64_t h = 0; h < heads; h++)
+        maxes[h] = -INFINITY;
+    for (int64_t p = first; p < len; p++) {
+        const int64_t base = slot_of(table, p, block_size) * kv_stride;
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t g = g0 + h;
+            float x = dot(q + (row * nh + g) * hd, KV_ROW(k, k_scales, base + g * hd, &buf, hd), hd);
+            if (softcap > 0.0f)
+                x = softcap * tanhf(x / softcap);
+            scores[h * span + p - first] = x;
+            if (x > maxes[h])
+                maxes[h] = x;
+        }
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        float *sh = scores + h * span, total = 0.0f;
+        for (int64_t i = 0; i < span; i++) {
+            sh[i] = expf(sh[i] - maxes[h]);
+            total += sh[i];
+        }
+        sums[h] = total;
+    }
+    float *og = out + (row * nh + g0) * hd;          /* [heads, hd]: the heads are adjacent */
+    memset(og, 0, (size_t)(heads * hd) * sizeof(float));
+    for (int64_t p = first; p < len; p++) {
+        const int64_t base = slot_of(table, p, block_size) * kv_stride;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *vp = KV_ROW(v, v_scales, base + (g0 + h) * hd, &buf, hd);
+            const float w = scores[h * span + p - first];
+            float *o = og + h * hd;
+            for (int64_t d = 0; d < hd; d++)
+                o[d] += w * vp[d];
+        }
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        const float inv = 1.0f / sums[h];
+        for (int64_t d = 0; d < hd; d++)
+            og[h * hd + d] *= inv;
+    }
+    return 0;
+}
 #endif
 
 /* Pairs [i0, i1) of (sequence s, KV head g), pair i = s * nkv + g. */
@@ -369,6 +434,17 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
                 return -2;
             i = end - 1;
             continue;
+        }
+#else
+        if (group == 1 && nkv >= many_heads) {
+            const int64_t end = (s + 1) * nkv < i1 ? (s + 1) * nkv : i1;  /* this sequence's heads in range */
+            if (end - i <= MAX_GROUP * 4) {
+                if (CAT(decode_heads_, KV_NAME)(q, k, v, k_scales, v_scales, row, table, first, len, g, g + end - i,
+                                                nh, nkv, hd, block_size, softcap, out) != 0)
+                    return -2;
+                i = end - 1;
+                continue;
+            }
         }
 #endif
         {

@@ -669,60 +669,10 @@ static inline __m256i nibbles32(const uint8_t *q) {
     static void fusedq##mr(const int8_t *xq, const float *xd, const float *xs, int64_t K, int64_t type, \
                            const uint8_t *const *rows, float *acc_io) {                            \
         const int64_t nb = K / 32;                                                                 \
-        const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32); \
         __m256 acc[mr][NR];                                                                        \
         for (int t = 0; t < (mr); t++)                                                             \
             for (int c = 0; c < NR; c++) acc[t][c] = _mm256_loadu_ps(acc_io + (t * NR + c) * VN);  \
         switch (type) {                                                                            \
-        case T_Q4_K:                                                                               \
-            for (int64_t sb = 0; sb < K / 256; sb++)                                               \
-                for (int c = 0; c < NR; c++) {                                                     \
-                    const uint8_t *b = rows[c] + sb * 144;                                         \
-                    for (int l = 0; l < 3; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
-                    const float d = f16(b), dmin = f16(b + 2);                                     \
-                    uint8_t sc[8], mn[8];                                                          \
-                    for (int j = 0; j < 8; j++) k_scale_min(b + 4, j, &sc[j], &mn[j]);             \
-                    __m256 mins = _mm256_mul_ps(                                                   \
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))), \
-                        _mm256_set1_ps(-dmin));                                                    \
-                    OPAQUE(mins);                                                                  \
-                    for (int t = 0; t < (mr); t++)                                                 \
-                        acc[t][c] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xs + t * nb + 8 * sb), acc[t][c]); \
-                    for (int j = 0; j < 4; j++) {                                                  \
-                        const __m256i q = load32(b + 16 + 32 * j);                                 \
-                        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
-                        const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]); \
-                        I8_ROWS(mr, c, 8 * sb + 2 * j, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xv), s0), d) \
-                        I8_ROWS(mr, c, 8 * sb + 2 * j + 1, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xv), s1), d) \
-                    }                                                                              \
-                }                                                                                  \
-            break;                                                                                 \
-        case T_Q6_K:                                                                               \
-            for (int64_t sb = 0; sb < K / 256; sb++)                                               \
-                for (int c = 0; c < NR; c++) {                                                     \
-                    const uint8_t *b = rows[c] + sb * 210;                                         \
-                    for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                   \
-                    const float d = f16(b + 208);                                                  \
-                    const int8_t *sc = (const int8_t *)(b + 192);                                  \
-                    for (int h = 0; h < 2; h++) {                                                  \
-                        const __m256i l0 = load32(b + 64 * h), l1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h); \
-                        __m256i v[4];                                                              \
-                        v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)); \
-                        v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)); \
-                        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)); \
-                        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),     \
-                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));   \
-                        for (int i = 0; i < 4; i++) {                                              \
-                            const __m256i w = _mm256_sub_epi8(v[i], k32);                          \
-                            const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * i + 1]), \
-                                                                 _mm_set1_epi16(sc[8 * h + 2 * i])); \
-                            const __m256i aw = _mm256_abs_epi8(w);                                 \
-                            I8_ROWS(mr, c, 8 * sb + 4 * h + i,                                     \
-                                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), s16), d) \
-                        }                                                                          \
-                    }                                                                              \
-                }                                                                                  \
-            break;                                                                                 \
         case T_Q4_0:                                                                               \
         case T_Q4_1:                                                                               \
         case T_Q8_0: {                                                                             \
@@ -779,6 +729,178 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
         }
         d[b] = amax / 127.0f;
         s[b] = d[b] * (float)sum;
+    }
+}
+
+/* ---- K-quants in the int8 numerics: x per superblock of 256 values -------------------------------
+ * For Q4_K, Q5_K and Q6_K, x is quantized per superblock of 256 values as llama.cpp's Q8_K (one
+ * scale dx = max|x| / 127 per superblock), so that a superblock's products stay integers to its end:
+ * each 32 codes' products with x (VPMADDUBSW) times their integer scale (VPMADDWD) added into
+ * eight int32 sums, then one float scale d * dx per superblock. Q4_K's and Q5_K's mins add
+ * -dmin * mn[j] times dx * the sum of x's codes in sub-block j; Q6_K's codes go in unsigned
+ * (0..63) and 32 * scale_j * the sum of x's codes in group j of 16 values comes off the sums.
+ * Every step size takes this path: a panel's superblocks unpacked once into a thread's buffer
+ * (codes, scales, mins) for a tile of rows of x, then each group of up to KR rows of x multiplied
+ * with one weight row's records in registers. A row's bits are the same in every step: the same
+ * records and the same sums in the same order (batch invariance, as in the reference numerics). */
+#define KR 4
+
+typedef struct {
+    uint8_t codes[256];     /* the superblock's unsigned codes, in order */
+    int16_t s16[8][16];     /* sub-block j's integer scales as VPMADDWD takes them (16 values a half) */
+    int16_t sc[16];         /* the integer scale of each 16 values (Q6_K's correction) */
+    float mins[8];          /* Q4_K, Q5_K: -dmin * mn[j] of sub-block j */
+    float d;
+} ksb;
+
+static int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
+/* The types whose int8 products take x per block of 32 (steps of up to I8_MAX_ROWS rows). */
+static int i8_type(int64_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+
+static void *grown(void **buf, int64_t *size, int64_t bytes);
+
+/* A thread's buffer for one panel's unpacked superblocks. */
+static ksb *k_panel_buffer(int64_t records) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    return grown(&buf, &size, records * (int64_t)sizeof(ksb));
+}
+
+/* One superblock b of a row of `type` into its record. */
+static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (type == T_Q6_K) {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        r->d = f16(b + 208);
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = load32(b + 64 * h), l1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
+            __m256i *v = (__m256i *)(r->codes + 128 * h);
+            _mm256_storeu_si256(v, _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            _mm256_storeu_si256(v + 1, _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            _mm256_storeu_si256(v + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                       _mm256_and_si256(qh, m30)));
+            _mm256_storeu_si256(v + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+        for (int i = 0; i < 16; i++) r->sc[i] = sc[i];
+        memset(r->mins, 0, sizeof r->mins);
+    } else {
+        const int five = type == T_Q5_K;
+        const float dmin = f16(b + 2);
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) k_scale_min(b + 4, j, &sc[j], &mn[j]);
+        for (int j = 0; j < 8; j++) r->sc[2 * j] = r->sc[2 * j + 1] = sc[j];
+        __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))),
+                                    _mm256_set1_ps(-dmin));
+        OPAQUE(mins);
+        _mm256_storeu_ps(r->mins, mins);
+        r->d = f16(b);
+        const uint8_t *q = b + (five ? 48 : 16);
+        const __m256i qh = five ? load32(b + 16) : _mm256_setzero_si256(), one = _mm256_set1_epi8(1);
+        __m256i *v = (__m256i *)r->codes;
+        for (int j = 0; j < 4; j++) {
+            const __m256i x = load32(q + 32 * j);
+            __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            if (five) {
+                const __m256i h = _mm256_srli_epi16(qh, 2 * j);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 1), one), 4));
+            }
+            _mm256_storeu_si256(v + 2 * j, lo);
+            _mm256_storeu_si256(v + 2 * j + 1, hi);
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        _mm256_storeu_si256((__m256i *)r->s16[j],
+                            _mm256_set_m128i(_mm_set1_epi16(r->sc[2 * j + 1]), _mm_set1_epi16(r->sc[2 * j])));
+}
+
+/* Rows of x as int8 codes per superblock: codes [T, K], dx [T, K/256], s [T, K/32] (dx * the sum
+ * of each 32 codes), sums [T, K/16] (each 16 codes' sum). */
+typedef struct {
+    const int8_t *q;
+    const float *d, *s;
+    const int16_t *b;
+} xk;
+
+/* acc[t * NR * VN] (one weight row's running sums for rows t < mr of x, from row t0) over its
+ * records r[0 .. s1 - s0), superblocks s0 .. s1 of K. */
+#define K_ROWS(mr)                                                                                 \
+    static void k_rows##mr(int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0, \
+                           float *acc) {                                                           \
+        const int64_t ns = K / 256, nb = K / 32, ng = K / 16;                                      \
+        __m256 f[mr];                                                                              \
+        for (int t = 0; t < (mr); t++) f[t] = _mm256_loadu_ps(acc + t * NR * VN);                  \
+        for (int64_t sb = s0; sb < s1; sb++) {                                                     \
+            const ksb *k = r + (sb - s0);                                                          \
+            const int8_t *xq = x->q + t0 * K + 256 * sb;                                           \
+            if (!q6) {                                                                             \
+                const __m256 mins = _mm256_loadu_ps(k->mins);                                      \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    f[t] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(x->s + (t0 + t) * nb + 8 * sb), f[t]); \
+            }                                                                                      \
+            __m256i i[mr];                                                                         \
+            for (int t = 0; t < (mr); t++) i[t] = _mm256_setzero_si256();                          \
+            for (int j = 0; j < 8; j++) {                                                          \
+                const __m256i w = load32(k->codes + 32 * j), s = load32((const uint8_t *)k->s16[j]); \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm256_add_epi32(i[t], _mm256_madd_epi16(                               \
+                        _mm256_maddubs_epi16(w, load32((const uint8_t *)(xq + t * K + 32 * j))), s)); \
+            }                                                                                      \
+            if (q6) {                                                                              \
+                const __m256i sc = load32((const uint8_t *)k->sc);                                 \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm256_sub_epi32(i[t], _mm256_slli_epi32(_mm256_madd_epi16(             \
+                        sc, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5));       \
+            }                                                                                      \
+            for (int t = 0; t < (mr); t++) {                                                       \
+                float sx = k->d * x->d[(t0 + t) * ns + sb];                                        \
+                OPAQUE(sx);                                                                        \
+                f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[t]), _mm256_set1_ps(sx), f[t]);        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < (mr); t++) _mm256_storeu_ps(acc + t * NR * VN, f[t]);                  \
+    }
+K_ROWS(1)
+K_ROWS(2)
+K_ROWS(3)
+K_ROWS(4)
+
+static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0,
+                   float *acc) {
+    switch (mr) {
+    case 1: k_rows1(q6, r, s0, s1, x, K, t0, acc); break;
+    case 2: k_rows2(q6, r, s0, s1, x, K, t0, acc); break;
+    case 3: k_rows3(q6, r, s0, s1, x, K, t0, acc); break;
+    default: k_rows4(q6, r, s0, s1, x, K, t0, acc); break;
+    }
+}
+
+/* Row x (K values) as Q8_K-style codes: per superblock of 256 the scale d, per 32 codes s = d *
+ * their sum, per 16 codes their sum. Exact IEEE arithmetic, as quantize_row. */
+__attribute__((optimize("no-fast-math"))) static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d,
+                                                                      float *s, int16_t *sums) {
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const float *v = x + 256 * sb;
+        float amax = 0.0f;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[sb] = amax / 127.0f;
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) {
+                int c = (int)nearbyintf(v[i] * id);
+                c = c > 127 ? 127 : c < -127 ? -127 : c;
+                q[256 * sb + i] = (int8_t)c;
+                sum += c;
+            }
+            sums[16 * sb + g] = (int16_t)sum;
+        }
+        for (int b = 0; b < 8; b++) s[8 * sb + b] = d[sb] * (float)(sums[16 * sb + 2 * b] + sums[16 * sb + 2 * b + 1]);
     }
 }
 #endif
@@ -976,6 +1098,9 @@ typedef struct {
     int amx;                              /* big `fast` steps on the AMX tiles (xb padded to 32 rows) */
     const int8_t *xq;                     /* x as int8 codes [T, K] (the `fast` numerics on AVX2); else NULL */
     const float *xd, *xs;                 /* per row and block of 32: the scale, and scale * the codes' sum */
+    const int8_t *kq;                     /* x as int8 codes per superblock [T, K] (K-quants' `fast` on AVX2) */
+    const float *kd, *ks;                 /* their scales [T, K/256], and scale * each 32 codes' sum [T, K/32] */
+    const int16_t *kb;                    /* each 16 codes' sum [T, K/16] */
 } job;
 
 /* The most rows a float32 step of this job takes on the fused path. */
@@ -1187,8 +1312,8 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         return;
     }
 #if defined(HAVE_I8)
-    if (jb->xq != NULL) {                 /* int8 codes of x in tiles of ~256 KiB, each over every panel */
-        int64_t tb = 262144 / jb->K / FR8 * FR8;
+    if (jb->kq != NULL) {                 /* int8 codes of x in tiles of ~256 KiB, each over every panel */
+        int64_t tb = 262144 / jb->K / KR * KR;
         tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
         for (int64_t t0 = 0; t0 < jb->T; t0 += tb)
             for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
@@ -1214,7 +1339,30 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
 #if defined(HAVE_I8)
-    if (jb->xq != NULL && fused_type(pt->type)) {  /* the fast numerics on AVX2: int8 codes of x */
+    if (jb->kq != NULL && k_type(pt->type)) {      /* K-quants in the fast numerics on AVX2, every step */
+        const int64_t ns = K / 256, bb = block_bytes(pt->type);
+        ksb *panel = k_panel_buffer(NR * ns);
+        if (panel == NULL) abort();                /* tens of KiB: the process is out of memory */
+        for (int64_t c = 0; c < NR; c++) {
+            const uint8_t *row = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
+            for (int64_t sb = 0; sb < ns; sb++) {
+                const uint8_t *b = row + sb * bb;
+                for (int l = 0; l < 3; l++) PREFETCH(b + PF_AHEAD + 64 * l);
+                k_unpack(pt->type, b, panel + c * ns + sb);
+            }
+        }
+        const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
+        for (int64_t t0 = t_lo; t0 < t_hi; t0 += KR) {
+            const int mr = (int)(t_hi - t0 < KR ? t_hi - t0 : KR);
+            memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+            for (int64_t c = 0; c < NR; c++)
+                k_rows(mr, pt->type == T_Q6_K, panel + c * ns, 0, ns, &x, K, t0, acc + c * VN);
+            for (int64_t t = 0; t < mr; t++)
+                reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
+        }
+        return;
+    }
+    if (jb->xq != NULL && i8_type(pt->type)) {     /* the other types' int8 products: steps of up to I8_MAX_ROWS */
         const uint8_t *rows[NR];
         const int64_t nb = K / 32;
         for (int64_t c = 0; c < NR; c++) rows[c] = pt->data + (r0 + (c < nr ? c : 0)) * row_bytes;
@@ -1416,7 +1564,8 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     if (fast) return -2;
 #endif
     job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo,
-              .xb = NULL, .amx = 0, .xq = NULL, .xd = NULL, .xs = NULL};
+              .xb = NULL, .amx = 0, .xq = NULL, .xd = NULL, .xs = NULL, .kq = NULL, .kd = NULL, .ks = NULL,
+              .kb = NULL};
     jb.part_panels[0] = 0;
     for (int64_t i = 0; i < num_parts; i++) {
         const int64_t bv = block_values(parts[i].type);
@@ -1446,7 +1595,21 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     }
 #endif
 #if defined(HAVE_I8)
-    if (fast && T <= I8_MAX_ROWS) {       /* x quantized once, on the caller's thread */
+    int any_k = 0, any_i8 = 0;
+    for (int64_t i = 0; i < num_parts; i++) any_k |= k_type(parts[i].type), any_i8 |= i8_type(parts[i].type);
+    if (fast && any_k && K % 256 == 0) {  /* x quantized once per superblock, on the caller's thread */
+        static __thread void *buf = NULL;
+        static __thread int64_t size = 0;
+        const int64_t ns = K / 256, nb = K / 32, ng = K / 16;
+        float *scales = grown(&buf, &size, (T * ns + T * nb) * 4 + T * ng * 2 + T * K);
+        if (scales == NULL) return -3;
+        int16_t *sums = (int16_t *)(scales + T * ns + T * nb);
+        int8_t *codes = (int8_t *)(sums + T * ng);
+        for (int64_t t = 0; t < T; t++)
+            quantize_row_k(x + t * ldx, K, codes + t * K, scales + t * ns, scales + T * ns + t * nb, sums + t * ng);
+        jb.kq = codes, jb.kd = scales, jb.ks = scales + T * ns, jb.kb = sums;
+    }
+    if (fast && any_i8 && T <= I8_MAX_ROWS) {   /* x quantized once per block of 32 */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         const int64_t nb = K / 32;

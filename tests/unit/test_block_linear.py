@@ -48,8 +48,11 @@ WIDE_KIND = "bfloat16" if {"avx512f", "avx512_bf16"} <= FLAGS else "" if "avx512
 FAST_KINDS = {"native": WIDE_KIND, "avx512": WIDE_KIND, "avx2": "int8" if AVX2 else "", "baseline": ""}
 # The levels whose fast numerics the tests check here (native alone where it has none: refused).
 FAST_LEVELS = [isa for isa in RUNNABLE if FAST_KINDS[isa]] or ["native"]
-# The types the int8 numerics take as integer products; the others take the float32 path.
-INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K}
+# The types the int8 numerics take as integer products, x per block of 32 in steps of up to
+# int8_rows rows; the others take the float32 path.
+INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0}
+# The K-quants: x per superblock of 256 (llama.cpp's Q8_K), in every step.
+INT8_K_TYPES = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
 def random_matrix(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, k: int) -> tuple[
@@ -237,11 +240,11 @@ def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def int8_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """Rows of x as the int8 numerics see them: per block of 32 values, codes round(x * (127 / max|x|))
-    (ties to even) times the scale max|x| / 127, in float32 as qmatmul.c computes them."""
+def int8_round(a: npt.NDArray[np.float32], block: int = 32) -> npt.NDArray[np.float32]:
+    """Rows of x as the int8 numerics see them: per block of 32 (or 256) values, codes round(x * (127 /
+    max|x|)) (ties to even) times the scale max|x| / 127, in float32 as qmatmul.c computes them."""
     rows, k = a.shape
-    blocks = np.ascontiguousarray(a, dtype=np.float32).reshape(rows, k // 32, 32)
+    blocks = np.ascontiguousarray(a, dtype=np.float32).reshape(rows, k // block, block)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
@@ -275,10 +278,10 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
     float32: within float32 accumulation's error of that product in float64, on every path (fused,
     tiled, and the AMX tiles from 8 rows where the host has them; parts of up to 40 rows cross the
     tiles' groups of 32). With the tiles, steps of fewer rows are the float32 reference's product.
-    int8: in steps of up to int8_rows rows, x's int8 codes times their block scales against the
-    exact weights, for the types with integer products (the others are the float32 product); bigger
-    steps (prefill) are the float32 reference's product for every type. Where the build has no fast
-    numerics, asking for them is refused instead."""
+    int8: the K-quants in every step, x's int8 codes per superblock of 256 times their scales against
+    the exact weights; Q4_0, Q4_1 and Q8_0 the same per block of 32 in steps of up to int8_rows rows,
+    bigger steps (prefill) and the other types the float32 reference's product. Where the build has
+    no fast numerics, asking for them is refused instead."""
     rng = np.random.default_rng(seed)
     k = 256 * blocks_along_k
     made = [random_matrix(rng, qtype, n, k) for qtype, n in zip(qtypes, rows, strict=False)]
@@ -290,12 +293,12 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
         return
     got = fast_product(x, parts, k, fast_lib)
     if products.qmatmul_fast_kind(fast_lib) == "int8":
-        if num_x > products.qmatmul_int8_rows(fast_lib):
-            assert_matches_reference(got, x, np.concatenate([w for _, w in made]))
-            return
+        small = num_x <= products.qmatmul_int8_rows(fast_lib)
         col = 0
         for qtype, (_, w) in zip(qtypes, made, strict=False):
-            assert_matches_reference(got[:, col:col + w.shape[0]], int8_round(x) if qtype in INT8_TYPES else x, w)
+            seen = (int8_round(x, 256) if qtype in INT8_K_TYPES else int8_round(x) if qtype in INT8_TYPES and small
+                    else x)
+            assert_matches_reference(got[:, col:col + w.shape[0]], seen, w)
             col += w.shape[0]
         return
     w = np.concatenate([w for _, w in made])
@@ -309,9 +312,9 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
-    round and add in the same order. int8 products take steps of up to int8_rows rows, every row
-    quantized alone; bigger steps take the float32 path, whose rows are each row's float32 product
-    alone. The AMX tiles add in another order: where they take steps (from amx_rows rows, smaller
+    round and add in the same order. int8 products: the K-quants' in every step, every row quantized
+    alone; the other types' in steps of up to int8_rows rows, bigger steps taking the float32 path,
+    whose rows are each row's float32 product alone. The AMX tiles add in another order: where they take steps (from amx_rows rows, smaller
     ones going to the float32 path), a row's bits are the same in every step of that size or more,
     and the same in every smaller step, but differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
@@ -328,7 +331,7 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     tiled = (np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:amx_rows - 1]]), part, 512, fast_lib)[:1]
                              for r in range(0, 150, 7)]) if amx_rows else alone)
     int8_rows = products.qmatmul_int8_rows(fast_lib)
-    if int8_rows:   # bigger steps: each row's float32 product alone (the reference path)
+    if int8_rows and qtype not in INT8_K_TYPES:   # bigger steps: each row's float32 product alone
         tiled = np.concatenate([product(fast_lib, x[r:r + 1], part, 512) for r in range(0, 150, 7)])
     for num_rows in (3, 4, 5, 7, 8, 16, 17, 33, 64, 150):
         step = fast_product(x[:num_rows], part, 512, fast_lib)

@@ -747,11 +747,22 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
 
 typedef struct {
     uint8_t codes[256];     /* the superblock's unsigned codes, in order */
-    int16_t s16[8][16];     /* sub-block j's integer scales as VPMADDWD takes them (16 values a half) */
-    int16_t sc[16];         /* the integer scale of each 16 values (Q6_K's correction) */
+    int16_t sv[16];         /* the integer scale of each 16 values, the even groups' then the odd ones' */
     float mins[8];          /* Q4_K, Q5_K: -dmin * mn[j] of sub-block j */
     float d;
 } ksb;
+
+/* Byte shuffles that spread sub-block j's scales from a record's sv over a vector as VPMADDWD takes
+ * them: group 2j's scale in the low 16 values' lane, group 2j + 1's in the high one. */
+static const uint8_t K_SPREAD[8][32] __attribute__((aligned(32))) = {
+#define K_SPREAD_ROW(j) {2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
+                         2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
+                         2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
+                         2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1}
+    K_SPREAD_ROW(0), K_SPREAD_ROW(1), K_SPREAD_ROW(2), K_SPREAD_ROW(3),
+    K_SPREAD_ROW(4), K_SPREAD_ROW(5), K_SPREAD_ROW(6), K_SPREAD_ROW(7),
+#undef K_SPREAD_ROW
+};
 
 static int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
@@ -786,15 +797,25 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
             _mm256_storeu_si256(v + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
-        for (int i = 0; i < 16; i++) r->sc[i] = sc[i];
+        const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        _mm256_storeu_si256((__m256i *)r->sv,
+                            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), evens_odds)));
         memset(r->mins, 0, sizeof r->mins);
     } else {
         const int five = type == T_Q5_K;
         const float dmin = f16(b + 2);
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) k_scale_min(b + 4, j, &sc[j], &mn[j]);
-        for (int j = 0; j < 8; j++) r->sc[2 * j] = r->sc[2 * j + 1] = sc[j];
-        __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))),
+        /* the twelve bytes of six-bit scales and mins as eight scale bytes, then eight min bytes */
+        uint32_t u[4];
+        memcpy(u, b + 4, 12);
+        const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+        u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+        const uint32_t mins_lo = u[1] & low6;
+        u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+        u[2] = mins_lo;
+        u[0] &= low6;
+        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u));
+        _mm256_storeu_si256((__m256i *)r->sv, _mm256_set_m128i(sc16, sc16));   /* group 2j and 2j + 1: sc[j] */
+        __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2)))),
                                     _mm256_set1_ps(-dmin));
         OPAQUE(mins);
         _mm256_storeu_ps(r->mins, mins);
@@ -814,9 +835,6 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
             _mm256_storeu_si256(v + 2 * j + 1, hi);
         }
     }
-    for (int j = 0; j < 8; j++)
-        _mm256_storeu_si256((__m256i *)r->s16[j],
-                            _mm256_set_m128i(_mm_set1_epi16(r->sc[2 * j + 1]), _mm_set1_epi16(r->sc[2 * j])));
 }
 
 /* Rows of x as int8 codes per superblock: codes [T, K], dx [T, K/256], s [T, K/32] (dx * the sum
@@ -845,17 +863,17 @@ typedef struct {
             }                                                                                      \
             __m256i i[mr];                                                                         \
             for (int t = 0; t < (mr); t++) i[t] = _mm256_setzero_si256();                          \
+            const __m256i sv = load32((const uint8_t *)k->sv);                                     \
             for (int j = 0; j < 8; j++) {                                                          \
-                const __m256i w = load32(k->codes + 32 * j), s = load32((const uint8_t *)k->s16[j]); \
+                const __m256i w = load32(k->codes + 32 * j), s = _mm256_shuffle_epi8(sv, load32(K_SPREAD[j])); \
                 for (int t = 0; t < (mr); t++)                                                     \
                     i[t] = _mm256_add_epi32(i[t], _mm256_madd_epi16(                               \
                         _mm256_maddubs_epi16(w, load32((const uint8_t *)(xq + t * K + 32 * j))), s)); \
             }                                                                                      \
             if (q6) {                                                                              \
-                const __m256i sc = load32((const uint8_t *)k->sc);                                 \
                 for (int t = 0; t < (mr); t++)                                                     \
                     i[t] = _mm256_sub_epi32(i[t], _mm256_slli_epi32(_mm256_madd_epi16(             \
-                        sc, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5));       \
+                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5));       \
             }                                                                                      \
             for (int t = 0; t < (mr); t++) {                                                       \
                 float sx = k->d * x->d[(t0 + t) * ns + sb];                                        \
@@ -881,7 +899,7 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
 }
 
 /* Row x (K values) as Q8_K-style codes: per superblock of 256 the scale d, per 32 codes s = d *
- * their sum, per 16 codes their sum. Exact IEEE arithmetic, as quantize_row. */
+ * their sum, per 16 codes their sum (in a record's sv order). Exact IEEE arithmetic, as quantize_row. */
 __attribute__((optimize("no-fast-math"))) static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d,
                                                                       float *s, int16_t *sums) {
     for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -898,9 +916,9 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row_k(const float
                 q[256 * sb + i] = (int8_t)c;
                 sum += c;
             }
-            sums[16 * sb + g] = (int16_t)sum;
+            sums[16 * sb + g % 2 * 8 + g / 2] = (int16_t)sum;       /* the even groups', then the odd ones' */
         }
-        for (int b = 0; b < 8; b++) s[8 * sb + b] = d[sb] * (float)(sums[16 * sb + 2 * b] + sums[16 * sb + 2 * b + 1]);
+        for (int b = 0; b < 8; b++) s[8 * sb + b] = d[sb] * (float)(sums[16 * sb + b] + sums[16 * sb + 8 + b]);
     }
 }
 #endif

@@ -34,11 +34,12 @@ Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
                  host, a few 1e-3 relative; where the CPU has AMX tiles, steps of 8+ rows multiply
                  the same values on them, 5-7x the prefill of the vector path there, and smaller
                  steps take the float32 path, faster there: a row's bits then differ between
-                 steps below and above 8 rows); on an AVX2 host without AVX-512, steps of up
-                 to 4 rows (decode) take x as int8 codes per block of 32 multiplied with the
-                 file's codes as integers (llama.cpp's Q8_0 way; ~1e-2 relative, as onnxruntime's
-                 int8), bigger ones (prefill) the float32 path, faster there: a row's bits then
-                 differ between steps below and above 5 rows; onnxruntime: int8
+                 steps below and above 8 rows); on an AVX2 host without AVX-512, x as int8
+                 codes multiplied with the file's codes as integers (llama.cpp's way; ~1e-2
+                 relative, as onnxruntime's int8): the K-quants in every step, x per
+                 superblock of 256 (batch-invariant); Q4_0, Q4_1, Q8_0 in steps of up to 4
+                 rows, x per block of 32, bigger ones (prefill) on the float32 path, faster
+                 there (a row's bits then differ between steps below and above 5 rows); onnxruntime: int8
                  activations per block. auto picks blocks where the CPU has AVX-512 BF16 or only
                  AVX2, else onnxruntime's (AVX-512 without BF16). FORGE_KERNEL_ISA=avx512 builds
                  the kernels without the tiles.
@@ -91,7 +92,7 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
                                   + (f"; steps of {tiles}+ rows on the AMX tiles)" if tiles else ")"))
         if kind == "int8":
             return replace(choice, backend="blocks", amx=False, fast_products=True,
-                           reason="the file's blocks read in place, int8 activations per block of 32 (fast numerics)")
+                           reason="the file's blocks read in place, int8 activations per block (fast numerics)")
         if choice.backend == "blocks":
             raise ValueError("--numerics fast on the blocks backend needs a CPU with AVX-512 BF16 (avx512_bf16) or "
                              "AVX2 without AVX-512; this host has neither (--kernels onnxruntime --numerics fast: int8 "

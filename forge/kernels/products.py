@@ -199,15 +199,17 @@ def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
 
 def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
     """The `fast` numerics of qmatmul here: "bfloat16" (x and the widened weights rounded to
-    bfloat16: built with AVX-512 BF16), "int8" (x as int8 codes per block of 32, integer products:
-    an AVX2 build), or "" (none: the baseline build, or AVX-512 without BF16)."""
+    bfloat16: built with AVX-512 BF16), "int8" (x as int8 codes per superblock of 256 for the
+    K-quants, per block of 32 for Q4_0/Q4_1/Q8_0, integer products: an AVX2 build), or "" (none:
+    the baseline build, or AVX-512 without BF16)."""
     lib = lib or library()
     return "" if lib is None else FAST_KINDS[int(lib.forge_qmatmul_fast())]
 
 
 def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
-    """The most rows of a step in the fast numerics that take the int8 products here (qmatmul.c's
-    I8_MAX_ROWS: bigger steps take the float32 path, faster there), or 0 where none do."""
+    """The most rows of a step in the fast numerics whose Q4_0, Q4_1 and Q8_0 products are int8 here
+    (qmatmul.c's I8_MAX_ROWS: bigger steps take the float32 path, faster there; the K-quants' are
+    int8 in every step), or 0 where none are."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_int8_rows())
 

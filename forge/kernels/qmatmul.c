@@ -19,9 +19,10 @@
  *
  * The `fast` numerics (asked per call) trade that exactness for speed: with AVX-512 BF16, x and the
  * widened weights rounded to bfloat16 (pair dot products, on the AMX tiles for big steps where
- * there are tiles); on AVX2 alone, x as int8 codes per block of 32 with a float scale each,
- * multiplied with the file's integer codes in int32 (VPMADDUBSW/VPMADDWD) before one float scale
- * per block (forge_qmatmul_fast says which this build has).
+ * there are tiles); on AVX2 alone, x as int8 codes multiplied with the file's integer codes in
+ * int32 (VPMADDUBSW/VPMADDWD): for the K-quants x per superblock of 256 and one float scale per
+ * superblock, in every step; for Q4_0, Q4_1, Q8_0 x per block of 32 and a float scale per block, in
+ * steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast says which numerics this build has).
  *
  * Threads: a pool of its own (forge_pool_threads), the caller taking the first run of panels;
  * workers spin for a while after a job (the next matmul of a step comes within microseconds) and
@@ -617,17 +618,18 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
 }
 
 /* ---- the `fast` numerics on AVX2 (no AVX-512 BF16): int8 activations -------------------------
+ * Q4_0, Q4_1, Q8_0 (the K-quants' way is further below):
  * x quantized per block of 32 values as llama.cpp's Q8_0 (dx = max|x| / 127, codes x * (127 / max|x|)
  * rounded to nearest even), each weight block's codes multiplied with them as integers (VPMADDUBSW,
  * VPMADDWD: exact; a signed code goes in as |w| against x with w's sign), each block's eight int32
- * sums then scaled by the weight block's scale times dx into float32 lanes, and the offsets (Q4_1's
- * m, Q4_K's mins) times dx * the sum of the block's codes. Every row of x is quantized alone and
+ * sums then scaled by the weight block's scale times dx into float32 lanes, and Q4_1's offset m
+ * times dx * the sum of the block's codes. Every row of x is quantized alone and
  * added in one order whatever the step: a row's bits do not depend on the batch. */
 #define HAVE_I8 1
 #define FR8 2
-/* Steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones (prefill) the float32 path,
- * faster there: the int8 rows go FR8 at a time through each panel, widening its codes again for
- * each pair, where the float32 tiles widen a panel once for a whole tile of x (1.7B-shaped layers,
+/* Q4_0, Q4_1 and Q8_0: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
+ * (prefill) the float32 path, faster there: the int8 rows go FR8 at a time through each panel,
+ * widening its codes again for each pair, where the float32 tiles widen a panel once for a whole tile of x (1.7B-shaped layers,
  * AVX2 host, ms int8 against float32: 21.3 / 45.2 at 1 row, 66.8 / 97.4 at 4, 144.1 / 123.5 at 5,
  * 172.7 / 146.9 at 8, 8,122 / 4,918 at 512; docs/benchmarks.md). A row's bits then differ
  * between steps of up to I8_MAX_ROWS rows and bigger ones, as with the AMX tiles. */

@@ -314,9 +314,10 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
     round and add in the same order. int8 products: the K-quants' in every step, every row quantized
     alone; the other types' in steps of up to int8_rows rows, bigger steps taking the float32 path,
-    whose rows are each row's float32 product alone. The AMX tiles add in another order: where they take steps (from amx_rows rows, smaller
-    ones going to the float32 path), a row's bits are the same in every step of that size or more,
-    and the same in every smaller step, but differ between the two."""
+    whose rows are each row's float32 product alone. The AMX tiles add in another order: where
+    they take steps (from amx_rows rows, smaller ones going to the float32 path), a row's bits
+    are the same in every step of that size or more, and the same in every smaller step, but
+    differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
     blocks, _ = random_matrix(rng, qtype, 37, 512)
     x = rng.standard_normal((150, 512)).astype(np.float32)
@@ -352,8 +353,9 @@ def test_the_tiles_are_the_native_levels_alone() -> None:
 
 
 def test_int8_products_are_decode_steps_alone() -> None:
-    """The int8 products take steps of up to 4 rows (decode, speculative verification), where
-    they beat float32; prefill takes the float32 path. Builds without int8 products say 0."""
+    """Q4_0's, Q4_1's and Q8_0's int8 products take steps of up to 4 rows (decode, speculative
+    verification), where they beat float32; their prefill takes the float32 path (the K-quants'
+    are int8 in every step). Builds without int8 products say 0."""
     for isa in compiled.ISA_FLAGS:
         want = 4 if FAST_KINDS[isa] == "int8" else 0
         assert products.qmatmul_int8_rows(compiled.library_at(isa)) == want, isa

@@ -85,8 +85,12 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
         return choice
     if choice.backend == "blocks" or requested == "auto":
         kind = _fast_kind() if _compiled_ready() else ""
-        if kind == "bfloat16":
-            tiles = _amx_rows()
+        tiles = _amx_rows()
+        if kind == "int8+bfloat16" and not tiles:
+            return replace(choice, backend="blocks", amx=False, fast_products=True,
+                           reason="the file's blocks read in place, int8 activations per superblock for the "
+                                  "K-quants' decode steps, bfloat16 products otherwise (fast numerics)")
+        if kind in ("bfloat16", "int8+bfloat16"):
             return replace(choice, backend="blocks", amx=False, fast_products=True,
                            reason="the file's blocks read in place, bfloat16 products (fast numerics"
                                   + (f"; steps of {tiles}+ rows on the AMX tiles)" if tiles else ")"))
@@ -147,7 +151,8 @@ def _compiled_ready() -> bool:
 
 
 def _fast_kind() -> str:
-    """The compiled products' fast numerics here: "bfloat16", "int8" or "" (products.qmatmul_fast_kind)."""
+    """The compiled products' fast numerics here: "bfloat16", "int8", "int8+bfloat16" or ""
+    (products.qmatmul_fast_kind)."""
     from forge.kernels import products
 
     return products.qmatmul_fast_kind()

@@ -189,7 +189,7 @@ def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> Non
     lib.forge_parallel_copy(ptr(dst), ptr(src), src.size)
 
 
-FAST_KINDS = {0: "", 1: "bfloat16", 2: "int8"}
+FAST_KINDS = {0: "", 1: "bfloat16", 2: "int8", 3: "int8+bfloat16"}
 
 
 def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
@@ -199,9 +199,10 @@ def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
 
 def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
     """The `fast` numerics of qmatmul here: "bfloat16" (x and the widened weights rounded to
-    bfloat16: built with AVX-512 BF16), "int8" (x as int8 codes per superblock of 256 for the
-    K-quants, per block of 32 for Q4_0/Q4_1/Q8_0, integer products: an AVX2 build), or "" (none:
-    the baseline build, or AVX-512 without BF16)."""
+    bfloat16: built with AVX-512 BF16 but not VNNI), "int8" (x as int8 codes per superblock of 256
+    for the K-quants, per block of 32 for Q4_0/Q4_1/Q8_0, integer products: an AVX2 build),
+    "int8+bfloat16" (the K-quants' int8 products as in "int8", every other type's bfloat16: AVX-512
+    with BW, VNNI and BF16), or "" (none: the baseline build, or AVX-512 without BF16)."""
     lib = lib or library()
     return "" if lib is None else FAST_KINDS[int(lib.forge_qmatmul_fast())]
 
@@ -212,6 +213,14 @@ def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
     int8 in every step), or 0 where none are."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_int8_rows())
+
+
+def qmatmul_int8_k_rows(lib: ctypes.CDLL | None = None) -> int:
+    """The most rows of a step in the fast numerics whose K-quant (Q4_K, Q5_K, Q6_K) products are
+    int8 here (qmatmul.c's I8K_MAX_ROWS: every step in an AVX2 build, decode-sized ones with
+    AVX-512, whose bigger steps keep the bfloat16 tiles), or 0 where none are."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_int8_k_rows())
 
 
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:

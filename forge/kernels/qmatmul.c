@@ -108,6 +108,9 @@ static inline float bf16(const uint8_t *p) {
     return f;
 }
 
+/* The K-quants: superblocks of 256 values. */
+static inline int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
 /* Bytes per row and values per block of each type; 0: not a type this kernel reads. */
 static int64_t block_values(int64_t type) {
     switch (type) {
@@ -617,6 +620,39 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
     else fused2(x, ldx, k0, k1, type, rows, acc);
 }
 
+#endif
+
+/* ---- the `fast` numerics' int8 products ------------------------------------------------------------
+ * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 (per block of 32, decode steps) and
+ * the K-quants (per superblock of 256, every step). AVX-512 builds with BW, VNNI and BF16 (AMD Zen 4
+ * and later, Intel Sapphire Rapids and later): the K-quants' int8 products in 64-byte vectors, the
+ * other types' `fast` numerics staying bfloat16 (int8 adds nothing at decode, where both read at memory
+ * speed, and prefill of those types keeps the bfloat16 tiles). */
+#if defined(__AVX2__) && defined(__FMA__) && \
+    (!defined(__AVX512F__) || (defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512BF16__)))
+#define HAVE_I8K 1
+/* The most rows of a step whose K-quant products are int8: every step on AVX2; on AVX-512 decode-sized
+ * steps alone, where they read the weights faster (1.7B-shaped layers, 2 threads, Zen 4, ms int8 against
+ * bfloat16: 18.7 / 26.6 at 1 row, 28.2 / 28.5 at 2, 53.2 / 55.1 at 8, 78.6 / 78.1 at 16, 110 / 98.7 at
+ * 24, 545 / 408 at 128): bigger steps keep the bfloat16 tiles, which do the same multiply-adds in half
+ * the instructions (one VDPBF16PS a 32 against VPMADDUBSW + VPDPWSSD a 64 there). A row's bits then
+ * differ between steps of up to I8K_MAX_ROWS rows and bigger ones, as across the AMX tiles' bound. */
+#ifndef I8K_MAX_ROWS
+#if defined(__AVX512F__)
+#define I8K_MAX_ROWS 8
+#else
+#define I8K_MAX_ROWS INT64_MAX
+#endif
+#endif
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* v as computed, hidden from -ffast-math's reassociation: a product of three factors would otherwise be
+ * free to be regrouped differently in the one-row and two-row bodies, and a row's bits with it. */
+#define OPAQUE(v) __asm__("" : "+x"(v))
+
+#endif
+
+#if defined(HAVE_I8K) && !defined(__AVX512F__)
 /* ---- the `fast` numerics on AVX2 (no AVX-512 BF16): int8 activations -------------------------
  * Q4_0, Q4_1, Q8_0 (the K-quants' way is further below):
  * x quantized per block of 32 values as llama.cpp's Q8_0 (dx = max|x| / 127, codes x * (127 / max|x|)
@@ -626,6 +662,10 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
  * times dx * the sum of the block's codes. Every row of x is quantized alone and
  * added in one order whatever the step: a row's bits do not depend on the batch. */
 #define HAVE_I8 1
+
+/* The types whose int8 products take x per block of 32 (steps of up to I8_MAX_ROWS rows). */
+static inline int i8_type(int64_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+
 #define FR8 2
 /* Q4_0, Q4_1 and Q8_0: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
  * (prefill) the float32 path, faster there: the int8 rows go FR8 at a time through each panel,
@@ -636,8 +676,6 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
 #ifndef I8_MAX_ROWS
 #define I8_MAX_ROWS 4
 #endif
-
-static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* The 8 int32 sums of 4 products each of unsigned codes u with signed x codes s. */
 static inline __m256i dot_us(__m256i u, __m256i s) {
@@ -652,10 +690,6 @@ static inline __m256i nibbles32(const uint8_t *q) {
     const __m128i b = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
-
-/* v as computed, hidden from -ffast-math's reassociation: a product of three factors would otherwise be
- * free to be regrouped differently in the one-row and two-row bodies, and a row's bits with it. */
-#define OPAQUE(v) __asm__("" : "+x"(v))
 
 /* acc[t][c] += I (eight int32 sums: an expression of xv, row t's codes of x block blk) as float times
  * (scale * dx[t][blk]), for t < mr. */
@@ -734,6 +768,9 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
     }
 }
 
+#endif
+
+#if defined(HAVE_I8K)
 /* ---- K-quants in the int8 numerics: x per superblock of 256 values -------------------------------
  * For Q4_K, Q5_K and Q6_K, x is quantized per superblock of 256 values as llama.cpp's Q8_K (one
  * scale dx = max|x| / 127 per superblock), so that a superblock's products stay integers to its end:
@@ -745,7 +782,11 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
  * (codes, scales, mins) for a tile of rows of x, then each group of up to KR rows of x multiplied
  * with one weight row's records in registers. A row's bits are the same in every step: the same
  * records and the same sums in the same order (batch invariance, as in the reference numerics). */
+#if defined(__AVX512F__)
+#define KR 8                /* rows of x against one weight row's records: 2 x KR of the 32 registers */
+#else
 #define KR 4
+#endif
 
 typedef struct {
     uint8_t codes[256];     /* the superblock's unsigned codes, in order */
@@ -756,7 +797,7 @@ typedef struct {
 
 /* Byte shuffles that spread sub-block j's scales from a record's sv over a vector as VPMADDWD takes
  * them: group 2j's scale in the low 16 values' lane, group 2j + 1's in the high one. */
-static const uint8_t K_SPREAD[8][32] __attribute__((aligned(32))) = {
+static const uint8_t K_SPREAD[8][32] __attribute__((aligned(64))) = {
 #define K_SPREAD_ROW(j) {2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
                          2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
                          2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, \
@@ -765,11 +806,6 @@ static const uint8_t K_SPREAD[8][32] __attribute__((aligned(32))) = {
     K_SPREAD_ROW(4), K_SPREAD_ROW(5), K_SPREAD_ROW(6), K_SPREAD_ROW(7),
 #undef K_SPREAD_ROW
 };
-
-static int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
-
-/* The types whose int8 products take x per block of 32 (steps of up to I8_MAX_ROWS rows). */
-static int i8_type(int64_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
 
 static void *grown(void **buf, int64_t *size, int64_t bytes);
 
@@ -849,6 +885,49 @@ typedef struct {
 
 /* acc[t * NR * VN] (one weight row's running sums for rows t < mr of x, from row t0) over its
  * records r[0 .. s1 - s0), superblocks s0 .. s1 of K. */
+#if defined(__AVX512F__)
+/* The same sums in 64-byte vectors: two sub-blocks of codes a vector, their four groups' scales spread
+ * by one shuffle (the record's scales in both halves, K_SPREAD's rows 2j and 2j + 1 side by side), the
+ * scaled pair sums added by VPDPWSSD; the mins and Q6_K's offsets in the low eight lanes. */
+#define K_ROWS(mr)                                                                                 \
+    static void k_rows##mr(int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0, \
+                           float *acc) {                                                           \
+        const int64_t ns = K / 256, nb = K / 32, ng = K / 16;                                      \
+        __m512 f[mr];                                                                              \
+        for (int t = 0; t < (mr); t++) f[t] = _mm512_loadu_ps(acc + t * NR * VN);                  \
+        for (int64_t sb = s0; sb < s1; sb++) {                                                     \
+            const ksb *k = r + (sb - s0);                                                          \
+            const int8_t *xq = x->q + t0 * K + 256 * sb;                                           \
+            if (!q6) {                                                                             \
+                const __m512 mins = _mm512_maskz_loadu_ps(0xff, k->mins);                          \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    f[t] = _mm512_fmadd_ps(mins, _mm512_maskz_loadu_ps(0xff, x->s + (t0 + t) * nb + 8 * sb), f[t]); \
+            }                                                                                      \
+            __m512i i[mr];                                                                         \
+            for (int t = 0; t < (mr); t++) i[t] = _mm512_setzero_si512();                          \
+            const __m256i sv = load32((const uint8_t *)k->sv);                                     \
+            const __m512i sv2 = _mm512_broadcast_i64x4(sv);                                        \
+            for (int j = 0; j < 4; j++) {                                                          \
+                const __m512i w = _mm512_loadu_si512((const void *)(k->codes + 64 * j));           \
+                const __m512i s = _mm512_shuffle_epi8(sv2, _mm512_loadu_si512((const void *)K_SPREAD[2 * j])); \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm512_dpwssd_epi32(i[t], _mm512_maddubs_epi16(                         \
+                        w, _mm512_loadu_si512((const void *)(xq + t * K + 64 * j))), s);           \
+            }                                                                                      \
+            if (q6) {                                                                              \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm512_sub_epi32(i[t], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16( \
+                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5)));      \
+            }                                                                                      \
+            for (int t = 0; t < (mr); t++) {                                                       \
+                float sx = k->d * x->d[(t0 + t) * ns + sb];                                        \
+                OPAQUE(sx);                                                                        \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i[t]), _mm512_set1_ps(sx), f[t]);        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < (mr); t++) _mm512_storeu_ps(acc + t * NR * VN, f[t]);                  \
+    }
+#else
 #define K_ROWS(mr)                                                                                 \
     static void k_rows##mr(int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0, \
                            float *acc) {                                                           \
@@ -885,10 +964,17 @@ typedef struct {
         }                                                                                          \
         for (int t = 0; t < (mr); t++) _mm256_storeu_ps(acc + t * NR * VN, f[t]);                  \
     }
+#endif
 K_ROWS(1)
 K_ROWS(2)
 K_ROWS(3)
 K_ROWS(4)
+#if KR > 4
+K_ROWS(5)
+K_ROWS(6)
+K_ROWS(7)
+K_ROWS(8)
+#endif
 
 static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0,
                    float *acc) {
@@ -896,7 +982,15 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
     case 1: k_rows1(q6, r, s0, s1, x, K, t0, acc); break;
     case 2: k_rows2(q6, r, s0, s1, x, K, t0, acc); break;
     case 3: k_rows3(q6, r, s0, s1, x, K, t0, acc); break;
+#if KR > 4
+    case 4: k_rows4(q6, r, s0, s1, x, K, t0, acc); break;
+    case 5: k_rows5(q6, r, s0, s1, x, K, t0, acc); break;
+    case 6: k_rows6(q6, r, s0, s1, x, K, t0, acc); break;
+    case 7: k_rows7(q6, r, s0, s1, x, K, t0, acc); break;
+    default: k_rows8(q6, r, s0, s1, x, K, t0, acc); break;
+#else
     default: k_rows4(q6, r, s0, s1, x, K, t0, acc); break;
+#endif
     }
 }
 
@@ -1331,7 +1425,7 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
         for (int64_t p = p_lo; p < p_hi; p++) run_panel(jb, p, 0, jb->T);
         return;
     }
-#if defined(HAVE_I8)
+#if defined(HAVE_I8K)
     if (jb->kq != NULL) {                 /* int8 codes of x in tiles of ~256 KiB, each over every panel */
         int64_t tb = 262144 / jb->K / KR * KR;
         tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
@@ -1358,8 +1452,8 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     const int64_t col0 = at.col0, r0 = at.r0, row_bytes = at.row_bytes;
     const int64_t nr = pt->rows - r0 < NR ? pt->rows - r0 : NR;
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
-#if defined(HAVE_I8)
-    if (jb->kq != NULL && k_type(pt->type)) {      /* K-quants in the fast numerics on AVX2, every step */
+#if defined(HAVE_I8K)
+    if (jb->kq != NULL && k_type(pt->type)) {      /* K-quants in the fast numerics, every step */
         const int64_t ns = K / 256, bb = block_bytes(pt->type);
         ksb *panel = k_panel_buffer(NR * ns);
         if (panel == NULL) abort();                /* tens of KiB: the process is out of memory */
@@ -1382,6 +1476,8 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
         }
         return;
     }
+#endif
+#if defined(HAVE_I8)
     if (jb->xq != NULL && i8_type(pt->type)) {     /* the other types' int8 products: steps of up to I8_MAX_ROWS */
         const uint8_t *rows[NR];
         const int64_t nb = K / 32;
@@ -1593,13 +1689,30 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         jb.part_panels[i + 1] = jb.part_panels[i] + (parts[i].rows + NR - 1) / NR;
     }
     if (T <= 0) return 0;
+    int any_k = 0, any_other = 0;
+    for (int64_t i = 0; i < num_parts; i++) {
+        if (k_type(parts[i].type)) any_k = 1;
+        else any_other = 1;
+    }
+    const int k_int8 = any_k && K % 256 == 0;   /* the K-quants' int8 products, where the build has them */
+    (void)k_int8, (void)any_other;
 #if defined(HAVE_BF16)
 #if defined(HAVE_AMX)
     /* With the tiles, smaller `fast` steps take the float32 path: on the Intel host its one-row decode
      * is faster than the bfloat16 one (and exact), and the bits differ across AMX_MIN_ROWS anyway. */
     if (fast && T < AMX_MIN_ROWS && amx_usable()) fast = 0;
 #endif
+#if defined(HAVE_I8K)
+    /* With int8 K-quants beside bfloat16 (AVX-512), x is rounded to bfloat16 only for the other types,
+     * or where the step goes to the AMX tiles (which take every type). */
+#if defined(HAVE_AMX)
+    if (fast && !(k_int8 && T <= I8K_MAX_ROWS && !any_other && !(T >= AMX_MIN_ROWS && amx_usable()))) {
+#else
+    if (fast && !(k_int8 && T <= I8K_MAX_ROWS && !any_other)) {
+#endif
+#else
     if (fast) {                           /* x rounded once, on the caller's thread */
+#endif
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         int64_t rows = T;
@@ -1614,10 +1727,8 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         jb.xb = xb;
     }
 #endif
-#if defined(HAVE_I8)
-    int any_k = 0, any_i8 = 0;
-    for (int64_t i = 0; i < num_parts; i++) any_k |= k_type(parts[i].type), any_i8 |= i8_type(parts[i].type);
-    if (fast && any_k && K % 256 == 0) {  /* x quantized once per superblock, on the caller's thread */
+#if defined(HAVE_I8K)
+    if (fast && k_int8 && T <= I8K_MAX_ROWS && !jb.amx) {   /* x quantized once per superblock */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         const int64_t ns = K / 256, nb = K / 32, ng = K / 16;
@@ -1629,6 +1740,10 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
             quantize_row_k(x + t * ldx, K, codes + t * K, scales + t * ns, scales + T * ns + t * nb, sums + t * ng);
         jb.kq = codes, jb.kd = scales, jb.ks = scales + T * ns, jb.kb = sums;
     }
+#endif
+#if defined(HAVE_I8)
+    int any_i8 = 0;
+    for (int64_t i = 0; i < num_parts; i++) any_i8 |= i8_type(parts[i].type);
     if (fast && any_i8 && T <= I8_MAX_ROWS) {   /* x quantized once per block of 32 */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
@@ -1665,10 +1780,23 @@ int forge_qmatmul_int8_rows(void) {
 #endif
 }
 
+/* The most rows of a `fast` step whose K-quant products are int8 here (I8K_MAX_ROWS; INT64_MAX: every
+ * step), or 0 where the build has none. */
+int64_t forge_qmatmul_int8_k_rows(void) {
+#if defined(HAVE_I8K)
+    return I8K_MAX_ROWS;
+#else
+    return 0;
+#endif
+}
+
 /* Which `fast` numerics this build has: 1 bfloat16 products (AVX-512 BF16), 2 int8 activations
- * (AVX2), 0 none. */
+ * (AVX2), 3 int8 activations for the K-quants and bfloat16 for the other types (AVX-512 with BW,
+ * VNNI and BF16), 0 none. */
 int forge_qmatmul_fast(void) {
-#if defined(HAVE_BF16)
+#if defined(HAVE_BF16) && defined(HAVE_I8K)
+    return 3;
+#elif defined(HAVE_BF16)
     return 1;
 #elif defined(HAVE_I8)
     return 2;

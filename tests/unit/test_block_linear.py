@@ -41,10 +41,13 @@ FLAGS = _cpu_flags()
 # The levels this host can run (each is still built by test_every_level_builds).
 RUNNABLE = ["native", "baseline"] + (["avx512", "avx2"] if {"avx2", "fma"} <= FLAGS and "avx512f" in FLAGS else [])
 # Each level's fast numerics on this host: bfloat16 products where the build has AVX-512 BF16
-# (native takes the AMX tiles for big steps where the host has them, avx512 never does), int8
-# activations where it has AVX2 and no AVX-512, none in the baseline build (or AVX-512 without BF16).
+# (native takes the AMX tiles for big steps where the host has them, avx512 never does), with the
+# K-quants' int8 products beside them where it also has AVX-512 BW and VNNI; int8 activations where
+# it has AVX2 and no AVX-512; none in the baseline build (or AVX-512 without BF16).
 AVX2 = {"avx2", "fma"} <= FLAGS
-WIDE_KIND = "bfloat16" if {"avx512f", "avx512_bf16"} <= FLAGS else "" if "avx512f" in FLAGS else "int8" if AVX2 else ""
+WIDE_KIND = ("int8+bfloat16" if {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"} <= FLAGS
+             else "bfloat16" if {"avx512f", "avx512_bf16"} <= FLAGS else "" if "avx512f" in FLAGS
+             else "int8" if AVX2 else "")
 FAST_KINDS = {"native": WIDE_KIND, "avx512": WIDE_KIND, "avx2": "int8" if AVX2 else "", "baseline": ""}
 # The levels whose fast numerics the tests check here (native alone where it has none: refused).
 FAST_LEVELS = [isa for isa in RUNNABLE if FAST_KINDS[isa]] or ["native"]
@@ -278,7 +281,8 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
     float32: within float32 accumulation's error of that product in float64, on every path (fused,
     tiled, and the AMX tiles from 8 rows where the host has them; parts of up to 40 rows cross the
     tiles' groups of 32). With the tiles, steps of fewer rows are the float32 reference's product.
-    int8: the K-quants in every step, x's int8 codes per superblock of 256 times their scales against
+    int8: the K-quants in every step (with AVX-512: in steps of up to int8_k_rows rows, bigger ones
+    bfloat16's, as every other type), x's int8 codes per superblock of 256 times their scales against
     the exact weights; Q4_0, Q4_1 and Q8_0 the same per block of 32 in steps of up to int8_rows rows,
     bigger steps (prefill) and the other types the float32 reference's product. Where the build has
     no fast numerics, asking for them is refused instead."""
@@ -292,7 +296,17 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
             fast_product(x, parts, k, fast_lib)
         return
     got = fast_product(x, parts, k, fast_lib)
-    if products.qmatmul_fast_kind(fast_lib) == "int8":
+    kind = products.qmatmul_fast_kind(fast_lib)
+    if kind == "int8+bfloat16" and not products.qmatmul_amx_rows(fast_lib):   # with the tiles: as bfloat16 below
+        col = 0
+        for qtype, (_, w) in zip(qtypes, made, strict=False):
+            if qtype in INT8_K_TYPES and num_x <= products.qmatmul_int8_k_rows(fast_lib):
+                assert_matches_reference(got[:, col:col + w.shape[0]], int8_round(x, 256), w)
+            else:
+                assert_matches_reference(got[:, col:col + w.shape[0]], bf16_round(x), bf16_round(w))
+            col += w.shape[0]
+        return
+    if kind == "int8":
         small = num_x <= products.qmatmul_int8_rows(fast_lib)
         col = 0
         for qtype, (_, w) in zip(qtypes, made, strict=False):
@@ -314,10 +328,11 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
     round and add in the same order. int8 products: the K-quants' in every step, every row quantized
     alone; the other types' in steps of up to int8_rows rows, bigger steps taking the float32 path,
-    whose rows are each row's float32 product alone. The AMX tiles add in another order: where
-    they take steps (from amx_rows rows, smaller ones going to the float32 path), a row's bits
-    are the same in every step of that size or more, and the same in every smaller step, but
-    differ between the two."""
+    whose rows are each row's float32 product alone. Int8 K-quants beside bfloat16 (AVX-512): int8
+    in steps of up to int8_k_rows rows, bfloat16 in bigger ones, the same bits within each. The AMX
+    tiles add in another order: where they take steps (from amx_rows rows, smaller ones going to the
+    float32 path), a row's bits are the same in every step of that size or more, and the same in
+    every smaller step, but differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
     blocks, _ = random_matrix(rng, qtype, 37, 512)
     x = rng.standard_normal((150, 512)).astype(np.float32)
@@ -334,11 +349,18 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     int8_rows = products.qmatmul_int8_rows(fast_lib)
     if int8_rows and qtype not in INT8_K_TYPES:   # bigger steps: each row's float32 product alone
         tiled = np.concatenate([product(fast_lib, x[r:r + 1], part, 512) for r in range(0, 150, 7)])
-    for num_rows in (3, 4, 5, 7, 8, 16, 17, 33, 64, 150):
+    # int8 K-quants beside bfloat16 (AVX-512): steps of up to k_rows rows int8, bigger ones bfloat16,
+    # whose reference is each row in a step of k_rows + 1 rows
+    k_rows = products.qmatmul_int8_k_rows(fast_lib)
+    split = k_rows if qtype in INT8_K_TYPES and 0 < k_rows < 2**62 and not amx_rows else 0
+    if split:
+        tiled = np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:split]]), part, 512, fast_lib)[:1]
+                                for r in range(0, 150, 7)])
+    for num_rows in (3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 150):
         step = fast_product(x[:num_rows], part, 512, fast_lib)
         picked = list(range(0, num_rows, 7))
         want = (tiled if (amx_rows and num_rows >= amx_rows) or (int8_rows and num_rows > int8_rows)
-                else alone)
+                or (split and num_rows > split) else alone)
         np.testing.assert_array_equal(step[picked], want[:len(picked)])
 
 
@@ -396,6 +418,6 @@ def test_the_default_model_in_fast_numerics_stays_close_to_the_reference(default
     top = np.argsort(want)[-20:]
     # bfloat16's rounding moves them by hundredths; int8 activations per block of 32 (llama.cpp's own
     # for these types) by up to a few tenths on this 135M model (0.17 here; onnxruntime's int8: 0.13)
-    bound = 0.1 if products.qmatmul_fast_kind() == "bfloat16" else 0.3
+    bound = 0.1 if products.qmatmul_fast_kind() in ("bfloat16", "int8+bfloat16") else 0.3
     assert np.abs(log_softmax(got)[top] - log_softmax(want)[top]).max() < bound
     assert not np.array_equal(got, want)                       # it did take the other numerics

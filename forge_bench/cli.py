@@ -32,7 +32,18 @@ from forge.hub import resolve_model
 from forge.tokenizer import Tokenizer
 from forge_bench import loadgen
 
-LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-repack", "--no-webui"]
+LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-webui"]
+
+
+def _llama_host_flags() -> list[str]:
+    """llama-server's weight repacking (its default: K-quants and Q4_0 interleaved for its AVX2/AVX-512
+    GEMMs at load) stays on, as a user gets it, except on hosts with AMX tiles, where its AMX kernel
+    for Q4_1 dies with SIGILL (--no-repack there)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return ["--no-repack"] if "amx_tile" in flags.split() else []
 
 
 def _levels(text: str) -> list[int]:
@@ -209,7 +220,8 @@ def _start(server: str, args: argparse.Namespace, model_path: str,
     else:
         ctx = args.context_per_stream * max_streams
         cmd = [_find_llama_server(args.llama_server), "-m", model_path, "--host", "127.0.0.1", "--port", str(port),
-               "-c", str(ctx), "-np", str(max(max_streams, 1)), *LLAMA_FLAGS, *args.llama_args.split()]
+               "-c", str(ctx), "-np", str(max(max_streams, 1)), *LLAMA_FLAGS, *_llama_host_flags(),
+               *args.llama_args.split()]
         health = "/health"
     base = f"http://127.0.0.1:{port}"
     log_path = Path(args.logs) / f"{server}-{port}.log"

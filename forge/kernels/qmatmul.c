@@ -816,6 +816,33 @@ static ksb *k_panel_buffer(int64_t records) {
     return grown(&buf, &size, records * (int64_t)sizeof(ksb));
 }
 
+/* Q6_K's sixteen int8 scales (at sc) as a record's sv: int16, the even groups' then the odd ones'. */
+static inline __m256i q6k_sv(const int8_t *sc) {
+    const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), evens_odds));
+}
+
+/* Q4_K's and Q5_K's superblock b: its scales as a record's sv (sc[j] for groups 2j and 2j + 1), and
+ * -dmin * mn[j] of each sub-block into *mins. */
+static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
+    const float dmin = f16(b + 2);
+    /* the twelve bytes of six-bit scales and mins as eight scale bytes, then eight min bytes */
+    uint32_t u[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+    const uint32_t mins_lo = u[1] & low6;
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+    u[2] = mins_lo;
+    u[0] &= low6;
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u));
+    __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2)))),
+                             _mm256_set1_ps(-dmin));
+    OPAQUE(m);
+    *mins = m;
+    return _mm256_set_m128i(sc16, sc16);
+}
+
 /* One superblock b of a row of `type` into its record. */
 static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -835,27 +862,12 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
             _mm256_storeu_si256(v + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
-        const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-        _mm256_storeu_si256((__m256i *)r->sv,
-                            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), evens_odds)));
+        _mm256_storeu_si256((__m256i *)r->sv, q6k_sv(sc));
         memset(r->mins, 0, sizeof r->mins);
     } else {
         const int five = type == T_Q5_K;
-        const float dmin = f16(b + 2);
-        /* the twelve bytes of six-bit scales and mins as eight scale bytes, then eight min bytes */
-        uint32_t u[4];
-        memcpy(u, b + 4, 12);
-        const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
-        u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
-        const uint32_t mins_lo = u[1] & low6;
-        u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
-        u[2] = mins_lo;
-        u[0] &= low6;
-        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u));
-        _mm256_storeu_si256((__m256i *)r->sv, _mm256_set_m128i(sc16, sc16));   /* group 2j and 2j + 1: sc[j] */
-        __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2)))),
-                                    _mm256_set1_ps(-dmin));
-        OPAQUE(mins);
+        __m256 mins;
+        _mm256_storeu_si256((__m256i *)r->sv, k4_sv(b, &mins));
         _mm256_storeu_ps(r->mins, mins);
         r->d = f16(b);
         const uint8_t *q = b + (five ? 48 : 16);
@@ -993,6 +1005,108 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
 #endif
     }
 }
+
+#if defined(__AVX512F__)
+/* Decode-sized steps on AVX-512 skip the records: each superblock's codes widened straight from the
+ * file's bytes in registers (two sub-blocks a vector, the same codes, scales and order of operations
+ * as a record's, so a row's bits are the same either way), its products taken with up to KD rows of
+ * x, one weight row after another (the panel's rows lie one after another in the file: one stream). */
+#define KD 8
+#ifndef K_DIRECT_ROWS
+#define K_DIRECT_ROWS 8
+#endif
+
+#define K_DIRECT(mr)                                                                               \
+    static void k_direct##mr(int64_t type, const uint8_t *row, const xk *x, int64_t K, int64_t t0, float *acc) { \
+        const int64_t ns = K / 256, nb = K / 32, ng = K / 16, bb = block_bytes(type);              \
+        const int q6 = type == T_Q6_K, five = type == T_Q5_K;                                      \
+        const __mmask32 upper = 0xFFFF0000u, lower = 0x0000FFFFu;                                  \
+        const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), one = _mm512_set1_epi8(1); \
+        __m512 f[mr];                                                                              \
+        for (int t = 0; t < (mr); t++) f[t] = _mm512_loadu_ps(acc + t * NR * VN);                  \
+        for (int64_t sb = 0; sb < ns; sb++) {                                                      \
+            const uint8_t *b = row + sb * bb;                                                      \
+            for (int l = 0; l < 4; l++) PREFETCH(b + PF_AHEAD + 64 * l);                           \
+            const int8_t *xq = x->q + t0 * K + 256 * sb;                                           \
+            __m512i w[4];                                                                          \
+            __m256i sv;                                                                            \
+            float d;                                                                               \
+            if (q6) {                                                                              \
+                d = f16(b + 208);                                                                  \
+                sv = q6k_sv((const int8_t *)(b + 192));                                            \
+                for (int h = 0; h < 2; h++) {                                                      \
+                    const __m512i l = _mm512_loadu_si512((const void *)(b + 64 * h));              \
+                    const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));           \
+                    __m512i ha = _mm512_slli_epi16(qh, 2);                                         \
+                    ha = _mm512_mask_slli_epi16(ha, lower, ha, 2);                                 \
+                    const __m512i hb = _mm512_mask_srli_epi16(qh, upper, qh, 2);                   \
+                    w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(ha, m30)); \
+                    w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),  \
+                                                   _mm512_and_si512(hb, m30));                     \
+                }                                                                                  \
+            } else {                                                                               \
+                __m256 mins;                                                                       \
+                sv = k4_sv(b, &mins);                                                              \
+                d = f16(b);                                                                        \
+                const __m512 mz = _mm512_zextps256_ps512(mins);                                    \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    f[t] = _mm512_fmadd_ps(mz, _mm512_maskz_loadu_ps(0xff, x->s + (t0 + t) * nb + 8 * sb), f[t]); \
+                const uint8_t *q = b + (five ? 48 : 16);                                           \
+                const __m512i qh = five ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512(); \
+                for (int j = 0; j < 4; j++) {                                                      \
+                    const __m512i c = _mm512_broadcast_i64x4(load32(q + 32 * j));                  \
+                    w[j] = _mm512_and_si512(_mm512_mask_srli_epi16(c, upper, c, 4), m4);           \
+                    if (five) {                                                                    \
+                        __m512i h = _mm512_srli_epi16(qh, 2 * j);                                  \
+                        h = _mm512_mask_srli_epi16(h, upper, h, 1);                                \
+                        w[j] = _mm512_or_si512(w[j], _mm512_slli_epi16(_mm512_and_si512(h, one), 4)); \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+            __m512i i[mr];                                                                         \
+            for (int t = 0; t < (mr); t++) i[t] = _mm512_setzero_si512();                          \
+            const __m512i sv2 = _mm512_broadcast_i64x4(sv);                                        \
+            for (int j = 0; j < 4; j++) {                                                          \
+                const __m512i s = _mm512_shuffle_epi8(sv2, _mm512_loadu_si512((const void *)K_SPREAD[2 * j])); \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm512_dpwssd_epi32(i[t], _mm512_maddubs_epi16(                         \
+                        w[j], _mm512_loadu_si512((const void *)(xq + t * K + 64 * j))), s);        \
+            }                                                                                      \
+            if (q6) {                                                                              \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    i[t] = _mm512_sub_epi32(i[t], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16( \
+                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5)));      \
+            }                                                                                      \
+            for (int t = 0; t < (mr); t++) {                                                       \
+                float sx = d * x->d[(t0 + t) * ns + sb];                                           \
+                OPAQUE(sx);                                                                        \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i[t]), _mm512_set1_ps(sx), f[t]);        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < (mr); t++) _mm512_storeu_ps(acc + t * NR * VN, f[t]);                  \
+    }
+K_DIRECT(1)
+K_DIRECT(2)
+K_DIRECT(3)
+K_DIRECT(4)
+K_DIRECT(5)
+K_DIRECT(6)
+K_DIRECT(7)
+K_DIRECT(8)
+
+static void k_direct(int mr, int64_t type, const uint8_t *row, const xk *x, int64_t K, int64_t t0, float *acc) {
+    switch (mr) {
+    case 1: k_direct1(type, row, x, K, t0, acc); break;
+    case 2: k_direct2(type, row, x, K, t0, acc); break;
+    case 3: k_direct3(type, row, x, K, t0, acc); break;
+    case 4: k_direct4(type, row, x, K, t0, acc); break;
+    case 5: k_direct5(type, row, x, K, t0, acc); break;
+    case 6: k_direct6(type, row, x, K, t0, acc); break;
+    case 7: k_direct7(type, row, x, K, t0, acc); break;
+    default: k_direct8(type, row, x, K, t0, acc); break;
+    }
+}
+#endif
 
 /* Row x (K values) as Q8_K-style codes: per superblock of 256 the scale d, per 32 codes s = d *
  * their sum, per 16 codes their sum (in a record's sv order). Exact IEEE arithmetic, as quantize_row. */
@@ -1455,6 +1569,20 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
 #if defined(HAVE_I8K)
     if (jb->kq != NULL && k_type(pt->type)) {      /* K-quants in the fast numerics, every step */
         const int64_t ns = K / 256, bb = block_bytes(pt->type);
+        const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
+#if defined(__AVX512F__)
+        if (t_hi - t_lo <= K_DIRECT_ROWS) {          /* decode: straight from the blocks */
+            for (int64_t t0 = t_lo; t0 < t_hi; t0 += KD) {
+                const int mr = (int)(t_hi - t0 < KD ? t_hi - t0 : KD);
+                memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+                for (int64_t c = 0; c < nr; c++)
+                    k_direct(mr, pt->type, pt->data + (r0 + c) * row_bytes, &x, K, t0, acc + c * VN);
+                for (int64_t t = 0; t < mr; t++)
+                    reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
+            }
+            return;
+        }
+#endif
         ksb *panel = k_panel_buffer(NR * ns);
         if (panel == NULL) abort();                /* tens of KiB: the process is out of memory */
         for (int64_t c = 0; c < NR; c++) {
@@ -1465,7 +1593,6 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
                 k_unpack(pt->type, b, panel + c * ns + sb);
             }
         }
-        const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
         for (int64_t t0 = t_lo; t0 < t_hi; t0 += KR) {
             const int mr = (int)(t_hi - t0 < KR ? t_hi - t0 : KR);
             memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));

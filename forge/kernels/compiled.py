@@ -157,6 +157,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_qmatmul_int8_rows.restype = ctypes.c_int
     lib.forge_qmatmul_int8_k_rows.argtypes = []
     lib.forge_qmatmul_int8_k_rows.restype = i64
+    lib.forge_qmatmul_int8_k_split.argtypes = []
+    lib.forge_qmatmul_int8_k_split.restype = i64
     return lib
 
 

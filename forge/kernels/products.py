@@ -217,10 +217,17 @@ def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
 
 def qmatmul_int8_k_rows(lib: ctypes.CDLL | None = None) -> int:
     """The most rows of a step in the fast numerics whose K-quant (Q4_K, Q5_K, Q6_K) products are
-    int8 here (qmatmul.c's I8K_MAX_ROWS: every step in an AVX2 build, decode-sized ones with
-    AVX-512, whose bigger steps keep the bfloat16 tiles), or 0 where none are."""
+    int8 here (2**63 - 1: every step, in an AVX2 or AVX-512 VNNI build), or 0 where none are."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_int8_k_rows())
+
+
+def qmatmul_int8_k_split(lib: ctypes.CDLL | None = None) -> int:
+    """The most rows of a fast K-quant step that the decode kernels take here (qmatmul.c's
+    I8K_MAX_ROWS), bigger steps going to the lanes-as-rows kernel (AVX-512 VNNI), which adds in
+    another order: a row's bits differ across this bound. 0 where one kernel takes every step."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_int8_k_split())
 
 
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:

@@ -1007,6 +1007,30 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
 }
 
 #if defined(__AVX512F__)
+/* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit units (a pair of bfloat16 for the AMX tiles, four int8 codes for the VNNI GEMM). */
+static inline void transpose16(__m512i *r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {                /* u[i + j], 128-bit lane L: unit 4L + j of rows i .. i + 3 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {                    /* the 128-bit lanes transposed, 4 x 4 */
+        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
 /* Decode-sized steps on AVX-512 skip the records: each superblock's codes widened straight from the
  * file's bytes in registers (two sub-blocks a vector, the same codes, scales and order of operations
  * as a record's, so a row's bits are the same either way), its products taken with up to KD rows of
@@ -1016,12 +1040,45 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
 #define K_DIRECT_ROWS 8
 #endif
 
+/* Superblock b's 256 codes in order, two sub-blocks a vector (w[0..3]), its scales as a record's sv,
+ * its float scale d, and for Q4_K and Q5_K -dmin * mn[j] of each sub-block (*mins). */
+static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *sv, float *d, __m256 *mins) {
+    const __mmask32 upper = 0xFFFF0000u, lower = 0x0000FFFFu;
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), one = _mm512_set1_epi8(1);
+    if (type == T_Q6_K) {
+        *d = f16(b + 208);
+        *sv = q6k_sv((const int8_t *)(b + 192));
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(b + 64 * h));
+            const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+            __m512i ha = _mm512_slli_epi16(qh, 2);
+            ha = _mm512_mask_slli_epi16(ha, lower, ha, 2);
+            const __m512i hb = _mm512_mask_srli_epi16(qh, upper, qh, 2);
+            w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(ha, m30));
+            w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(hb, m30));
+        }
+        return;
+    }
+    const int five = type == T_Q5_K;
+    *sv = k4_sv(b, mins);
+    *d = f16(b);
+    const uint8_t *q = b + (five ? 48 : 16);
+    const __m512i qh = five ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) {
+        const __m512i c = _mm512_broadcast_i64x4(load32(q + 32 * j));
+        w[j] = _mm512_and_si512(_mm512_mask_srli_epi16(c, upper, c, 4), m4);
+        if (five) {
+            __m512i h = _mm512_srli_epi16(qh, 2 * j);
+            h = _mm512_mask_srli_epi16(h, upper, h, 1);
+            w[j] = _mm512_or_si512(w[j], _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
+        }
+    }
+}
+
 #define K_DIRECT(mr)                                                                               \
     static void k_direct##mr(int64_t type, const uint8_t *row, const xk *x, int64_t K, int64_t t0, float *acc) { \
         const int64_t ns = K / 256, nb = K / 32, ng = K / 16, bb = block_bytes(type);              \
-        const int q6 = type == T_Q6_K, five = type == T_Q5_K;                                      \
-        const __mmask32 upper = 0xFFFF0000u, lower = 0x0000FFFFu;                                  \
-        const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), one = _mm512_set1_epi8(1); \
+        const int q6 = type == T_Q6_K;                                                             \
         __m512 f[mr];                                                                              \
         for (int t = 0; t < (mr); t++) f[t] = _mm512_loadu_ps(acc + t * NR * VN);                  \
         for (int64_t sb = 0; sb < ns; sb++) {                                                      \
@@ -1030,38 +1087,13 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
             const int8_t *xq = x->q + t0 * K + 256 * sb;                                           \
             __m512i w[4];                                                                          \
             __m256i sv;                                                                            \
+            __m256 mins = _mm256_setzero_ps();                                                     \
             float d;                                                                               \
-            if (q6) {                                                                              \
-                d = f16(b + 208);                                                                  \
-                sv = q6k_sv((const int8_t *)(b + 192));                                            \
-                for (int h = 0; h < 2; h++) {                                                      \
-                    const __m512i l = _mm512_loadu_si512((const void *)(b + 64 * h));              \
-                    const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));           \
-                    __m512i ha = _mm512_slli_epi16(qh, 2);                                         \
-                    ha = _mm512_mask_slli_epi16(ha, lower, ha, 2);                                 \
-                    const __m512i hb = _mm512_mask_srli_epi16(qh, upper, qh, 2);                   \
-                    w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(ha, m30)); \
-                    w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),  \
-                                                   _mm512_and_si512(hb, m30));                     \
-                }                                                                                  \
-            } else {                                                                               \
-                __m256 mins;                                                                       \
-                sv = k4_sv(b, &mins);                                                              \
-                d = f16(b);                                                                        \
+            k_codes(type, b, w, &sv, &d, &mins);                                                   \
+            if (!q6) {                                                                             \
                 const __m512 mz = _mm512_zextps256_ps512(mins);                                    \
                 for (int t = 0; t < (mr); t++)                                                     \
                     f[t] = _mm512_fmadd_ps(mz, _mm512_maskz_loadu_ps(0xff, x->s + (t0 + t) * nb + 8 * sb), f[t]); \
-                const uint8_t *q = b + (five ? 48 : 16);                                           \
-                const __m512i qh = five ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512(); \
-                for (int j = 0; j < 4; j++) {                                                      \
-                    const __m512i c = _mm512_broadcast_i64x4(load32(q + 32 * j));                  \
-                    w[j] = _mm512_and_si512(_mm512_mask_srli_epi16(c, upper, c, 4), m4);           \
-                    if (five) {                                                                    \
-                        __m512i h = _mm512_srli_epi16(qh, 2 * j);                                  \
-                        h = _mm512_mask_srli_epi16(h, upper, h, 1);                                \
-                        w[j] = _mm512_or_si512(w[j], _mm512_slli_epi16(_mm512_and_si512(h, one), 4)); \
-                    }                                                                              \
-                }                                                                                  \
             }                                                                                      \
             __m512i i[mr];                                                                         \
             for (int t = 0; t < (mr); t++) i[t] = _mm512_setzero_si512();                          \
@@ -1106,6 +1138,155 @@ static void k_direct(int mr, int64_t type, const uint8_t *row, const xk *x, int6
     default: k_direct8(type, row, x, K, t0, acc); break;
     }
 }
+
+/* ---- bigger K-quant steps on AVX-512 VNNI: 16 weight rows in the lanes ---------------------------
+ * Steps of more than I8K_MAX_ROWS rows put 16 rows of W in a vector's lanes: each superblock of a
+ * group of 16 rows is unpacked once per step into quads of codes (kg.codes[q]: four codes of each of
+ * the 16 rows, a 16 x 16 transpose of 32-bit units), and each row of x multiplies them by VPDPBUSD
+ * (x's four codes broadcast: 64 multiply-adds an instruction, four times a bfloat16 FMA's pairs), each
+ * scale group's int32 sums converted and multiplied by d * its scale (float: VPMULLD is slow on AMD),
+ * then per superblock by dx. The mins (Q4_K, Q5_K) and Q6_K's offset of 32 come from the sums of x's
+ * codes by VPDPWSSD. A row's bits are the same in every step of this size. */
+typedef struct {
+    uint8_t codes[64][64];      /* quad q (values 4q .. 4q + 3) of rows 0..15, four codes each */
+    float sc[16][16];           /* d * the scale of each group (Q6_K: 16 groups of 16; others: 8 sub-blocks) */
+    int16_t mp[8][32];          /* pairs per row: Q4_K/Q5_K (mn[2i], mn[2i + 1]), i < 4; Q6_K (sc[2i], sc[2i + 1]) */
+    float d[16], dmin[16];
+} kg;
+
+#define MG 8                    /* rows of x at a time: 3 x MG of the 32 registers */
+
+/* acc + VPDPBUSD(w, the four codes at x broadcast), written as one instruction with x from memory:
+ * GCC's intrinsic keeps a copy of the accumulator around each one (two extra moves a product). */
+static inline __m512i dpbusd_x(__m512i acc, __m512i w, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
+
+/* Rows r0 .. r0 + n (n <= 16; the rest zero) of part pt, every superblock, into g[0 .. ns). tmp: 16 x 256. */
+static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n, int64_t ns, uint8_t *tmp, kg *g) {
+    const int64_t type = pt->type, bb = block_bytes(type);
+    const int q6 = type == T_Q6_K;
+    for (int64_t sb = 0; sb < ns; sb++) {
+        kg *o = g + sb;
+        for (int64_t c = 0; c < 16; c++) {
+            if (c >= n) {
+                memset(tmp + 256 * c, 0, 256);
+                for (int j = 0; j < 16; j++) o->sc[j][c] = 0.0f;
+                for (int i = 0; i < 8; i++) o->mp[i][2 * c] = o->mp[i][2 * c + 1] = 0;
+                o->d[c] = o->dmin[c] = 0.0f;
+                continue;
+            }
+            const uint8_t *b = pt->data + (r0 + c) * row_bytes + sb * bb;
+            __m512i w[4];
+            __m256i sv;
+            __m256 mins;
+            float d;
+            k_codes(type, b, w, &sv, &d, &mins);
+            for (int j = 0; j < 4; j++) _mm512_storeu_si512((void *)(tmp + 256 * c + 64 * j), w[j]);
+            o->d[c] = d;
+            if (q6) {
+                const int8_t *sc = (const int8_t *)(b + 192);
+                for (int j = 0; j < 16; j++) o->sc[j][c] = d * (float)sc[j];
+                for (int i = 0; i < 8; i++) o->mp[i][2 * c] = sc[2 * i], o->mp[i][2 * c + 1] = sc[2 * i + 1];
+                o->dmin[c] = 0.0f;
+            } else {
+                for (int j = 0; j < 8; j++) {
+                    uint8_t scj, mnj;
+                    k_scale_min(b + 4, j, &scj, &mnj);
+                    o->sc[j][c] = d * (float)scj;
+                    o->mp[j / 2][2 * c + j % 2] = mnj;
+                }
+                o->dmin[c] = f16(b + 2);
+            }
+        }
+        for (int j = 0; j < 4; j++) {              /* quads 16 j .. 16 j + 15 of the 16 rows */
+            __m512i r[16];
+            for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512((const void *)(tmp + 256 * c + 64 * j));
+            transpose16(r);
+            for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)o->codes[16 * j + q], r[q]);
+        }
+    }
+}
+
+/* out[t][0 .. n) for rows t0 .. t0 + mr of x against the group's records g[0 .. ns). */
+#define KG_ROWS(mr, q6, name)                                                                      \
+    static void name(const kg *g, int64_t ns, const xk *x, int64_t K, int64_t t0, float *out, int64_t ldo, \
+                     int64_t n) {                                                                  \
+        const int64_t ng = K / 16;                                                                 \
+        enum { groups = (q6) ? 16 : 8, quads = (q6) ? 4 : 8 };                                     \
+        __m512 f[mr];                                                                              \
+        for (int t = 0; t < (mr); t++) f[t] = _mm512_setzero_ps();                                 \
+        for (int64_t sb = 0; sb < ns; sb++) {                                                      \
+            const kg *r = g + sb;                                                                  \
+            const int32_t *xq = (const int32_t *)(x->q + t0 * K + 256 * sb);                       \
+            __m512 fs[mr];                                                                         \
+            __m512i ia[mr];                                                                        \
+            for (int t = 0; t < (mr); t++) fs[t] = _mm512_setzero_ps();                            \
+            for (int j = 0; j < groups; j++) {                                                     \
+                for (int t = 0; t < (mr); t++) ia[t] = _mm512_setzero_si512();                     \
+                for (int qd = 0; qd < quads; qd++) {                                               \
+                    const int q = j * quads + qd;                                                  \
+                    const __m512i w = _mm512_loadu_si512((const void *)r->codes[q]);               \
+                    for (int t = 0; t < (mr); t++) ia[t] = dpbusd_x(ia[t], w, xq + t * K / 4 + q);  \
+                }                                                                                  \
+                const __m512 sc = _mm512_loadu_ps(r->sc[j]);                                       \
+                for (int t = 0; t < (mr); t++) fs[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), sc, fs[t]); \
+            }                                                                                      \
+            /* the sums of x's codes: Q6_K per 16 (x->b: the even groups', then the odd ones'), the \
+             * others per 32, in pairs as VPDPWSSD takes them */                                   \
+            for (int t = 0; t < (mr); t++) ia[t] = _mm512_setzero_si512();                         \
+            for (int i = 0; i < (q6 ? 8 : 4); i++) {                                               \
+                const __m512i mp = _mm512_loadu_si512((const void *)r->mp[i]);                     \
+                for (int t = 0; t < (mr); t++) {                                                   \
+                    const int16_t *bs = x->b + (t0 + t) * ng + 16 * sb;                            \
+                    const int lo = q6 ? bs[i] : bs[2 * i] + bs[8 + 2 * i];                         \
+                    const int hi = q6 ? bs[8 + i] : bs[2 * i + 1] + bs[9 + 2 * i];                 \
+                    ia[t] = _mm512_dpwssd_epi32(ia[t], mp, _mm512_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)hi << 16))); \
+                }                                                                                  \
+            }                                                                                      \
+            /* Q6_K: 32 * d, the others dmin, times the sums of x's codes against the pairs */     \
+            const __m512 dm = (q6) ? _mm512_mul_ps(_mm512_loadu_ps(r->d), _mm512_set1_ps(32.0f)) : _mm512_loadu_ps(r->dmin); \
+            for (int t = 0; t < (mr); t++) {                                                       \
+                const __m512 dx = _mm512_set1_ps(x->d[(t0 + t) * ns + sb]);                        \
+                fs[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ia[t]), dm, fs[t]);                    \
+                f[t] = _mm512_fmadd_ps(fs[t], dx, f[t]);                                           \
+            }                                                                                      \
+        }                                                                                          \
+        const __mmask16 m = (__mmask16)((1u << n) - 1);                                            \
+        for (int t = 0; t < (mr); t++) _mm512_mask_storeu_ps(out + (t0 + t) * ldo, m, f[t]);       \
+    }
+KG_ROWS(1, 0, kg_rows1)
+KG_ROWS(1, 1, kg_rows1q6)
+KG_ROWS(2, 0, kg_rows2)
+KG_ROWS(2, 1, kg_rows2q6)
+KG_ROWS(3, 0, kg_rows3)
+KG_ROWS(3, 1, kg_rows3q6)
+KG_ROWS(4, 0, kg_rows4)
+KG_ROWS(4, 1, kg_rows4q6)
+KG_ROWS(5, 0, kg_rows5)
+KG_ROWS(5, 1, kg_rows5q6)
+KG_ROWS(6, 0, kg_rows6)
+KG_ROWS(6, 1, kg_rows6q6)
+KG_ROWS(7, 0, kg_rows7)
+KG_ROWS(7, 1, kg_rows7q6)
+KG_ROWS(8, 0, kg_rows8)
+KG_ROWS(8, 1, kg_rows8q6)
+
+static void kg_rows(int mr, int q6, const kg *g, int64_t ns, const xk *x, int64_t K, int64_t t0, float *out,
+                    int64_t ldo, int64_t n) {
+    switch (mr) {
+    case 1: (q6 ? kg_rows1q6 : kg_rows1)(g, ns, x, K, t0, out, ldo, n); break;
+    case 2: (q6 ? kg_rows2q6 : kg_rows2)(g, ns, x, K, t0, out, ldo, n); break;
+    case 3: (q6 ? kg_rows3q6 : kg_rows3)(g, ns, x, K, t0, out, ldo, n); break;
+    case 4: (q6 ? kg_rows4q6 : kg_rows4)(g, ns, x, K, t0, out, ldo, n); break;
+    case 5: (q6 ? kg_rows5q6 : kg_rows5)(g, ns, x, K, t0, out, ldo, n); break;
+    case 6: (q6 ? kg_rows6q6 : kg_rows6)(g, ns, x, K, t0, out, ldo, n); break;
+    case 7: (q6 ? kg_rows7q6 : kg_rows7)(g, ns, x, K, t0, out, ldo, n); break;
+    default: (q6 ? kg_rows8q6 : kg_rows8)(g, ns, x, K, t0, out, ldo, n); break;
+    }
+}
+#define HAVE_KG 1
 #endif
 
 /* Row x (K values) as Q8_K-style codes: per superblock of 256 the scale d, per 32 codes s = d *
@@ -1404,30 +1585,6 @@ static int amx_usable(void) {
 }
 
 
-/* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit units (each a pair of bfloat16). */
-static inline void transpose16(__m512i *r) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {                /* u[i + j], 128-bit lane L: unit 4L + j of rows i .. i + 3 */
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int j = 0; j < 4; j++) {                    /* the 128-bit lanes transposed, 4 x 4 */
-        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
-        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
-        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-        r[8 + j] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
-        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
-    }
-}
-
 /* rows r0 .. r0 + n (n <= 32) of part pt as the tiles take them: for 32 values of K (chunk ks) and
  * 16 rows of W (cb), 16 tile rows of 16 pairs: panel[((ks * 2 + cb) * 16 + p) * 16 + c] = values
  * 2p and 2p + 1 of chunk ks of row 16 cb + c, as one 32-bit unit (rows past n are zero). rows_bf
@@ -1526,12 +1683,51 @@ static void amx_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
 
 static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
 
+#if defined(HAVE_KG)
+/* Big `fast` steps with K-quant parts on AVX-512 VNNI: their panels four at a time (16 rows of one
+ * part) through the lanes-as-rows kernel, unpacked once per step, every row of x against them; the
+ * other parts' panels as in run_panels. */
+static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    const int64_t K = jb->K, ns = K / 256;
+    uint8_t *tmp = grown(&buf, &size, 16 * 256 + ns * (int64_t)sizeof(kg));
+    if (tmp == NULL) abort();                   /* a few hundred KiB: the process is out of memory */
+    kg *g = (kg *)(tmp + 16 * 256);
+    const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
+    for (int64_t p = p_lo; p < p_hi;) {
+        const placed at = place(jb, p);
+        if (!k_type(at.pt->type)) {
+            int64_t tb = 393216 / K / MR * MR;
+            tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
+            for (int64_t t0 = 0; t0 < jb->T; t0 += tb) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
+            p++;
+            continue;
+        }
+        const int64_t end = p + 4 < p_hi ? (p + 4 < at.part_end ? p + 4 : at.part_end) : (p_hi < at.part_end ? p_hi : at.part_end);
+        int64_t n = (end - p) * NR;
+        if (n > at.pt->rows - at.r0) n = at.pt->rows - at.r0;
+        kg_unpack(at.pt, at.row_bytes, at.r0, n, ns, tmp, g);
+        for (int64_t t0 = 0; t0 < jb->T; t0 += MG)
+            kg_rows((int)(jb->T - t0 < MG ? jb->T - t0 : MG), at.pt->type == T_Q6_K, g, ns, &x, K, t0,
+                    jb->out + at.col0 + at.r0, jb->ldo, n);
+        p = end;
+    }
+}
+#endif
+
 /* Panels [p_lo, p_hi) of the whole (all parts) into out: small steps panel by panel; big ones in
  * tiles of rows of x that stay in L2 (about 384 KiB), each tile over every panel. */
 static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
 #if defined(HAVE_AMX)
     if (jb->amx) {
         amx_panels(jb, p_lo, p_hi);
+        return;
+    }
+#endif
+#if defined(HAVE_KG)
+    if (jb->kq != NULL && jb->T > I8K_MAX_ROWS) {
+        kg_panels(jb, p_lo, p_hi);
         return;
     }
 #endif
@@ -1822,6 +2018,11 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         else any_other = 1;
     }
     const int k_int8 = any_k && K % 256 == 0;   /* the K-quants' int8 products, where the build has them */
+#if defined(HAVE_KG)
+#define K_INT8_STEP(T) 1                       /* every step: decode from the blocks, bigger ones kg_panels */
+#else
+#define K_INT8_STEP(T) ((T) <= I8K_MAX_ROWS)
+#endif
     (void)k_int8, (void)any_other;
 #if defined(HAVE_BF16)
 #if defined(HAVE_AMX)
@@ -1833,9 +2034,9 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     /* With int8 K-quants beside bfloat16 (AVX-512), x is rounded to bfloat16 only for the other types,
      * or where the step goes to the AMX tiles (which take every type). */
 #if defined(HAVE_AMX)
-    if (fast && !(k_int8 && T <= I8K_MAX_ROWS && !any_other && !(T >= AMX_MIN_ROWS && amx_usable()))) {
+    if (fast && !(k_int8 && K_INT8_STEP(T) && !any_other && !(T >= AMX_MIN_ROWS && amx_usable()))) {
 #else
-    if (fast && !(k_int8 && T <= I8K_MAX_ROWS && !any_other)) {
+    if (fast && !(k_int8 && K_INT8_STEP(T) && !any_other)) {
 #endif
 #else
     if (fast) {                           /* x rounded once, on the caller's thread */
@@ -1855,7 +2056,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     }
 #endif
 #if defined(HAVE_I8K)
-    if (fast && k_int8 && T <= I8K_MAX_ROWS && !jb.amx) {   /* x quantized once per superblock */
+    if (fast && k_int8 && K_INT8_STEP(T) && !jb.amx) {   /* x quantized once per superblock */
         static __thread void *buf = NULL;
         static __thread int64_t size = 0;
         const int64_t ns = K / 256, nb = K / 32, ng = K / 16;
@@ -1907,10 +2108,23 @@ int forge_qmatmul_int8_rows(void) {
 #endif
 }
 
-/* The most rows of a `fast` step whose K-quant products are int8 here (I8K_MAX_ROWS; INT64_MAX: every
- * step), or 0 where the build has none. */
+/* The most rows of a `fast` step whose K-quant products are int8 here (INT64_MAX: every step), or 0
+ * where the build has none. */
 int64_t forge_qmatmul_int8_k_rows(void) {
-#if defined(HAVE_I8K)
+#if defined(HAVE_KG) || (defined(HAVE_I8K) && !defined(__AVX512F__))
+    return INT64_MAX;
+#elif defined(HAVE_I8K)
+    return I8K_MAX_ROWS;
+#else
+    return 0;
+#endif
+}
+
+/* The most rows of a `fast` K-quant step that the decode kernels take here, bigger ones adding in
+ * another order (the lanes-as-rows kernel: a row's bits differ across this bound), or 0 where one
+ * kernel takes every step. */
+int64_t forge_qmatmul_int8_k_split(void) {
+#if defined(HAVE_KG)
     return I8K_MAX_ROWS;
 #else
     return 0;

@@ -328,11 +328,11 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
     round and add in the same order. int8 products: the K-quants' in every step, every row quantized
     alone; the other types' in steps of up to int8_rows rows, bigger steps taking the float32 path,
-    whose rows are each row's float32 product alone. Int8 K-quants beside bfloat16 (AVX-512): int8
-    in steps of up to int8_k_rows rows, bfloat16 in bigger ones, the same bits within each. The AMX
-    tiles add in another order: where they take steps (from amx_rows rows, smaller ones going to the
-    float32 path), a row's bits are the same in every step of that size or more, and the same in
-    every smaller step, but differ between the two."""
+    whose rows are each row's float32 product alone. Int8 K-quants on AVX-512 VNNI: steps of up to
+    int8_k_split rows from the blocks, bigger ones with 16 weight rows in the lanes, the same bits
+    within each. The AMX tiles add in another order: where they take steps (from amx_rows rows,
+    smaller ones going to the float32 path), a row's bits are the same in every step of that size or
+    more, and the same in every smaller step, but differ between the two."""
     rng = np.random.default_rng(100 + int(qtype))
     blocks, _ = random_matrix(rng, qtype, 37, 512)
     x = rng.standard_normal((150, 512)).astype(np.float32)
@@ -349,10 +349,9 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     int8_rows = products.qmatmul_int8_rows(fast_lib)
     if int8_rows and qtype not in INT8_K_TYPES:   # bigger steps: each row's float32 product alone
         tiled = np.concatenate([product(fast_lib, x[r:r + 1], part, 512) for r in range(0, 150, 7)])
-    # int8 K-quants beside bfloat16 (AVX-512): steps of up to k_rows rows int8, bigger ones bfloat16,
-    # whose reference is each row in a step of k_rows + 1 rows
-    k_rows = products.qmatmul_int8_k_rows(fast_lib)
-    split = k_rows if qtype in INT8_K_TYPES and 0 < k_rows < 2**62 and not amx_rows else 0
+    # int8 K-quants on AVX-512 VNNI: steps of up to `split` rows from the blocks, bigger ones on the
+    # lanes-as-rows kernel, whose reference is each row in a step of split + 1 rows
+    split = products.qmatmul_int8_k_split(fast_lib) if qtype in INT8_K_TYPES and not amx_rows else 0
     if split:
         tiled = np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:split]]), part, 512, fast_lib)[:1]
                                 for r in range(0, 150, 7)])

@@ -19,7 +19,9 @@
  *
  * The `fast` numerics (asked per call) trade that exactness for speed: with AVX-512 BF16, x and the
  * widened weights rounded to bfloat16 (pair dot products, on the AMX tiles for big steps where
- * there are tiles); on AVX2 alone, x as int8 codes multiplied with the file's integer codes in
+ * there are tiles), except that with VNNI too the K-quants take int8 products (x per superblock of
+ * 256, as below: decode steps straight from the blocks, bigger ones with 16 weight rows in the lanes
+ * of VPDPBUSD); on AVX2 alone, x as int8 codes multiplied with the file's integer codes in
  * int32 (VPMADDUBSW/VPMADDWD): for the K-quants x per superblock of 256 and one float scale per
  * superblock, in every step; for Q4_0, Q4_1, Q8_0 x per block of 32 and a float scale per block, in
  * steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast says which numerics this build has).
@@ -631,12 +633,11 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
 #if defined(__AVX2__) && defined(__FMA__) && \
     (!defined(__AVX512F__) || (defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512BF16__)))
 #define HAVE_I8K 1
-/* The most rows of a step whose K-quant products are int8: every step on AVX2; on AVX-512 decode-sized
- * steps alone, where they read the weights faster (1.7B-shaped layers, 2 threads, Zen 4, ms int8 against
- * bfloat16: 18.7 / 26.6 at 1 row, 28.2 / 28.5 at 2, 53.2 / 55.1 at 8, 78.6 / 78.1 at 16, 110 / 98.7 at
- * 24, 545 / 408 at 128): bigger steps keep the bfloat16 tiles, which do the same multiply-adds in half
- * the instructions (one VDPBF16PS a 32 against VPMADDUBSW + VPDPWSSD a 64 there). A row's bits then
- * differ between steps of up to I8K_MAX_ROWS rows and bigger ones, as across the AMX tiles' bound. */
+/* On AVX-512, the most rows of a K-quant step taken straight from the blocks (k_direct); bigger steps go
+ * to the lanes-as-rows kernel (kg_panels), about as fast from 9 to 16 rows and faster beyond (1.7B-shaped
+ * layers, 2 threads, Zen 4: 37.5 ms at 8 rows, twice that at 16 either way). A row's bits differ between
+ * steps of up to I8K_MAX_ROWS rows and bigger ones, as across the AMX tiles' bound. AVX2 takes every step
+ * through its records. */
 #ifndef I8K_MAX_ROWS
 #if defined(__AVX512F__)
 #define I8K_MAX_ROWS 8
@@ -782,18 +783,7 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
  * (codes, scales, mins) for a tile of rows of x, then each group of up to KR rows of x multiplied
  * with one weight row's records in registers. A row's bits are the same in every step: the same
  * records and the same sums in the same order (batch invariance, as in the reference numerics). */
-#if defined(__AVX512F__)
-#define KR 8                /* rows of x against one weight row's records: 2 x KR of the 32 registers */
-#else
 #define KR 4
-#endif
-
-typedef struct {
-    uint8_t codes[256];     /* the superblock's unsigned codes, in order */
-    int16_t sv[16];         /* the integer scale of each 16 values, the even groups' then the odd ones' */
-    float mins[8];          /* Q4_K, Q5_K: -dmin * mn[j] of sub-block j */
-    float d;
-} ksb;
 
 /* Byte shuffles that spread sub-block j's scales from a record's sv over a vector as VPMADDWD takes
  * them: group 2j's scale in the low 16 values' lane, group 2j + 1's in the high one. */
@@ -808,13 +798,6 @@ static const uint8_t K_SPREAD[8][32] __attribute__((aligned(64))) = {
 };
 
 static void *grown(void **buf, int64_t *size, int64_t bytes);
-
-/* A thread's buffer for one panel's unpacked superblocks. */
-static ksb *k_panel_buffer(int64_t records) {
-    static __thread void *buf = NULL;
-    static __thread int64_t size = 0;
-    return grown(&buf, &size, records * (int64_t)sizeof(ksb));
-}
 
 /* Q6_K's sixteen int8 scales (at sc) as a record's sv: int16, the even groups' then the odd ones'. */
 static inline __m256i q6k_sv(const int8_t *sc) {
@@ -841,6 +824,31 @@ static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
     OPAQUE(m);
     *mins = m;
     return _mm256_set_m128i(sc16, sc16);
+}
+
+/* Rows of x as int8 codes per superblock: codes [T, K], dx [T, K/256], s [T, K/32] (dx * the sum
+ * of each 32 codes), sums [T, K/16] (each 16 codes' sum). */
+typedef struct {
+    const int8_t *q;
+    const float *d, *s;
+    const int16_t *b;
+    const int32_t *p;       /* AVX-512's big steps: per superblock, the sums per 32 in pairs (4), then per 16 (8) */
+} xk;
+
+#if !defined(__AVX512F__)
+/* ---- AVX2: a panel's superblocks unpacked into records, rows of x against them -------------------- */
+typedef struct {
+    uint8_t codes[256];     /* the superblock's unsigned codes, in order */
+    int16_t sv[16];         /* the integer scale of each 16 values, the even groups' then the odd ones' */
+    float mins[8];          /* Q4_K, Q5_K: -dmin * mn[j] of sub-block j */
+    float d;
+} ksb;
+
+/* A thread's buffer for one panel's unpacked superblocks. */
+static ksb *k_panel_buffer(int64_t records) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    return grown(&buf, &size, records * (int64_t)sizeof(ksb));
 }
 
 /* One superblock b of a row of `type` into its record. */
@@ -887,59 +895,8 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
     }
 }
 
-/* Rows of x as int8 codes per superblock: codes [T, K], dx [T, K/256], s [T, K/32] (dx * the sum
- * of each 32 codes), sums [T, K/16] (each 16 codes' sum). */
-typedef struct {
-    const int8_t *q;
-    const float *d, *s;
-    const int16_t *b;
-} xk;
-
 /* acc[t * NR * VN] (one weight row's running sums for rows t < mr of x, from row t0) over its
  * records r[0 .. s1 - s0), superblocks s0 .. s1 of K. */
-#if defined(__AVX512F__)
-/* The same sums in 64-byte vectors: two sub-blocks of codes a vector, their four groups' scales spread
- * by one shuffle (the record's scales in both halves, K_SPREAD's rows 2j and 2j + 1 side by side), the
- * scaled pair sums added by VPDPWSSD; the mins and Q6_K's offsets in the low eight lanes. */
-#define K_ROWS(mr)                                                                                 \
-    static void k_rows##mr(int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0, \
-                           float *acc) {                                                           \
-        const int64_t ns = K / 256, nb = K / 32, ng = K / 16;                                      \
-        __m512 f[mr];                                                                              \
-        for (int t = 0; t < (mr); t++) f[t] = _mm512_loadu_ps(acc + t * NR * VN);                  \
-        for (int64_t sb = s0; sb < s1; sb++) {                                                     \
-            const ksb *k = r + (sb - s0);                                                          \
-            const int8_t *xq = x->q + t0 * K + 256 * sb;                                           \
-            if (!q6) {                                                                             \
-                const __m512 mins = _mm512_maskz_loadu_ps(0xff, k->mins);                          \
-                for (int t = 0; t < (mr); t++)                                                     \
-                    f[t] = _mm512_fmadd_ps(mins, _mm512_maskz_loadu_ps(0xff, x->s + (t0 + t) * nb + 8 * sb), f[t]); \
-            }                                                                                      \
-            __m512i i[mr];                                                                         \
-            for (int t = 0; t < (mr); t++) i[t] = _mm512_setzero_si512();                          \
-            const __m256i sv = load32((const uint8_t *)k->sv);                                     \
-            const __m512i sv2 = _mm512_broadcast_i64x4(sv);                                        \
-            for (int j = 0; j < 4; j++) {                                                          \
-                const __m512i w = _mm512_loadu_si512((const void *)(k->codes + 64 * j));           \
-                const __m512i s = _mm512_shuffle_epi8(sv2, _mm512_loadu_si512((const void *)K_SPREAD[2 * j])); \
-                for (int t = 0; t < (mr); t++)                                                     \
-                    i[t] = _mm512_dpwssd_epi32(i[t], _mm512_maddubs_epi16(                         \
-                        w, _mm512_loadu_si512((const void *)(xq + t * K + 64 * j))), s);           \
-            }                                                                                      \
-            if (q6) {                                                                              \
-                for (int t = 0; t < (mr); t++)                                                     \
-                    i[t] = _mm512_sub_epi32(i[t], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16( \
-                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5)));      \
-            }                                                                                      \
-            for (int t = 0; t < (mr); t++) {                                                       \
-                float sx = k->d * x->d[(t0 + t) * ns + sb];                                        \
-                OPAQUE(sx);                                                                        \
-                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i[t]), _mm512_set1_ps(sx), f[t]);        \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < (mr); t++) _mm512_storeu_ps(acc + t * NR * VN, f[t]);                  \
-    }
-#else
 #define K_ROWS(mr)                                                                                 \
     static void k_rows##mr(int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0, \
                            float *acc) {                                                           \
@@ -976,17 +933,10 @@ typedef struct {
         }                                                                                          \
         for (int t = 0; t < (mr); t++) _mm256_storeu_ps(acc + t * NR * VN, f[t]);                  \
     }
-#endif
 K_ROWS(1)
 K_ROWS(2)
 K_ROWS(3)
 K_ROWS(4)
-#if KR > 4
-K_ROWS(5)
-K_ROWS(6)
-K_ROWS(7)
-K_ROWS(8)
-#endif
 
 static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const xk *x, int64_t K, int64_t t0,
                    float *acc) {
@@ -994,17 +944,11 @@ static void k_rows(int mr, int q6, const ksb *r, int64_t s0, int64_t s1, const x
     case 1: k_rows1(q6, r, s0, s1, x, K, t0, acc); break;
     case 2: k_rows2(q6, r, s0, s1, x, K, t0, acc); break;
     case 3: k_rows3(q6, r, s0, s1, x, K, t0, acc); break;
-#if KR > 4
-    case 4: k_rows4(q6, r, s0, s1, x, K, t0, acc); break;
-    case 5: k_rows5(q6, r, s0, s1, x, K, t0, acc); break;
-    case 6: k_rows6(q6, r, s0, s1, x, K, t0, acc); break;
-    case 7: k_rows7(q6, r, s0, s1, x, K, t0, acc); break;
-    default: k_rows8(q6, r, s0, s1, x, K, t0, acc); break;
-#else
     default: k_rows4(q6, r, s0, s1, x, K, t0, acc); break;
-#endif
     }
 }
+
+#endif
 
 #if defined(__AVX512F__)
 /* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit units (a pair of bfloat16 for the AMX tiles, four int8 codes for the VNNI GEMM). */
@@ -1031,14 +975,13 @@ static inline void transpose16(__m512i *r) {
     }
 }
 
-/* Decode-sized steps on AVX-512 skip the records: each superblock's codes widened straight from the
- * file's bytes in registers (two sub-blocks a vector, the same codes, scales and order of operations
- * as a record's, so a row's bits are the same either way), its products taken with up to KD rows of
- * x, one weight row after another (the panel's rows lie one after another in the file: one stream). */
-#define KD 8
-#ifndef K_DIRECT_ROWS
-#define K_DIRECT_ROWS 8
-#endif
+/* Decode-sized steps on AVX-512 (up to I8K_MAX_ROWS rows) take the K-quants straight from the blocks:
+ * each superblock's codes widened in registers (two sub-blocks a vector: AVX2's record, never stored),
+ * VPMADDUBSW against x's codes, VPDPWSSD with the sub-block scales, with up to KD rows of x, one weight
+ * row after another (the panel's rows lie one after another in the file: one stream). Unpacking records
+ * once per panel, as AVX2 does, cost more than the products at these sizes (18.7 against 11.2 ms a
+ * row on 1.7B-shaped layers, Zen 4). */
+#define KD 8                    /* rows of x at a time: 2 x KD of the 32 registers */
 
 /* Superblock b's 256 codes in order, two sub-blocks a vector (w[0..3]), its scales as a record's sv,
  * its float scale d, and for Q4_K and Q5_K -dmin * mn[j] of each sub-block (*mins). */
@@ -1213,7 +1156,6 @@ static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n,
 #define KG_ROWS(mr, q6, name)                                                                      \
     static void name(const kg *g, int64_t ns, const xk *x, int64_t K, int64_t t0, float *out, int64_t ldo, \
                      int64_t n) {                                                                  \
-        const int64_t ng = K / 16;                                                                 \
         enum { groups = (q6) ? 16 : 8, quads = (q6) ? 4 : 8 };                                     \
         __m512 f[mr];                                                                              \
         for (int t = 0; t < (mr); t++) f[t] = _mm512_setzero_ps();                                 \
@@ -1236,14 +1178,10 @@ static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n,
             /* the sums of x's codes: Q6_K per 16 (x->b: the even groups', then the odd ones'), the \
              * others per 32, in pairs as VPDPWSSD takes them */                                   \
             for (int t = 0; t < (mr); t++) ia[t] = _mm512_setzero_si512();                         \
-            for (int i = 0; i < (q6 ? 8 : 4); i++) {                                               \
+            for (int i = 0; i < ((q6) ? 8 : 4); i++) {                                             \
                 const __m512i mp = _mm512_loadu_si512((const void *)r->mp[i]);                     \
-                for (int t = 0; t < (mr); t++) {                                                   \
-                    const int16_t *bs = x->b + (t0 + t) * ng + 16 * sb;                            \
-                    const int lo = q6 ? bs[i] : bs[2 * i] + bs[8 + 2 * i];                         \
-                    const int hi = q6 ? bs[8 + i] : bs[2 * i + 1] + bs[9 + 2 * i];                 \
-                    ia[t] = _mm512_dpwssd_epi32(ia[t], mp, _mm512_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)hi << 16))); \
-                }                                                                                  \
+                for (int t = 0; t < (mr); t++)                                                     \
+                    ia[t] = _mm512_dpwssd_epi32(ia[t], mp, _mm512_set1_epi32(x->p[((t0 + t) * ns + sb) * 12 + ((q6) ? 4 : 0) + i])); \
             }                                                                                      \
             /* Q6_K: 32 * d, the others dmin, times the sums of x's codes against the pairs */     \
             const __m512 dm = (q6) ? _mm512_mul_ps(_mm512_loadu_ps(r->d), _mm512_set1_ps(32.0f)) : _mm512_loadu_ps(r->dmin); \
@@ -1510,6 +1448,7 @@ typedef struct {
     const int8_t *kq;                     /* x as int8 codes per superblock [T, K] (K-quants' `fast` on AVX2) */
     const float *kd, *ks;                 /* their scales [T, K/256], and scale * each 32 codes' sum [T, K/32] */
     const int16_t *kb;                    /* each 16 codes' sum [T, K/16] */
+    const int32_t *kp;                    /* kg_panels: those sums in VPDPWSSD's pairs [T, K/256, 12] */
 } job;
 
 /* The most rows a float32 step of this job takes on the fused path. */
@@ -1694,7 +1633,7 @@ static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
     uint8_t *tmp = grown(&buf, &size, 16 * 256 + ns * (int64_t)sizeof(kg));
     if (tmp == NULL) abort();                   /* a few hundred KiB: the process is out of memory */
     kg *g = (kg *)(tmp + 16 * 256);
-    const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
+    const xk x = {jb->kq, jb->kd, jb->ks, jb->kb, jb->kp};
     for (int64_t p = p_lo; p < p_hi;) {
         const placed at = place(jb, p);
         if (!k_type(at.pt->type)) {
@@ -1764,21 +1703,20 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     const int bf = jb->xb != NULL;                 /* the fast numerics: x and the panel in bfloat16 */
 #if defined(HAVE_I8K)
     if (jb->kq != NULL && k_type(pt->type)) {      /* K-quants in the fast numerics, every step */
-        const int64_t ns = K / 256, bb = block_bytes(pt->type);
-        const xk x = {jb->kq, jb->kd, jb->ks, jb->kb};
+        const xk x = {jb->kq, jb->kd, jb->ks, jb->kb, NULL};
 #if defined(__AVX512F__)
-        if (t_hi - t_lo <= K_DIRECT_ROWS) {          /* decode: straight from the blocks */
-            for (int64_t t0 = t_lo; t0 < t_hi; t0 += KD) {
-                const int mr = (int)(t_hi - t0 < KD ? t_hi - t0 : KD);
-                memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
-                for (int64_t c = 0; c < nr; c++)
-                    k_direct(mr, pt->type, pt->data + (r0 + c) * row_bytes, &x, K, t0, acc + c * VN);
-                for (int64_t t = 0; t < mr; t++)
-                    reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
-            }
-            return;
+        /* decode-sized steps (bigger ones go to kg_panels): straight from the blocks */
+        for (int64_t t0 = t_lo; t0 < t_hi; t0 += KD) {
+            const int mr = (int)(t_hi - t0 < KD ? t_hi - t0 : KD);
+            memset(acc, 0, (size_t)mr * NR * VN * sizeof(float));
+            for (int64_t c = 0; c < nr; c++)
+                k_direct(mr, pt->type, pt->data + (r0 + c) * row_bytes, &x, K, t0, acc + c * VN);
+            for (int64_t t = 0; t < mr; t++)
+                reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
         }
-#endif
+        return;
+#else
+        const int64_t ns = K / 256, bb = block_bytes(pt->type);
         ksb *panel = k_panel_buffer(NR * ns);
         if (panel == NULL) abort();                /* tens of KiB: the process is out of memory */
         for (int64_t c = 0; c < NR; c++) {
@@ -1798,6 +1736,7 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
                 reduce_row(acc + t * NR * VN, jb->out + (t0 + t) * jb->ldo + col0 + r0, nr);
         }
         return;
+#endif
     }
 #endif
 #if defined(HAVE_I8)
@@ -2004,7 +1943,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
 #endif
     job jb = {.x = x, .T = T, .K = K, .ldx = ldx, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo,
               .xb = NULL, .amx = 0, .xq = NULL, .xd = NULL, .xs = NULL, .kq = NULL, .kd = NULL, .ks = NULL,
-              .kb = NULL};
+              .kb = NULL, .kp = NULL};
     jb.part_panels[0] = 0;
     for (int64_t i = 0; i < num_parts; i++) {
         const int64_t bv = block_values(parts[i].type);
@@ -2067,6 +2006,25 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         for (int64_t t = 0; t < T; t++)
             quantize_row_k(x + t * ldx, K, codes + t * K, scales + t * ns, scales + T * ns + t * nb, sums + t * ng);
         jb.kq = codes, jb.kd = scales, jb.ks = scales + T * ns, jb.kb = sums;
+#if defined(HAVE_KG)
+        if (T > I8K_MAX_ROWS) {             /* kg_panels' sums of x's codes, as VPDPWSSD's pairs */
+            static __thread void *pbuf = NULL;
+            static __thread int64_t psize = 0;
+            int32_t *pairs = grown(&pbuf, &psize, T * ns * 12 * 4);
+            if (pairs == NULL) return -3;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t sb = 0; sb < ns; sb++) {
+                    const int16_t *bs = sums + t * ng + 16 * sb;   /* the even groups', then the odd ones' */
+                    int32_t *o = pairs + (t * ns + sb) * 12;
+                    for (int i = 0; i < 4; i++)                   /* per 32: groups 2j and 2j + 1 */
+                        o[i] = (int32_t)((uint32_t)(uint16_t)(bs[2 * i] + bs[8 + 2 * i]) |
+                                         (uint32_t)(uint16_t)(bs[2 * i + 1] + bs[9 + 2 * i]) << 16);
+                    for (int i = 0; i < 8; i++)                   /* per 16: groups 2i and 2i + 1 */
+                        o[4 + i] = (int32_t)((uint32_t)(uint16_t)bs[i] | (uint32_t)(uint16_t)bs[8 + i] << 16);
+                }
+            jb.kp = pairs;
+        }
+#endif
     }
 #endif
 #if defined(HAVE_I8)

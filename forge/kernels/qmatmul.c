@@ -805,12 +805,9 @@ static inline __m256i q6k_sv(const int8_t *sc) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), evens_odds));
 }
 
-/* Q4_K's and Q5_K's superblock b: its scales as a record's sv (sc[j] for groups 2j and 2j + 1), and
- * -dmin * mn[j] of each sub-block into *mins. */
-static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
-    const float dmin = f16(b + 2);
-    /* the twelve bytes of six-bit scales and mins as eight scale bytes, then eight min bytes */
-    uint32_t u[4];
+/* Q4_K's and Q5_K's superblock b: the twelve bytes of six-bit scales and mins as eight scale bytes
+ * (u[0], u[1]), then eight min bytes (u[2], u[3]). */
+static inline void k4_bytes(const uint8_t *b, uint32_t *u) {
     memcpy(u, b + 4, 12);
     const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
     u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
@@ -818,6 +815,14 @@ static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
     u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
     u[2] = mins_lo;
     u[0] &= low6;
+}
+
+/* Q4_K's and Q5_K's superblock b: its scales as a record's sv (sc[j] for groups 2j and 2j + 1), and
+ * -dmin * mn[j] of each sub-block into *mins. */
+static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
+    const float dmin = f16(b + 2);
+    uint32_t u[4];
+    k4_bytes(b, u);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u));
     __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2)))),
                              _mm256_set1_ps(-dmin));
@@ -1106,17 +1111,21 @@ static inline __m512i dpbusd_x(__m512i acc, __m512i w, const int32_t *x) {
     return acc;
 }
 
-/* Rows r0 .. r0 + n (n <= 16; the rest zero) of part pt, every superblock, into g[0 .. ns). tmp: 16 x 256. */
+/* Rows r0 .. r0 + n (n <= 16; the rest zero) of part pt, every superblock, into g[0 .. ns). tmp: scratch of
+ * KG_TMP bytes. The codes, scales and pairs are written row by row, then turned by 16 x 16 transposes. */
+#define KG_TMP (16 * 256 + 2 * 16 * 16 * 4)
 static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n, int64_t ns, uint8_t *tmp, kg *g) {
     const int64_t type = pt->type, bb = block_bytes(type);
     const int q6 = type == T_Q6_K;
+    float *tsc = (float *)(tmp + 16 * 256);            /* [16 rows][16]: d * each group's scale */
+    int32_t *tmp_ = (int32_t *)(tsc + 256);            /* [16 rows][16]: the pairs */
     for (int64_t sb = 0; sb < ns; sb++) {
         kg *o = g + sb;
         for (int64_t c = 0; c < 16; c++) {
             if (c >= n) {
                 memset(tmp + 256 * c, 0, 256);
-                for (int j = 0; j < 16; j++) o->sc[j][c] = 0.0f;
-                for (int i = 0; i < 8; i++) o->mp[i][2 * c] = o->mp[i][2 * c + 1] = 0;
+                memset(tsc + 16 * c, 0, 64);
+                memset(tmp_ + 16 * c, 0, 64);
                 o->d[c] = o->dmin[c] = 0.0f;
                 continue;
             }
@@ -1129,26 +1138,33 @@ static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n,
             for (int j = 0; j < 4; j++) _mm512_storeu_si512((void *)(tmp + 256 * c + 64 * j), w[j]);
             o->d[c] = d;
             if (q6) {
-                const int8_t *sc = (const int8_t *)(b + 192);
-                for (int j = 0; j < 16; j++) o->sc[j][c] = d * (float)sc[j];
-                for (int i = 0; i < 8; i++) o->mp[i][2 * c] = sc[2 * i], o->mp[i][2 * c + 1] = sc[2 * i + 1];
+                const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+                _mm512_storeu_ps(tsc + 16 * c, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
+                _mm512_storeu_si512((void *)(tmp_ + 16 * c), _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(sc)));
                 o->dmin[c] = 0.0f;
             } else {
-                for (int j = 0; j < 8; j++) {
-                    uint8_t scj, mnj;
-                    k_scale_min(b + 4, j, &scj, &mnj);
-                    o->sc[j][c] = d * (float)scj;
-                    o->mp[j / 2][2 * c + j % 2] = mnj;
-                }
+                uint32_t u[4];
+                k4_bytes(b, u);
+                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(d),
+                                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))));
+                _mm512_storeu_ps(tsc + 16 * c, _mm512_zextps256_ps512(sc));
+                _mm512_storeu_si512((void *)(tmp_ + 16 * c),
+                                    _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)))));
                 o->dmin[c] = f16(b + 2);
             }
         }
+        __m512i r[16];
         for (int j = 0; j < 4; j++) {              /* quads 16 j .. 16 j + 15 of the 16 rows */
-            __m512i r[16];
             for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512((const void *)(tmp + 256 * c + 64 * j));
             transpose16(r);
             for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)o->codes[16 * j + q], r[q]);
         }
+        for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512((const void *)(tsc + 16 * c));
+        transpose16(r);
+        for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)o->sc[j], r[j]);
+        for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512((const void *)(tmp_ + 16 * c));
+        transpose16(r);
+        for (int i = 0; i < 8; i++) _mm512_storeu_si512((void *)o->mp[i], r[i]);
     }
 }
 
@@ -1630,9 +1646,9 @@ static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
     static __thread void *buf = NULL;
     static __thread int64_t size = 0;
     const int64_t K = jb->K, ns = K / 256;
-    uint8_t *tmp = grown(&buf, &size, 16 * 256 + ns * (int64_t)sizeof(kg));
+    uint8_t *tmp = grown(&buf, &size, KG_TMP + ns * (int64_t)sizeof(kg));
     if (tmp == NULL) abort();                   /* a few hundred KiB: the process is out of memory */
-    kg *g = (kg *)(tmp + 16 * 256);
+    kg *g = (kg *)(tmp + KG_TMP);
     const xk x = {jb->kq, jb->kd, jb->ks, jb->kb, jb->kp};
     for (int64_t p = p_lo; p < p_hi;) {
         const placed at = place(jb, p);

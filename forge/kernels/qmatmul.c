@@ -831,6 +831,12 @@ static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
     return _mm256_set_m128i(sc16, sc16);
 }
 
+/* Q6_K's offset of 32 in a superblock's sums: 32 * sv[g] * (the sum of x's codes in group g), the groups
+ * added in pairs into eight int32 (sv and the sums b in the same even-then-odd order). */
+static inline __m256i q6_offset(__m256i sv, const int16_t *b) {
+    return _mm256_slli_epi32(_mm256_madd_epi16(sv, load32((const uint8_t *)b)), 5);
+}
+
 /* Rows of x as int8 codes per superblock: codes [T, K], dx [T, K/256], s [T, K/32] (dx * the sum
  * of each 32 codes), sums [T, K/16] (each 16 codes' sum). */
 typedef struct {
@@ -927,8 +933,7 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
             }                                                                                      \
             if (q6) {                                                                              \
                 for (int t = 0; t < (mr); t++)                                                     \
-                    i[t] = _mm256_sub_epi32(i[t], _mm256_slli_epi32(_mm256_madd_epi16(             \
-                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5));       \
+                    i[t] = _mm256_sub_epi32(i[t], q6_offset(sv, x->b + (t0 + t) * ng + 16 * sb));  \
             }                                                                                      \
             for (int t = 0; t < (mr); t++) {                                                       \
                 float sx = k->d * x->d[(t0 + t) * ns + sb];                                        \
@@ -1054,8 +1059,7 @@ static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *
             }                                                                                      \
             if (q6) {                                                                              \
                 for (int t = 0; t < (mr); t++)                                                     \
-                    i[t] = _mm512_sub_epi32(i[t], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16( \
-                        sv, load32((const uint8_t *)(x->b + (t0 + t) * ng + 16 * sb))), 5)));      \
+                    i[t] = _mm512_sub_epi32(i[t], _mm512_zextsi256_si512(q6_offset(sv, x->b + (t0 + t) * ng + 16 * sb))); \
             }                                                                                      \
             for (int t = 0; t < (mr); t++) {                                                       \
                 float sx = d * x->d[(t0 + t) * ns + sb];                                           \

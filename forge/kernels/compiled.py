@@ -147,18 +147,10 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_pool_threads.restype = ctypes.c_int
     lib.forge_parallel_copy.argtypes = [p, p, i64]
     lib.forge_parallel_copy.restype = None
-    lib.forge_qmatmul_lanes.argtypes = []
-    lib.forge_qmatmul_lanes.restype = ctypes.c_int
-    lib.forge_qmatmul_fast.argtypes = []
-    lib.forge_qmatmul_fast.restype = ctypes.c_int
-    lib.forge_qmatmul_amx.argtypes = []
-    lib.forge_qmatmul_amx.restype = ctypes.c_int
-    lib.forge_qmatmul_int8_rows.argtypes = []
-    lib.forge_qmatmul_int8_rows.restype = ctypes.c_int
-    lib.forge_qmatmul_int8_k_rows.argtypes = []
-    lib.forge_qmatmul_int8_k_rows.restype = i64
-    lib.forge_qmatmul_int8_k_split.argtypes = []
-    lib.forge_qmatmul_int8_k_split.restype = i64
+    for name, restype in (("lanes", ctypes.c_int), ("fast", ctypes.c_int), ("amx", ctypes.c_int),
+                          ("int8_rows", ctypes.c_int), ("int8_k_rows", i64), ("int8_k_split", i64)):
+        query = getattr(lib, f"forge_qmatmul_{name}")     # what the build has: no arguments
+        query.argtypes, query.restype = [], restype
     return lib
 
 

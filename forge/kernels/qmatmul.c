@@ -779,10 +779,12 @@ __attribute__((optimize("no-fast-math"))) static void quantize_row(const float *
  * eight int32 sums, then one float scale d * dx per superblock. Q4_K's and Q5_K's mins add
  * -dmin * mn[j] times dx * the sum of x's codes in sub-block j; Q6_K's codes go in unsigned
  * (0..63) and 32 * scale_j * the sum of x's codes in group j of 16 values comes off the sums.
- * Every step size takes this path: a panel's superblocks unpacked once into a thread's buffer
+ * On AVX2 every step size takes this path: a panel's superblocks unpacked once into a thread's buffer
  * (codes, scales, mins) for a tile of rows of x, then each group of up to KR rows of x multiplied
  * with one weight row's records in registers. A row's bits are the same in every step: the same
- * records and the same sums in the same order (batch invariance, as in the reference numerics). */
+ * records and the same sums in the same order (batch invariance, as in the reference numerics).
+ * AVX-512 builds take the same x, codes and sums through kernels of their own (k_direct for decode
+ * steps, kg_panels for bigger ones, below). */
 #define KR 4
 
 /* Byte shuffles that spread sub-block j's scales from a record's sv over a vector as VPMADDWD takes

@@ -12,7 +12,8 @@
 #
 # The build must be native (-DGGML_NATIVE=ON): a generic build is several times slower and makes
 # every ratio meaningless; the log must say "Adding CPU backend variant ggml-cpu: -march=native".
-# Run the server with --no-repack: on AMX hosts its AMX kernel for Q4_1 dies with SIGILL.
+# On AMX hosts run the server with --no-repack (forge bench compare does): its AMX kernel for Q4_1 dies
+# with SIGILL. Elsewhere leave its repacking on, as its users do.
 set -euo pipefail
 
 PEER_DIR="${PEER_DIR:-$HOME/.cache/forge-peer-llama}"

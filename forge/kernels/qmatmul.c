@@ -1665,7 +1665,9 @@ static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
             p++;
             continue;
         }
-        const int64_t end = p + 4 < p_hi ? (p + 4 < at.part_end ? p + 4 : at.part_end) : (p_hi < at.part_end ? p_hi : at.part_end);
+        int64_t end = p + 4;                    /* four panels of one part, within this thread's run */
+        if (end > p_hi) end = p_hi;
+        if (end > at.part_end) end = at.part_end;
         int64_t n = (end - p) * NR;
         if (n > at.pt->rows - at.r0) n = at.pt->rows - at.r0;
         kg_unpack(at.pt, at.row_bytes, at.r0, n, ns, tmp, g);
@@ -1954,6 +1956,13 @@ void forge_parallel_copy(uint8_t *dst, const uint8_t *src, int64_t n) {
     run_parallel(copy_part, &c, 1);
 }
 
+/* Whether a `fast` step of T rows takes the K-quants' int8 products (where the build has them). */
+#if defined(HAVE_KG)
+#define K_INT8_STEP(T) 1                        /* every step: decode from the blocks, bigger ones kg_panels */
+#else
+#define K_INT8_STEP(T) ((T) <= I8K_MAX_ROWS)
+#endif
+
 /* out[t][col] = sum_k x[t][k] * W[col][k] for t < T, W the parts stacked (see the header).
  * x [T, ldx] float32 (the first K used), out [T, ldo] float32. Returns 0, or -1 for a type this
  * kernel does not read, K not whole blocks, or too many parts. */
@@ -1979,11 +1988,6 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         else any_other = 1;
     }
     const int k_int8 = any_k && K % 256 == 0;   /* the K-quants' int8 products, where the build has them */
-#if defined(HAVE_KG)
-#define K_INT8_STEP(T) 1                       /* every step: decode from the blocks, bigger ones kg_panels */
-#else
-#define K_INT8_STEP(T) ((T) <= I8K_MAX_ROWS)
-#endif
     (void)k_int8, (void)any_other;
 #if defined(HAVE_BF16)
 #if defined(HAVE_AMX)

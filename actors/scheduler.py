@@ -156,10 +156,7 @@ class SchedulerActor:
         if output.failed:
             log.error("step_failed", error=output.error, num_sequences=len(output.failed),
                       request_ids=[e.request_id for e in events if e.error is not None])
-        for event in events:
-            if event.finish_reason is not None or event.error is not None:
-                self._rids.pop(event.request_id, None)
-            await self._to_tokeniser.send(event)
+        # Counted before the events go on: a client that has read its last token finds it in /metrics.
         m = self._metrics
         m.num_preemptions.inc(self._core.scheduler.num_preemptions - preemptions)
         m.generation_tokens.inc(len(output.sampled))
@@ -171,6 +168,10 @@ class SchedulerActor:
                 before = per_pos[pos] if pos < len(per_pos) else 0
                 if total != before:
                     m.spec_accepted_per_pos.labels(position=str(pos)).inc(total - before)
+        for event in events:
+            if event.finish_reason is not None or event.error is not None:
+                self._rids.pop(event.request_id, None)
+            await self._to_tokeniser.send(event)
 
     def _dequeue(self, seq_id: int) -> None:
         self._arrivals.pop(seq_id, None)

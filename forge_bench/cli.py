@@ -62,10 +62,13 @@ async def _run_levels(base: str, server: str, workload: loadgen.Workload, args: 
                       model: str | None) -> list[dict[str, Any]]:
     records = []
     extra = {"ignore_eos": False} if getattr(args, "ignore_eos", "true") == "false" else None
-    for c in _levels(args.concurrency):
-        results, wall = await loadgen.run_closed_loop(base, workload, c, _requests_for(c, args), model=model,
+    served = 0      # each level goes on through the workload: a prompt a level before served is not in
+    for c in _levels(args.concurrency):   # the servers' prompt caches to flatter the next one
+        num = _requests_for(c, args)
+        results, wall = await loadgen.run_closed_loop(base, workload, c, num, model=model,
                                                       progress=not args.quiet, extra=extra,
-                                                      api_key=getattr(args, "api_key", None))
+                                                      api_key=getattr(args, "api_key", None), first=served)
+        served += num
         records.append(loadgen.level_record(server, c, results, wall, args.ttft_slo, args.tpot_slo))
     if args.rate:
         n = args.rate_requests

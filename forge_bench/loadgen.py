@@ -218,12 +218,18 @@ def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def level_items(workload: Workload, first: int, count: int) -> list[WorkItem]:
+    """Items first .. first + count of the workload, wrapping around its end."""
+    return [workload.items[(first + i) % len(workload.items)] for i in range(count)]
+
+
 async def run_closed_loop(base_url: str, workload: Workload, concurrency: int, num_requests: int, *,
                           model: str | None = None, extra: dict[str, Any] | None = None,
                           progress: bool = True, timeout_s: float = 1800,
-                          api_key: str | None = None) -> tuple[list[RequestResult], float]:
-    """`concurrency` clients each send their next request as soon as the previous one ends."""
-    items = [workload.items[i % len(workload.items)] for i in range(num_requests)]
+                          api_key: str | None = None, first: int = 0) -> tuple[list[RequestResult], float]:
+    """`concurrency` clients each send their next request as soon as the previous one ends: the
+    workload's items from `first` on (wrapping)."""
+    items = level_items(workload, first, num_requests)
     results: list[RequestResult] = []
     bar = _Progress(f"c={concurrency}", num_requests, progress)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -303,5 +309,5 @@ def level_record(server: str, concurrency: int, results: list[RequestResult], wa
     return rec
 
 
-__all__ = ["Workload", "WorkItem", "RequestResult", "build_workload", "run_closed_loop", "run_open_loop",
+__all__ = ["Workload", "WorkItem", "RequestResult", "build_workload", "level_items", "run_closed_loop", "run_open_loop",
            "summarize", "plot", "level_record", "asdict"]

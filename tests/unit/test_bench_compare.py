@@ -9,7 +9,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from forge_bench.cli import _group_peak_rss_mib, _peak_rss_mib, _stop, build_parser, compare_report, warm_page_cache
+import anyio
+import pytest
+
+from forge_bench import loadgen
+from forge_bench.cli import (
+    _group_peak_rss_mib,
+    _peak_rss_mib,
+    _run_levels,
+    _stop,
+    build_parser,
+    compare_report,
+    warm_page_cache,
+)
 
 
 def _records(peer: str) -> list[dict[str, object]]:
@@ -54,6 +66,26 @@ def test_the_model_file_is_read_whole_before_the_first_round(tmp_path: Path) -> 
     assert _bytes_read() - before >= model.stat().st_size
     report = compare_report(_records("llama-server"), _args())
     assert "the model file read into the page cache before the first" in report
+
+
+def test_each_level_goes_on_through_the_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level does not re-send the prompts a level before it sent: those sit in the servers' prompt
+    caches (llama-server's slots keep whole prompts) and would flatter the later level."""
+    workload = loadgen.Workload([loadgen.WorkItem(f"prompt {i}", "open", 2) for i in range(96)], max_tokens=8)
+    sent: list[list[str]] = []
+
+    async def closed_loop(base: str, wl: loadgen.Workload, concurrency: int, num: int, *, first: int = 0,
+                          **kw: object) -> tuple[list[loadgen.RequestResult], float]:
+        sent.append([item.prompt for item in loadgen.level_items(wl, first, num)])
+        return [], 1.0
+
+    monkeypatch.setattr(loadgen, "run_closed_loop", closed_loop)
+    args = _args("--concurrency", "1,8,32", "--requests-per-stream", "1", "--min-requests", "4")
+    anyio.run(_run_levels, "http://127.0.0.1:1", "forge", workload, args, None)
+    assert [len(level) for level in sent] == [4, 8, 32]
+    every = [p for level in sent for p in level]
+    assert len(set(every)) == len(every) == 44
+    assert loadgen.level_items(workload, 90, 8)[-1].prompt == "prompt 1"        # wraps around the end
 
 
 def _alive(pid: str) -> bool:

@@ -178,8 +178,8 @@ static inline void nibbles16(const uint8_t *q, __m512 t, __m512 *w) {
 }
 
 /* Q4_K's scales of one super-block b into s[16]: s[j] = d * sc_j, s[8 + j] = -(dmin * mn_j), j < 8. They
- * go through memory so that each table below takes its two from broadcast loads (a permute per lane
- * cost as much as the table's own permute: measured on Zen 4, 3.84 against 3.17 cycles per 16 values). */
+ * go through memory so that each table below takes its two from broadcast loads: a permute per lane
+ * cost as much as the table's own (on Zen 4 each of these 512-bit operations takes about a cycle). */
 static inline void q4k_scales(const uint8_t *b, float *s) {
     uint32_t u[3];
     memcpy(u, b + 4, 12);
@@ -214,8 +214,7 @@ static inline void q6k_scales(const uint8_t *b, float *a) {
 
 /* 16 six-bit codes from 16 bytes of low bits l (the high nibbles when lshift) and 16 bytes of high bit
  * pairs h (bits hshift, hshift + 1), put together in bytes, then q * a[0] + a[16] (= (q - 32) a,
- * one rounding). In bytes the codes cost a quarter of the operations they took in 32-bit lanes
- * (Zen 4: 7.08 against 5.48 cycles per 16 values, the same values). */
+ * one rounding). In bytes, 16 codes at a time, they take fewer operations than in 32-bit lanes. */
 static inline __m512 six16(__m128i l, int lshift, __m128i h, int hshift, const float *a) {
     const __m128i lo = lshift ? _mm_srli_epi16(l, 4) : l;
     const __m128i hi = hshift <= 4 ? _mm_slli_epi16(h, 4 - hshift) : _mm_srli_epi16(h, hshift - 4);

@@ -258,19 +258,22 @@ static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
 #if defined(__AVX512F__)
-/* Heads [g0, g1) of one sequence with one query head per KV head (MHA: 32 KV heads of 64 in the
- * 1.7B and 7B shapes), position by position: for each block of 16 keys, every head's 16 scores, then
- * each head's outputs weighed from the same 16 values. A position's row holds all heads side by side
- * (nkv x hd values: 4 KiB in float16), so the heads of 16 positions read one contiguous stretch of the
- * block, where taking each head over all its keys in turn (decode_pairs_) reads 128 bytes a page and
- * waits on the memory. The same arithmetic in the same order as decode_pairs_, so the same results.
- * hd a multiple of 16, at most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2 with no memory. */
+/* KV heads [g0, g1) of one sequence and their `group` query heads each, position by position (MHA:
+ * 32 KV heads of 64 in the 1.7B and 7B shapes; GQA: the default model's 3 KV heads of 3 query heads):
+ * for each block of 16 keys, every query head's 16 scores, then each one's outputs weighed from the
+ * same 16 values. A position's row holds all KV heads side by side (nkv x hd values: 4 KiB in float16
+ * for the 1.7B, 384 bytes for the default model), so the heads of 16 positions read one contiguous
+ * stretch of the block, where taking each head over all its keys in turn (decode_pairs_) reads hd
+ * values a position and waits on the memory. The same arithmetic in the same order as decode_pairs_,
+ * so the same results. hd a multiple of 16, at most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2
+ * with no memory. */
 static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                                        const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
                                        const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
                                        int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
                                        float *restrict out) {
-    const int64_t heads = g1 - g0, kv_stride = nkv * hd, nv = hd / 16, span = len - first;
+    const int64_t group = nh / nkv, heads = (g1 - g0) * group;      /* query heads, g0 * group on */
+    const int64_t kv_stride = nkv * hd, nv = hd / 16, span = len - first;
     float *scores = scratch_buffer(1, heads * span + heads * hd);      /* [heads, span], then [heads, hd] */
     if (scores == NULL)
         return -2;
@@ -280,30 +283,36 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
         return -2;
     for (int64_t h = 0; h < heads; h++)
         maxes[h] = -INFINITY;
+    const float *qs = q + (row * nh + g0 * group) * hd;               /* [heads, hd] */
     int64_t at[16], head_at[16];
     int64_t p = first;
     for (; p + 16 <= len; p += 16) {
         keys16(table, p, block_size, kv_stride, 0, at);
-        for (int64_t h = 0; h < heads; h++) {
-            const int64_t g = g0 + h;
+        for (int64_t g = g0; g < g1; g++) {
             for (int e = 0; e < 16; e++)
                 head_at[e] = at[e] + g * hd;
-            float *sh = scores + h * span - first;
-            scores16(q + (row * nh + g) * hd, 1, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
-            const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(sh + p));
-            if (m16 > maxes[h])
-                maxes[h] = m16;
+            const int64_t h0 = (g - g0) * group;
+            float *sh = scores + h0 * span - first;
+            scores16(qs + h0 * hd, group, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
+            for (int64_t j = 0; j < group; j++) {
+                const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(sh + j * span + p));
+                if (m16 > maxes[h0 + j])
+                    maxes[h0 + j] = m16;
+            }
         }
     }
     row_buffer buf;
     for (; p < len; p++) {
         const int64_t base = slot_of(table, p, block_size) * kv_stride;
-        for (int64_t h = 0; h < heads; h++) {
-            const int64_t g = g0 + h;
-            const float x = dot(q + (row * nh + g) * hd, KV_ROW(k, k_scales, base + g * hd, &buf, hd), hd);
-            scores[h * span + p - first] = x;
-            if (x > maxes[h])
-                maxes[h] = x;
+        for (int64_t g = g0; g < g1; g++) {
+            const float *kp = KV_ROW(k, k_scales, base + g * hd, &buf, hd);
+            for (int64_t j = 0; j < group; j++) {
+                const int64_t h = (g - g0) * group + j;
+                const float x = dot(qs + h * hd, kp, hd);
+                scores[h * span + p - first] = x;
+                if (x > maxes[h])
+                    maxes[h] = x;
+            }
         }
     }
     for (int64_t h = 0; h < heads; h++) {
@@ -323,7 +332,7 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
             for (int e = 0; e < n; e++)
                 at[e] = slot_of(table, p + e, block_size) * kv_stride;
         for (int64_t h = 0; h < heads; h++) {
-            const int64_t g = g0 + h;
+            const int64_t g = g0 + h / group;
             const float *wh = scores + h * span - first;
             __m512 acc[MAX_HEAD_DIM / 16];
             for (int64_t z = 0; z < nv; z++)
@@ -339,7 +348,7 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     }
     for (int64_t h = 0; h < heads; h++) {
         const __m512 inv = _mm512_set1_ps(1.0f / sums[h]);
-        float *oh = out + (row * nh + g0 + h) * hd;
+        float *oh = out + (row * nh + g0 * group + h) * hd;
         for (int64_t z = 0; z < nv; z++)
             _mm512_storeu_ps(oh + 16 * z, _mm512_mul_ps(_mm512_loadu_ps(o + h * hd + 16 * z), inv));
     }
@@ -427,7 +436,11 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
         const int64_t row = rows[s], len = context_lens[s], first = first_keys ? first_keys[s] : 0;
         const int64_t *table = block_tables + s * table_width;
 #if defined(__AVX512F__)
-        if (group == 1 && nkv >= many_heads && hd % 16 == 0 && softcap <= 0.0f) {
+        /* GQA's rows are short (the default model's 3 KV heads: 384 bytes in float16): position by
+         * position only where this part holds all of a sequence's heads, or the parts would each read
+         * every row for a share of it (one sequence on two threads: slower than head by head) */
+        if (nh >= many_heads && nh <= MAX_GROUP * 4 && hd % 16 == 0 && softcap <= 0.0f &&
+            (group == 1 || (g == 0 && (s + 1) * nkv <= i1))) {
             const int64_t end = (s + 1) * nkv < i1 ? (s + 1) * nkv : i1;  /* this sequence's heads in range */
             if (CAT(decode_heads_, KV_NAME)(q, k, v, k_scales, v_scales, row, table, first, len, g, g + end - i,
                                             nh, nkv, hd, block_size, out) != 0)

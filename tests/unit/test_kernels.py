@@ -595,26 +595,27 @@ def test_fused_decode_attention_reads_stored_types_like_the_numpy_path(
     assert_the_pool_gives_the_same(batch, config, block_size, 2, 0, softcap, q, k, v, fused_plan, got, scales)
 
 
-@settings(max_examples=30, deadline=None)
-@given(lens=st.lists(st.integers(1, 80), min_size=1, max_size=5), kv_heads=st.sampled_from([8, 12, 32]),
-       kv_dtype=st.sampled_from(KV_CACHE_DTYPES), block_size=st.sampled_from([1, 4, 16]),
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(1, 80), min_size=1, max_size=5), kv_heads=st.sampled_from([3, 8, 12, 32]),
+       group=st.sampled_from([1, 3]), kv_dtype=st.sampled_from(KV_CACHE_DTYPES), block_size=st.sampled_from([1, 4, 16]),
        head_dim=st.sampled_from([32, 64, 128]), window=st.sampled_from([0, 5, 40]), num_parts=st.integers(1, 3),
        seed=st.integers(0, 2**32 - 1))
 def test_many_heads_position_by_position_give_head_by_heads_bits(
-        lens: list[int], kv_heads: int, kv_dtype: str, block_size: int, head_dim: int, window: int,
+        lens: list[int], kv_heads: int, group: int, kv_dtype: str, block_size: int, head_dim: int, window: int,
         num_parts: int, seed: int) -> None:
-    """MHA rows (one query head per KV head, many heads) read position by position, every head of 16 keys
-    at a time, give the bits of reading each head over all its keys in turn, on every stored type, split
-    over parts or on the compiled products' threads (whose split may cut a sequence's heads)."""
+    """Rows of many query heads (MHA, or GQA as the default model's 3 KV heads of 3) read position by
+    position, every head of 16 keys at a time, give the bits of reading each KV head over all its keys in
+    turn, on every stored type, split over parts or on the compiled products' threads (whose split may
+    cut a sequence's heads)."""
     rng = np.random.default_rng(seed)
     num_blocks = sum(-(-n // block_size) for n in lens) + 2
     batch = paged_batch(rng, lens, [1] * len(lens), block_size, num_blocks)
-    config = SimpleNamespace(num_heads=kv_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)
     shape = (num_blocks, block_size, kv_heads, head_dim)
     k, k_scales = stored_kv((rng.standard_normal(shape) * 3).astype(np.float32), kv_dtype)
     v, v_scales = stored_kv(rng.standard_normal(shape).astype(np.float32), kv_dtype)
     scales = None if k_scales is None or v_scales is None else (k_scales, v_scales)
-    q = (rng.standard_normal((batch.num_tokens, kv_heads, head_dim)) / 4).astype(np.float32)
+    q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 4).astype(np.float32)
     products.pool_threads(2)
     outs = []
     for threshold in (8, 1 << 40):

@@ -178,8 +178,8 @@ static inline void nibbles16(const uint8_t *q, __m512 t, __m512 *w) {
 }
 
 /* Q4_K's scales of one super-block b into s[16]: s[j] = d * sc_j, s[8 + j] = -(dmin * mn_j), j < 8. They
- * go through memory so that each table below takes its two from broadcast loads: a permute per lane
- * cost as much as the table's own (on Zen 4 each of these 512-bit operations takes about a cycle). */
+ * go through memory so that each table below takes its two from broadcast loads, not a permute per lane
+ * (one operation fewer per 16 values: the one-row decode's float32 path is compute-bound on Zen 4). */
 static inline void q4k_scales(const uint8_t *b, float *s) {
     uint32_t u[3];
     memcpy(u, b + 4, 12);
@@ -825,11 +825,10 @@ static inline void k4_bytes(const uint8_t *b, uint32_t *u) {
     u[0] &= low6;
 }
 
-/* Q4_K's and Q5_K's superblock b: its scales as a record's sv (sc[j] for groups 2j and 2j + 1), and
- * -dmin * mn[j] of each sub-block into *mins. */
-static inline __m256i k4_sv(const uint8_t *b, __m256 *mins) {
+/* Q4_K's and Q5_K's superblock b: its scales as a record's sv (sc[j] for groups 2j and 2j + 1),
+ * -dmin * mn[j] of each sub-block into *mins, and the bytes they came from into u[4] (k4_bytes). */
+static inline __m256i k4_sv(const uint8_t *b, uint32_t *u, __m256 *mins) {
     const float dmin = f16(b + 2);
-    uint32_t u[4];
     k4_bytes(b, u);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u));
     __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2)))),
@@ -894,7 +893,8 @@ static inline void k_unpack(int64_t type, const uint8_t *b, ksb *r) {
     } else {
         const int five = type == T_Q5_K;
         __m256 mins;
-        _mm256_storeu_si256((__m256i *)r->sv, k4_sv(b, &mins));
+        uint32_t u[4];
+        _mm256_storeu_si256((__m256i *)r->sv, k4_sv(b, u, &mins));
         _mm256_storeu_ps(r->mins, mins);
         r->d = f16(b);
         const uint8_t *q = b + (five ? 48 : 16);
@@ -1002,8 +1002,10 @@ static inline void transpose16(__m512i *r) {
 #define KD 8                    /* rows of x at a time: 2 x KD of the 32 registers */
 
 /* Superblock b's 256 codes in order, two sub-blocks a vector (w[0..3]), its scales as a record's sv,
- * its float scale d, and for Q4_K and Q5_K -dmin * mn[j] of each sub-block (*mins). */
-static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *sv, float *d, __m256 *mins) {
+ * its float scale d, and for Q4_K and Q5_K -dmin * mn[j] of each sub-block (*mins) and the scale and
+ * min bytes (u[4], k4_bytes). */
+static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *sv, float *d, __m256 *mins,
+                           uint32_t *u) {
     const __mmask32 upper = 0xFFFF0000u, lower = 0x0000FFFFu;
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), one = _mm512_set1_epi8(1);
     if (type == T_Q6_K) {
@@ -1021,7 +1023,7 @@ static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *
         return;
     }
     const int five = type == T_Q5_K;
-    *sv = k4_sv(b, mins);
+    *sv = k4_sv(b, u, mins);
     *d = f16(b);
     const uint8_t *q = b + (five ? 48 : 16);
     const __m512i qh = five ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512();
@@ -1050,7 +1052,8 @@ static inline void k_codes(int64_t type, const uint8_t *b, __m512i *w, __m256i *
             __m256i sv;                                                                            \
             __m256 mins = _mm256_setzero_ps();                                                     \
             float d;                                                                               \
-            k_codes(type, b, w, &sv, &d, &mins);                                                   \
+            uint32_t u[4];                                                                         \
+            k_codes(type, b, w, &sv, &d, &mins, u);                                                \
             if (!q6) {                                                                             \
                 const __m512 mz = _mm512_zextps256_ps512(mins);                                    \
                 for (int t = 0; t < (mr); t++)                                                     \
@@ -1146,7 +1149,8 @@ static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n,
             __m256i sv;
             __m256 mins;
             float d;
-            k_codes(type, b, w, &sv, &d, &mins);
+            uint32_t u[4];                                 /* Q4_K, Q5_K: the scale and min bytes */
+            k_codes(type, b, w, &sv, &d, &mins, u);
             for (int j = 0; j < 4; j++) _mm512_storeu_si512((void *)(tmp + 256 * c + 64 * j), w[j]);
             o->d[c] = d;
             if (q6) {
@@ -1155,8 +1159,6 @@ static void kg_unpack(const qpart *pt, int64_t row_bytes, int64_t r0, int64_t n,
                 _mm512_storeu_si512((void *)(tmp_ + 16 * c), _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(sc)));
                 o->dmin[c] = 0.0f;
             } else {
-                uint32_t u[4];
-                k4_bytes(b, u);
                 const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(d),
                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))));
                 _mm512_storeu_ps(tsc + 16 * c, _mm512_zextps256_ps512(sc));

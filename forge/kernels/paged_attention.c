@@ -264,7 +264,8 @@ static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *
  * same 16 values. A position's row holds all KV heads side by side (nkv x hd values: 4 KiB in float16
  * for the 1.7B, 384 bytes for the default model), so the heads of 16 positions read one contiguous
  * stretch of the block, where taking each head over all its keys in turn (decode_pairs_) reads hd
- * values a position and waits on the memory. The same arithmetic in the same order as decode_pairs_,
+ * values a position and waits on the memory. With GQA and a half-width cache each key and value is
+ * widened once for its group's query heads (a 16-key tile in L1; the values' outputs in registers). The same arithmetic in the same order as decode_pairs_,
  * so the same results. hd a multiple of 16, at most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2
  * with no memory. */
 static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
@@ -284,7 +285,10 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     for (int64_t h = 0; h < heads; h++)
         maxes[h] = -INFINITY;
     const float *qs = q + (row * nh + g0 * group) * hd;               /* [heads, hd] */
-    int64_t at[16], head_at[16];
+    int64_t at[16], head_at[16], local[16];
+    float tile[16 * MAX_HEAD_DIM] __attribute__((aligned(64)));    /* 16 keys of one head, widened */
+    for (int e = 0; e < 16; e++)
+        local[e] = e * hd;
     int64_t p = first;
     for (; p + 16 <= len; p += 16) {
         keys16(table, p, block_size, kv_stride, 0, at);
@@ -293,7 +297,14 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
                 head_at[e] = at[e] + g * hd;
             const int64_t h0 = (g - g0) * group;
             float *sh = scores + h0 * span - first;
-            scores16(qs + h0 * hd, group, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
+            if (KV_CODE == 0 || group == 1) {
+                scores16(qs + h0 * hd, group, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
+            } else {                /* the 16 keys widened once (L1), not once per query head */
+                for (int e = 0; e < 16; e++)
+                    for (int64_t d = 0; d < hd; d += 16)
+                        _mm512_store_ps(tile + e * hd + d, load16_kv(k, k_scales, head_at[e] + d, KV_CODE));
+                scores16(qs + h0 * hd, group, hd, tile, NULL, local, 0, sh + p, span);
+            }
             for (int64_t j = 0; j < group; j++) {
                 const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(sh + j * span + p));
                 if (m16 > maxes[h0 + j])
@@ -331,6 +342,27 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
         else
             for (int e = 0; e < n; e++)
                 at[e] = slot_of(table, p + e, block_size) * kv_stride;
+        if (KV_CODE != 0 && hd == 64 && group > 1 && group <= 4) {
+            /* each value widened once for the group's query heads, their outputs in registers */
+            for (int64_t g = g0; g < g1; g++) {
+                const int64_t h0 = (g - g0) * group;
+                __m512 acc[16];
+                for (int j = 0; j < 4 && j < group; j++)
+                    for (int z = 0; z < 4; z++)
+                        acc[4 * j + z] = _mm512_loadu_ps(o + (h0 + j) * hd + 16 * z);
+                for (int e = 0; e < n; e++)
+                    for (int z = 0; z < 4; z++) {
+                        const __m512 vz = load16_kv(v, v_scales, at[e] + g * hd + 16 * z, KV_CODE);
+                        for (int j = 0; j < 4 && j < group; j++)
+                            acc[4 * j + z] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(h0 + j) * span + p - first + e]),
+                                                             vz, acc[4 * j + z]);
+                    }
+                for (int j = 0; j < 4 && j < group; j++)
+                    for (int z = 0; z < 4; z++)
+                        _mm512_storeu_ps(o + (h0 + j) * hd + 16 * z, acc[4 * j + z]);
+            }
+            continue;
+        }
         for (int64_t h = 0; h < heads; h++) {
             const int64_t g = g0 + h / group;
             const float *wh = scores + h * span - first;

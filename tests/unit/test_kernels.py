@@ -597,13 +597,14 @@ def test_fused_decode_attention_reads_stored_types_like_the_numpy_path(
 
 @settings(max_examples=40, deadline=None)
 @given(lens=st.lists(st.integers(1, 80), min_size=1, max_size=5), kv_heads=st.sampled_from([3, 8, 12, 32]),
-       group=st.sampled_from([1, 3]), kv_dtype=st.sampled_from(KV_CACHE_DTYPES), block_size=st.sampled_from([1, 4, 16]),
+       group=st.sampled_from([1, 3, 4]), kv_dtype=st.sampled_from(KV_CACHE_DTYPES),
+       block_size=st.sampled_from([1, 4, 16]),
        head_dim=st.sampled_from([32, 64, 128]), window=st.sampled_from([0, 5, 40]), num_parts=st.integers(1, 3),
        seed=st.integers(0, 2**32 - 1))
 def test_many_heads_position_by_position_give_head_by_heads_bits(
         lens: list[int], kv_heads: int, group: int, kv_dtype: str, block_size: int, head_dim: int, window: int,
         num_parts: int, seed: int) -> None:
-    """Rows of many query heads (MHA, or GQA as the default model's 3 KV heads of 3) read position by
+    """Rows of many query heads (MHA, or GQA as the default model's 3 KV heads of 3, or of 4) read position by
     position, every head of 16 keys at a time, give the bits of reading each KV head over all its keys in
     turn, on every stored type, split over parts or on the compiled products' threads (whose split may
     cut a sequence's heads)."""

@@ -148,7 +148,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_parallel_copy.argtypes = [p, p, i64]
     lib.forge_parallel_copy.restype = None
     for name, restype in (("lanes", ctypes.c_int), ("fast", ctypes.c_int), ("amx", ctypes.c_int),
-                          ("int8_rows", ctypes.c_int), ("int8_k_rows", i64), ("int8_k_split", i64)):
+                          ("int8_rows", ctypes.c_int), ("int8_k_rows", i64), ("int8_k_split", i64),
+                          ("bf16_split", i64)):
         query = getattr(lib, f"forge_qmatmul_{name}")     # what the build has: no arguments
         query.argtypes, query.restype = [], restype
     return lib

@@ -230,6 +230,14 @@ def qmatmul_int8_k_split(lib: ctypes.CDLL | None = None) -> int:
     return 0 if lib is None else int(lib.forge_qmatmul_int8_k_split())
 
 
+def qmatmul_bf16_split(lib: ctypes.CDLL | None = None) -> int:
+    """The most rows of a fast bfloat16 step that the fused path takes here (qmatmul.c's
+    FUSED_MAX_ROWS_BF16), bigger steps going to the lanes-as-rows kernel, which adds in another
+    order: a row's bits differ across this bound. 0 where one order serves every step."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.forge_qmatmul_bf16_split())
+
+
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:
     """The fewest rows of a step in the fast numerics that run on the AMX tiles here (qmatmul.c's
     AMX_MIN_ROWS), or 0 where none do: the build has no tiles, or Linux does not allow them."""

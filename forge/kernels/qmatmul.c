@@ -392,7 +392,8 @@ static void fused_rows(int mr, const float *x, int64_t ldx, int64_t k0, int64_t 
  * (round to nearest even), each pair of products added into a float32 lane by one VDPBF16PS,
  * twice the multiplies of an FMA. Every weight is widened exactly as above first, then rounded,
  * the same in both paths; lane l of a 32-value group sums values 2 l and 2 l + 1, the lanes
- * added by reduce_row's tree: still the same bits for a row whatever the batch. */
+ * added by reduce_row's tree: the same bits for a row in every step of up to FUSED_MAX_ROWS_BF16
+ * rows (bigger ones put weight rows in the lanes: bg_rows, below). */
 #define HAVE_BF16 1
 #ifndef FUSED_MAX_ROWS_BF16
 #define FUSED_MAX_ROWS_BF16 4
@@ -1521,6 +1522,157 @@ static placed place(const job *jb, int64_t p) {
                     jb->part_panels[part + 1]};
 }
 
+#if defined(HAVE_BF16)
+/* rows r0 .. r0 + n (n <= 16 * halves) of part pt as pairs of bfloat16 in the lanes (the AMX tiles'
+ * layout, and bg_rows'): for 32 values of K (chunk ks) and 16 rows of W (cb), 16 vectors of 16 pairs:
+ * panel[((ks * halves + cb) * 16 + p) * 16 + c] = values 2p and 2p + 1 of chunk ks of row 16 cb + c,
+ * as one 32-bit unit (rows past n are zero). rows_bf [16][256] bfloat16 and row [256] float32: scratch. */
+static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r0, int64_t n, int64_t halves,
+                        float *row, bf16_t *rows_bf, uint32_t *panel) {
+    const int64_t type = pt->type;
+    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) {   /* a block a chunk: widened in registers */
+        const int64_t bb = block_bytes(type);
+        for (int64_t cb = 0; cb < halves; cb++)
+            for (int64_t ks = 0; ks < K / 32; ks++) {
+                __m512i r[16];
+                for (int64_t c = 0; c < 16; c++) {
+                    if (cb * 16 + c >= n) {
+                        r[c] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const uint8_t *b = pt->data + (r0 + cb * 16 + c) * row_bytes + ks * bb;
+                    PREFETCH(b + PF_AHEAD);             /* the next groups' rows, on their way */
+                    __m512 w[2];
+                    if (type == T_Q4_0) nibbles16(b + 2, table(f16(b), -8.0f * f16(b)), w);
+                    else if (type == T_Q4_1) nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
+                    else q8_0_block(b, w);
+                    r[c] = (__m512i)bh_pair(w[0], w[1]);
+                }
+                transpose16(r);
+                uint32_t *tile = panel + (ks * halves + cb) * 256;
+                for (int q = 0; q < 16; q++) _mm512_storeu_si512(tile + q * 16, r[q]);
+            }
+        return;
+    }
+    /* 16 rows at a time, 256 values of K at a time: widened, rounded and transposed in L1 */
+    for (int64_t cb = 0; cb < halves; cb++)
+        for (int64_t k0 = 0; k0 < K; k0 += 256) {
+            const int64_t len = K - k0 < 256 ? K - k0 : 256;
+            for (int64_t c = 0; c < 16; c++) {
+                bf16_t *dst = rows_bf + c * 256;
+                if (cb * 16 + c < n) {
+                    dequant(pt->type, pt->data + (r0 + cb * 16 + c) * row_bytes, k0, len, row);
+                    to_bf16(row, len, dst);
+                } else {
+                    memset(dst, 0, (size_t)len * sizeof *dst);
+                }
+            }
+            for (int64_t ks = k0 / 32; ks < (k0 + len) / 32; ks++) {
+                __m512i r[16];
+                for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512(rows_bf + c * 256 + (ks * 32 - k0));
+                transpose16(r);
+                uint32_t *tile = panel + (ks * halves + cb) * 256;
+                for (int q = 0; q < 16; q++) _mm512_storeu_si512(tile + q * 16, r[q]);
+            }
+        }
+}
+
+/* ---- bigger `fast` steps of the other types on AVX-512 BF16: weight rows in the lanes ----------------
+ * Steps of more than FUSED_MAX_ROWS_BF16 rows put 32 rows of W in two vectors' lanes as the AMX tiles
+ * read them (widen_pairs, once per step; Q4_0, Q4_1 and Q8_0 widened in registers, a block a chunk),
+ * and each pair of values of a row of x, broadcast, multiplies both by VDPBF16PS. No sums across lanes
+ * at the end, where the tiled path's reduce_row of every 4 x 4 outputs weighed on products of the
+ * default model's K of 576, and each broadcast serves 32 weight rows. The broadcast is its own
+ * instruction: as VDPBF16PS's {1to16} memory operand the products ran at half the speed on Zen 4.
+ * The default model's products, 2 threads, Zen 4 (docs/benchmarks.md): 4-16% less time at 8 and 32
+ * rows, 8-17% at 512. A row's bits are the same in every step of this size, and differ from smaller
+ * steps' (forge_qmatmul_bf16_split). */
+#define HAVE_BG 1
+#define BG 12                   /* rows of x at a time: 2 x BG of the 32 registers */
+
+/* out[t][0 .. n) for rows t0 .. t0 + mr of x (bfloat16, [T, K]) against a panel of widen_pairs (two
+ * halves: 32 rows of W, n <= 32), each broadcast pair of x serving both. */
+#define BG_ROWS(mr)                                                                                \
+    static void bg_rows##mr(const uint32_t *panel, int64_t K, const bf16_t *xb, int64_t t0, float *out, \
+                            int64_t ldo, int64_t n) {                                              \
+        const int64_t pairs = K / 2;                                                               \
+        const uint32_t *x = (const uint32_t *)(xb + t0 * K);                                       \
+        __m512 f[mr], g[mr];                                                                       \
+        for (int t = 0; t < (mr); t++) f[t] = g[t] = _mm512_setzero_ps();                          \
+        for (int64_t ks = 0; ks < pairs / 16; ks++)                                                \
+            for (int q = 0; q < 16; q++) {                                                         \
+                const __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(panel + ks * 512 + q * 16)); \
+                const __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(panel + ks * 512 + 256 + q * 16)); \
+                for (int t = 0; t < (mr); t++) {                                                   \
+                    uint32_t v;                                                                    \
+                    memcpy(&v, x + t * pairs + ks * 16 + q, 4);                                    \
+                    const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)v);                       \
+                    f[t] = _mm512_dpbf16_ps(f[t], xv, w0);                                         \
+                    g[t] = _mm512_dpbf16_ps(g[t], xv, w1);                                         \
+                }                                                                                  \
+            }                                                                                      \
+        const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1);                       \
+        const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xFFFFu : n <= 16 ? 0u : (1u << (n - 16)) - 1);  \
+        for (int t = 0; t < (mr); t++) {                                                           \
+            _mm512_mask_storeu_ps(out + (t0 + t) * ldo, m0, f[t]);                                 \
+            _mm512_mask_storeu_ps(out + (t0 + t) * ldo + 16, m1, g[t]);                            \
+        }                                                                                          \
+    }
+BG_ROWS(1)
+BG_ROWS(2)
+BG_ROWS(3)
+BG_ROWS(4)
+BG_ROWS(5)
+BG_ROWS(6)
+BG_ROWS(7)
+BG_ROWS(8)
+BG_ROWS(9)
+BG_ROWS(10)
+BG_ROWS(11)
+BG_ROWS(12)
+
+static void bg_rows(int mr, const uint32_t *panel, int64_t K, const bf16_t *xb, int64_t t0, float *out, int64_t ldo,
+                    int64_t n) {
+    switch (mr) {
+    case 1: bg_rows1(panel, K, xb, t0, out, ldo, n); break;
+    case 2: bg_rows2(panel, K, xb, t0, out, ldo, n); break;
+    case 3: bg_rows3(panel, K, xb, t0, out, ldo, n); break;
+    case 4: bg_rows4(panel, K, xb, t0, out, ldo, n); break;
+    case 5: bg_rows5(panel, K, xb, t0, out, ldo, n); break;
+    case 6: bg_rows6(panel, K, xb, t0, out, ldo, n); break;
+    case 7: bg_rows7(panel, K, xb, t0, out, ldo, n); break;
+    case 8: bg_rows8(panel, K, xb, t0, out, ldo, n); break;
+    case 9: bg_rows9(panel, K, xb, t0, out, ldo, n); break;
+    case 10: bg_rows10(panel, K, xb, t0, out, ldo, n); break;
+    case 11: bg_rows11(panel, K, xb, t0, out, ldo, n); break;
+    default: bg_rows12(panel, K, xb, t0, out, ldo, n); break;
+    }
+}
+
+/* Up to four panels from p (16 rows of one part, within [p, p_hi)) through bg_rows, every row of x;
+ * returns the panel after them. */
+static int64_t bg_group(const job *jb, int64_t p, int64_t p_hi) {
+    static __thread void *buf = NULL;
+    static __thread int64_t size = 0;
+    const int64_t K = jb->K;
+    uint8_t *mem = grown(&buf, &size, 32 * K * 2 + 16 * 256 * 2 + 256 * 4);
+    if (mem == NULL) abort();                  /* tens of KiB: the process is out of memory */
+    uint32_t *panel = (uint32_t *)mem;
+    bf16_t *rows_bf = (bf16_t *)(mem + 32 * K * 2);
+    float *row = (float *)(mem + 32 * K * 2 + 16 * 256 * 2);
+    const placed at = place(jb, p);
+    int64_t end = p + 32 / NR;
+    if (end > p_hi) end = p_hi;
+    if (end > at.part_end) end = at.part_end;
+    const int64_t n = (end - p) * NR < at.pt->rows - at.r0 ? (end - p) * NR : at.pt->rows - at.r0;
+    widen_pairs(at.pt, K, at.row_bytes, at.r0, n, 2, row, rows_bf, panel);
+    for (int64_t t0 = 0; t0 < jb->T; t0 += BG)
+        bg_rows((int)(jb->T - t0 < BG ? jb->T - t0 : BG), panel, K, jb->xb, t0, jb->out + at.col0 + at.r0, jb->ldo, n);
+    return end;
+}
+
+#endif
+
 /* ---- big `fast` steps on the AMX tiles ------------------------------------------------------------
  * Where the CPU has AMX (Intel Sapphire Rapids and later) and Linux lets the process use it, `fast`
  * steps of AMX_MIN_ROWS rows or more multiply the same bfloat16 values (x and every weight widened
@@ -1553,35 +1705,6 @@ static int amx_usable(void) {
     return s == 1;
 }
 
-
-/* rows r0 .. r0 + n (n <= 32) of part pt as the tiles take them: for 32 values of K (chunk ks) and
- * 16 rows of W (cb), 16 tile rows of 16 pairs: panel[((ks * 2 + cb) * 16 + p) * 16 + c] = values
- * 2p and 2p + 1 of chunk ks of row 16 cb + c, as one 32-bit unit (rows past n are zero). rows_bf
- * [16][256] bfloat16 and row [256] float32: scratch. */
-static void amx_widen(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r0, int64_t n, float *row,
-                      bf16_t *rows_bf, uint32_t *panel) {
-    /* 16 rows at a time, 256 values of K at a time: widened, rounded and transposed in L1 */
-    for (int64_t cb = 0; cb < 2; cb++)
-        for (int64_t k0 = 0; k0 < K; k0 += 256) {
-            const int64_t len = K - k0 < 256 ? K - k0 : 256;
-            for (int64_t c = 0; c < 16; c++) {
-                bf16_t *dst = rows_bf + c * 256;
-                if (cb * 16 + c < n) {
-                    dequant(pt->type, pt->data + (r0 + cb * 16 + c) * row_bytes, k0, len, row);
-                    to_bf16(row, len, dst);
-                } else {
-                    memset(dst, 0, (size_t)len * sizeof *dst);
-                }
-            }
-            for (int64_t ks = k0 / 32; ks < (k0 + len) / 32; ks++) {
-                __m512i r[16];
-                for (int c = 0; c < 16; c++) r[c] = _mm512_loadu_si512(rows_bf + c * 256 + (ks * 32 - k0));
-                transpose16(r);
-                uint32_t *tile = panel + (ks * 2 + cb) * 256;
-                for (int p = 0; p < 16; p++) _mm512_storeu_si512(tile + p * 16, r[p]);
-            }
-        }
-}
 
 /* out rows [t_lo, t_hi) of x (xb, zero past T), columns [0, n) = x @ the group's rows. */
 static void amx_group(const job *jb, const uint32_t *panel, int64_t n, float *out, int64_t t_lo, int64_t t_hi) {
@@ -1641,7 +1764,7 @@ static void amx_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
             if (end > p_hi) end = p_hi;
             if (end > at.part_end) end = at.part_end;
             const int64_t n = (end - p) * NR < at.pt->rows - at.r0 ? (end - p) * NR : at.pt->rows - at.r0;
-            amx_widen(at.pt, K, at.row_bytes, at.r0, n, row, rows_bf, panel);
+            widen_pairs(at.pt, K, at.row_bytes, at.r0, n, 2, row, rows_bf, panel);
             amx_group(jb, panel, n, jb->out + at.col0 + at.r0, t0, t1);
             p = end;
         }
@@ -1655,7 +1778,7 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi);
 #if defined(HAVE_KG)
 /* Big `fast` steps with K-quant parts on AVX-512 VNNI: their panels four at a time (16 rows of one
  * part) through the lanes-as-rows kernel, unpacked once per step, every row of x against them; the
- * other parts' panels as in run_panels. */
+ * other parts' panels through bg_rows (bfloat16). */
 static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
     static __thread void *buf = NULL;
     static __thread int64_t size = 0;
@@ -1666,11 +1789,8 @@ static void kg_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
     const xk x = {jb->kq, jb->kd, jb->ks, jb->kb, jb->kp};
     for (int64_t p = p_lo; p < p_hi;) {
         const placed at = place(jb, p);
-        if (!k_type(at.pt->type)) {
-            int64_t tb = 393216 / K / MR * MR;
-            tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
-            for (int64_t t0 = 0; t0 < jb->T; t0 += tb) run_panel(jb, p, t0, jb->T - t0 < tb ? jb->T : t0 + tb);
-            p++;
+        if (!k_type(at.pt->type)) {            /* bfloat16: x rounded for them (jb->xb) */
+            p = bg_group(jb, p, p_hi);
             continue;
         }
         int64_t end = p + 4;                    /* four panels of one part, within this thread's run */
@@ -1699,6 +1819,15 @@ static void run_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
 #if defined(HAVE_KG)
     if (jb->kq != NULL && jb->T > I8K_MAX_ROWS) {
         kg_panels(jb, p_lo, p_hi);
+        return;
+    }
+#endif
+#if defined(HAVE_BG)
+    if (jb->xb != NULL && jb->T > FUSED_MAX_ROWS_BF16) {     /* the K-quants' panels (int8) as before */
+        for (int64_t p = p_lo; p < p_hi;) {
+            if (jb->kq != NULL && k_type(place(jb, p).pt->type)) run_panel(jb, p++, 0, jb->T);
+            else p = bg_group(jb, p, p_hi);
+        }
         return;
     }
 #endif
@@ -2118,6 +2247,17 @@ int64_t forge_qmatmul_int8_k_rows(void) {
 int64_t forge_qmatmul_int8_k_split(void) {
 #if defined(HAVE_KG)
     return I8K_MAX_ROWS;
+#else
+    return 0;
+#endif
+}
+
+/* The most rows of a `fast` bfloat16 step that the fused path takes here, bigger ones adding in another
+ * order (16 weight rows in the lanes: a row's bits differ across this bound), or 0 where one order
+ * serves every step. */
+int64_t forge_qmatmul_bf16_split(void) {
+#if defined(HAVE_BG)
+    return FUSED_MAX_ROWS_BF16;
 #else
     return 0;
 #endif

@@ -325,10 +325,12 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
-    """Batch invariance in the fast numerics: the fused path (up to 4 rows) and the tiled path
-    round and add in the same order. int8 products: the K-quants' in every step, every row quantized
-    alone; the other types' in steps of up to int8_rows rows, bigger steps taking the float32 path,
-    whose rows are each row's float32 product alone. Int8 K-quants on AVX-512 VNNI: steps of up to
+    """Batch invariance in the fast numerics: bfloat16 steps of up to bf16_split rows (the fused
+    path) round and add in one order, bigger ones (16 weight rows in the lanes) in another, the same
+    bits within each (where there is no such kernel, the fused and tiled paths add in one order).
+    int8 products: the K-quants' in every step, every row quantized alone; the other types' in steps
+    of up to int8_rows rows, bigger steps taking the float32 path, whose rows are each row's float32
+    product alone. Int8 K-quants on AVX-512 VNNI: steps of up to
     int8_k_split rows from the blocks, bigger ones with 16 weight rows in the lanes, the same bits
     within each. The AMX tiles add in another order: where they take steps (from amx_rows rows,
     smaller ones going to the float32 path), a row's bits are the same in every step of that size or
@@ -352,6 +354,10 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     # int8 K-quants on AVX-512 VNNI: steps of up to `split` rows from the blocks, bigger ones on the
     # lanes-as-rows kernel, whose reference is each row in a step of split + 1 rows
     split = products.qmatmul_int8_k_split(fast_lib) if qtype in INT8_K_TYPES and not amx_rows else 0
+    # bfloat16 steps of more than bf16_split rows: 16 weight rows in the lanes, likewise
+    if not amx_rows and not split and not (int8_rows and qtype not in INT8_K_TYPES) and (
+            qtype not in INT8_K_TYPES or not products.qmatmul_int8_k_rows(fast_lib)):
+        split = products.qmatmul_bf16_split(fast_lib)
     if split:
         tiled = np.concatenate([fast_product(np.concatenate([x[r:r + 1], x[:split]]), part, 512, fast_lib)[:1]
                                 for r in range(0, 150, 7)])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import httpx
 import pydantic
 
 MAX_TOKENS = 200
@@ -147,33 +148,39 @@ def _why(exc: BaseException) -> str:
 
 def _langchain(method: str) -> Mode:
     async def run(base_url: str, model: str, case: Case, temperature: float) -> str | None:
-        llm = _chat_openai(base_url, model, temperature)
-        try:
-            out = await llm.with_structured_output(case.model, method=method).ainvoke(_messages(case))  # type: ignore[arg-type]
-        except Exception as exc:
-            return _why(exc)
+        async with httpx.AsyncClient() as http:
+            llm = _chat_openai(base_url, model, temperature, http)
+            try:
+                out = await llm.with_structured_output(case.model, method=method).ainvoke(  # type: ignore[arg-type]
+                    _messages(case))
+            except Exception as exc:
+                return _why(exc)
         return None if isinstance(out, case.model) else f"got {out!r}"
     return run
 
 
-def _chat_openai(base_url: str, model: str, temperature: float) -> Any:
+def _chat_openai(base_url: str, model: str, temperature: float, http: httpx.AsyncClient) -> Any:
+    """LangChain's client on an HTTP client the caller closes: its default one is cached for the process
+    per base URL and never closed, so a test server's connections would be left for the collector (an
+    unclosed-socket ResourceWarning in whichever test runs then)."""
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(model=model, base_url=base_url, api_key="x", max_retries=0, seed=SEED,  # type: ignore[arg-type]
-                      temperature=temperature, max_tokens=MAX_TOKENS)  # type: ignore[call-arg]
+                      temperature=temperature, max_tokens=MAX_TOKENS, http_async_client=http)  # type: ignore[call-arg]
 
 
 async def _langchain_bind_tools(base_url: str, model: str, case: Case, temperature: float) -> str | None:
-    llm = _chat_openai(base_url, model, temperature)
-    try:
-        reply = await llm.bind_tools([case.model], tool_choice="required").ainvoke(_messages(case))
-        calls = reply.tool_calls  # type: ignore[attr-defined]
-        if not calls or any(c["name"] != case.model.__name__ for c in calls):
-            return f"calls {calls!r}, invalid {getattr(reply, 'invalid_tool_calls', None)!r}"[:300]
-        for call in calls:
-            case.model.model_validate(call["args"])
-    except Exception as exc:
-        return _why(exc)
+    async with httpx.AsyncClient() as http:
+        llm = _chat_openai(base_url, model, temperature, http)
+        try:
+            reply = await llm.bind_tools([case.model], tool_choice="required").ainvoke(_messages(case))
+            calls = reply.tool_calls  # type: ignore[attr-defined]
+            if not calls or any(c["name"] != case.model.__name__ for c in calls):
+                return f"calls {calls!r}, invalid {getattr(reply, 'invalid_tool_calls', None)!r}"[:300]
+            for call in calls:
+                case.model.model_validate(call["args"])
+        except Exception as exc:
+            return _why(exc)
     return None
 
 

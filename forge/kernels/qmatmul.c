@@ -244,29 +244,29 @@ static inline void q8_0_block(const uint8_t *b, __m512 *w) {
     w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
 }
 
+/* One block of 32 values of Q4_0, Q4_1 or Q8_0 at b, in order, into w[0] and w[1]: every path's widening
+ * of these types (dequant, the fused path, widen_pairs). */
+static inline void block32(int64_t type, const uint8_t *b, __m512 *w) {
+    if (type == T_Q4_0) {
+        const float d = f16(b);
+        nibbles16(b + 2, table(d, -8.0f * d), w);
+    } else if (type == T_Q4_1) {
+        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
+    } else {
+        q8_0_block(b, w);
+    }
+}
+
 /* The AVX-512 form of dequant() for the types it covers; 0 when it does not cover `type`. */
 static int dequant_avx512(int64_t type, const uint8_t *b, int64_t n, float *restrict dst) {
     __m512 w[8];
     for (int64_t off = 0; off < n / block_values(type) * block_bytes(type); off += 64) PREFETCH(b + PF_AHEAD + off);
     switch (type) {
     case T_Q4_0:
-        for (int64_t blk = 0; blk < n / 32; blk++, b += 18, dst += 32) {
-            const float d = f16(b);
-            nibbles16(b + 2, table(d, -8.0f * d), w);
-            _mm512_storeu_ps(dst, w[0]);
-            _mm512_storeu_ps(dst + 16, w[1]);
-        }
-        return 1;
     case T_Q4_1:
-        for (int64_t blk = 0; blk < n / 32; blk++, b += 20, dst += 32) {
-            nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
-            _mm512_storeu_ps(dst, w[0]);
-            _mm512_storeu_ps(dst + 16, w[1]);
-        }
-        return 1;
     case T_Q8_0:
-        for (int64_t blk = 0; blk < n / 32; blk++, b += 34, dst += 32) {
-            q8_0_block(b, w);
+        for (int64_t blk = 0, bb = block_bytes(type); blk < n / 32; blk++, b += bb, dst += 32) {
+            block32(type, b, w);
             _mm512_storeu_ps(dst, w[0]);
             _mm512_storeu_ps(dst + 16, w[1]);
         }
@@ -354,14 +354,7 @@ static int fused_type(int64_t type) {
                 for (int c = 0; c < NR; c++) {                                                     \
                     const uint8_t *b = rows[c] + blk * bb;                                         \
                     if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
-                    if (type == T_Q4_0) {                                                          \
-                        const float d = f16(b);                                                    \
-                        nibbles16(b + 2, table(d, -8.0f * d), w);                                  \
-                    } else if (type == T_Q4_1) {                                                   \
-                        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);                            \
-                    } else {                                                                       \
-                        q8_0_block(b, w);                                                          \
-                    }                                                                              \
+                    block32(type, b, w);                                                           \
                     PAIR(mr, c, blk * 32, w[0], w[1])                                              \
                 }                                                                                  \
             break;                                                                                 \
@@ -1523,12 +1516,13 @@ static placed place(const job *jb, int64_t p) {
 }
 
 #if defined(HAVE_BF16)
-/* rows r0 .. r0 + n (n <= 16 * halves) of part pt as pairs of bfloat16 in the lanes (the AMX tiles'
- * layout, and bg_rows'): for 32 values of K (chunk ks) and 16 rows of W (cb), 16 vectors of 16 pairs:
- * panel[((ks * halves + cb) * 16 + p) * 16 + c] = values 2p and 2p + 1 of chunk ks of row 16 cb + c,
- * as one 32-bit unit (rows past n are zero). rows_bf [16][256] bfloat16 and row [256] float32: scratch. */
-static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r0, int64_t n, int64_t halves,
-                        float *row, bf16_t *rows_bf, uint32_t *panel) {
+/* rows r0 .. r0 + n (n <= 32) of part pt as pairs of bfloat16 in the lanes (the AMX tiles' layout, and
+ * bg_rows'): for 32 values of K (chunk ks) and 16 rows of W (cb), 16 vectors of 16 pairs:
+ * panel[((ks * 2 + cb) * 16 + p) * 16 + c] = values 2p and 2p + 1 of chunk ks of row 16 cb + c, as one
+ * 32-bit unit (rows past n are zero). rows_bf [16][256] bfloat16 and row [256] float32: scratch. */
+static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r0, int64_t n, float *row,
+                        bf16_t *rows_bf, uint32_t *panel) {
+    const int64_t halves = 2;
     const int64_t type = pt->type;
     if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) {   /* a block a chunk: widened in registers */
         const int64_t bb = block_bytes(type);
@@ -1543,9 +1537,7 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
                     const uint8_t *b = pt->data + (r0 + cb * 16 + c) * row_bytes + ks * bb;
                     PREFETCH(b + PF_AHEAD);             /* the next groups' rows, on their way */
                     __m512 w[2];
-                    if (type == T_Q4_0) nibbles16(b + 2, table(f16(b), -8.0f * f16(b)), w);
-                    else if (type == T_Q4_1) nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
-                    else q8_0_block(b, w);
+                    block32(type, b, w);
                     r[c] = (__m512i)bh_pair(w[0], w[1]);
                 }
                 transpose16(r);
@@ -1583,9 +1575,9 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
  * and each pair of values of a row of x, broadcast, multiplies both by VDPBF16PS. No sums across lanes
  * at the end, where the tiled path's reduce_row of every 4 x 4 outputs weighed on products of the
  * default model's K of 576, and each broadcast serves 32 weight rows. The broadcast is its own
- * instruction: as VDPBF16PS's {1to16} memory operand the products ran at half the speed on Zen 4.
- * The default model's products, 2 threads, Zen 4 (docs/benchmarks.md): 4-16% less time at 8 and 32
- * rows, 8-17% at 512. A row's bits are the same in every step of this size, and differ from smaller
+ * instruction: as VDPBF16PS's {1to16} memory operand the products were slower on Zen 4 (ad hoc).
+ * The default model's products at 32 rows, 2 threads, Zen 4: 29.4 against 30.6-35.2 ms a step
+ * (docs/benchmarks.md). A row's bits are the same in every step of this size, and differ from smaller
  * steps' (forge_qmatmul_bf16_split). */
 #define HAVE_BG 1
 #define BG 12                   /* rows of x at a time: 2 x BG of the 32 registers */
@@ -1649,26 +1641,38 @@ static void bg_rows(int mr, const uint32_t *panel, int64_t K, const bf16_t *xb, 
     }
 }
 
-/* Up to four panels from p (16 rows of one part, within [p, p_hi)) through bg_rows, every row of x;
- * returns the panel after them. */
-static int64_t bg_group(const job *jb, int64_t p, int64_t p_hi) {
+/* Up to 32 rows of W from panel p (within [p, p_hi) and p's part), widened by widen_pairs into a thread's
+ * buffer: the AMX tiles' and bg_rows' groups. */
+typedef struct {
+    const uint32_t *panel;
+    placed at;
+    int64_t n, end;             /* the rows, and the panel after them */
+} pairs_group;
+
+static pairs_group widen_group(const job *jb, int64_t p, int64_t p_hi) {
     static __thread void *buf = NULL;
     static __thread int64_t size = 0;
     const int64_t K = jb->K;
     uint8_t *mem = grown(&buf, &size, 32 * K * 2 + 16 * 256 * 2 + 256 * 4);
-    if (mem == NULL) abort();                  /* tens of KiB: the process is out of memory */
+    if (mem == NULL) abort();                  /* a few hundred KiB: the process is out of memory */
     uint32_t *panel = (uint32_t *)mem;
-    bf16_t *rows_bf = (bf16_t *)(mem + 32 * K * 2);
-    float *row = (float *)(mem + 32 * K * 2 + 16 * 256 * 2);
     const placed at = place(jb, p);
     int64_t end = p + 32 / NR;
     if (end > p_hi) end = p_hi;
     if (end > at.part_end) end = at.part_end;
     const int64_t n = (end - p) * NR < at.pt->rows - at.r0 ? (end - p) * NR : at.pt->rows - at.r0;
-    widen_pairs(at.pt, K, at.row_bytes, at.r0, n, 2, row, rows_bf, panel);
+    widen_pairs(at.pt, K, at.row_bytes, at.r0, n, (float *)(mem + 32 * K * 2 + 16 * 256 * 2),
+                (bf16_t *)(mem + 32 * K * 2), panel);
+    return (pairs_group){panel, at, n, end};
+}
+
+/* The group from panel p through bg_rows, every row of x; returns the panel after it. */
+static int64_t bg_group(const job *jb, int64_t p, int64_t p_hi) {
+    const pairs_group gp = widen_group(jb, p, p_hi);
     for (int64_t t0 = 0; t0 < jb->T; t0 += BG)
-        bg_rows((int)(jb->T - t0 < BG ? jb->T - t0 : BG), panel, K, jb->xb, t0, jb->out + at.col0 + at.r0, jb->ldo, n);
-    return end;
+        bg_rows((int)(jb->T - t0 < BG ? jb->T - t0 : BG), gp.panel, jb->K, jb->xb, t0,
+                jb->out + gp.at.col0 + gp.at.r0, jb->ldo, gp.n);
+    return gp.end;
 }
 
 #endif
@@ -1745,28 +1749,16 @@ static void amx_group(const job *jb, const uint32_t *panel, int64_t n, float *ou
 
 /* Panels [p_lo, p_hi) of the job on the tiles (jb->amx). */
 static void amx_panels(const job *jb, int64_t p_lo, int64_t p_hi) {
-    static __thread void *buf = NULL;
-    static __thread int64_t size = 0;
     const int64_t K = jb->K;
-    uint8_t *mem = grown(&buf, &size, 32 * K * 2 + 16 * 256 * 2 + 256 * 4);
-    if (mem == NULL) abort();                  /* a few hundred KiB: the process is out of memory */
-    uint32_t *panel = (uint32_t *)mem;
-    bf16_t *rows_bf = (bf16_t *)(mem + 32 * K * 2);
-    float *row = (float *)(mem + 32 * K * 2 + 16 * 256 * 2);
     amx_load_config();
     int64_t tb = AMX_X_BYTES / (K * 2) / 32 * 32;
     tb = tb < 32 ? 32 : tb;
     for (int64_t t0 = 0; t0 < jb->T; t0 += tb) {
         const int64_t t1 = jb->T - t0 < tb ? jb->T : t0 + tb;
-        for (int64_t p = p_lo; p < p_hi;) {
-            const placed at = place(jb, p);
-            int64_t end = p + 32 / NR;              /* up to 32 rows of W, within the part */
-            if (end > p_hi) end = p_hi;
-            if (end > at.part_end) end = at.part_end;
-            const int64_t n = (end - p) * NR < at.pt->rows - at.r0 ? (end - p) * NR : at.pt->rows - at.r0;
-            widen_pairs(at.pt, K, at.row_bytes, at.r0, n, 2, row, rows_bf, panel);
-            amx_group(jb, panel, n, jb->out + at.col0 + at.r0, t0, t1);
-            p = end;
+        for (int64_t p = p_lo; p < p_hi;) {            /* up to 32 rows of W, within the part */
+            const pairs_group gp = widen_group(jb, p, p_hi);
+            amx_group(jb, gp.panel, gp.n, jb->out + gp.at.col0 + gp.at.r0, t0, t1);
+            p = gp.end;
         }
     }
     _tile_release();
@@ -2253,7 +2245,7 @@ int64_t forge_qmatmul_int8_k_split(void) {
 }
 
 /* The most rows of a `fast` bfloat16 step that the fused path takes here, bigger ones adding in another
- * order (16 weight rows in the lanes: a row's bits differ across this bound), or 0 where one order
+ * order (32 weight rows in the lanes: a row's bits differ across this bound), or 0 where one order
  * serves every step. */
 int64_t forge_qmatmul_bf16_split(void) {
 #if defined(HAVE_BG)

@@ -133,6 +133,21 @@ static inline void scores16(const float *restrict qg, int64_t group, int64_t hd,
     }
 }
 
+/* scores16 against keys of a half-width or int8 cache (kv_type), each of the 16 widened once into
+ * `tile` (L1, 16 x hd floats) rather than once per query vector of the group: for int8 that is a
+ * scale, two conversions and a multiply per 16 values. The same values, so the same scores. */
+static inline void scores16_widened(const float *restrict qg, int64_t group, int64_t hd, const void *k,
+                                    const uint16_t *ks, const int64_t *at, int kv_type, float *restrict tile,
+                                    float *restrict scores, int64_t stride) {
+    int64_t local[16];
+    for (int e = 0; e < 16; e++) {
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_store_ps(tile + e * hd + d, load16_kv(k, ks, at[e] + d, kv_type));
+        local[e] = e * hd;
+    }
+    scores16(qg, group, hd, tile, NULL, local, 0, scores, stride);
+}
+
 /* og[j] = sum over keys p of w[j * stride + p] * V[p] / sums[j], for `group` query vectors and
  * heads of 16 nv floats: nv 4 (heads of 64) with groups of up to 4, nv 8 (heads of 128) with up to
  * 2. The 16 vectors of outputs are held in registers while the values stream past once (inlined
@@ -265,9 +280,9 @@ static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *
  * for the 1.7B, 384 bytes for the default model), so the heads of 16 positions read one contiguous
  * stretch of the block, where taking each head over all its keys in turn (decode_pairs_) reads hd
  * values a position and waits on the memory. With GQA and a half-width cache each key and value is
- * widened once for its group's query heads (a 16-key tile in L1; the values' outputs in registers). The same arithmetic in the same order as decode_pairs_,
- * so the same results. hd a multiple of 16, at most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2
- * with no memory. */
+ * widened once for its group's query heads (scores16_widened; the values' outputs in registers). The
+ * same arithmetic in the same order as decode_pairs_, so the same results. hd a multiple of 16, at
+ * most MAX_HEAD_DIM; no soft-capping. Returns 0, or -2 with no memory. */
 static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *restrict k, const KV_T *restrict v,
                                        const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
                                        const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
@@ -285,10 +300,8 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     for (int64_t h = 0; h < heads; h++)
         maxes[h] = -INFINITY;
     const float *qs = q + (row * nh + g0 * group) * hd;               /* [heads, hd] */
-    int64_t at[16], head_at[16], local[16];
+    int64_t at[16], head_at[16];
     float tile[16 * MAX_HEAD_DIM] __attribute__((aligned(64)));    /* 16 keys of one head, widened */
-    for (int e = 0; e < 16; e++)
-        local[e] = e * hd;
     int64_t p = first;
     for (; p + 16 <= len; p += 16) {
         keys16(table, p, block_size, kv_stride, 0, at);
@@ -297,14 +310,10 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
                 head_at[e] = at[e] + g * hd;
             const int64_t h0 = (g - g0) * group;
             float *sh = scores + h0 * span - first;
-            if (KV_CODE == 0 || group == 1) {
+            if (KV_CODE == 0 || group == 1)
                 scores16(qs + h0 * hd, group, hd, k, k_scales, head_at, KV_CODE, sh + p, span);
-            } else {                /* the 16 keys widened once (L1), not once per query head */
-                for (int e = 0; e < 16; e++)
-                    for (int64_t d = 0; d < hd; d += 16)
-                        _mm512_store_ps(tile + e * hd + d, load16_kv(k, k_scales, head_at[e] + d, KV_CODE));
-                scores16(qs + h0 * hd, group, hd, tile, NULL, local, 0, sh + p, span);
-            }
+            else
+                scores16_widened(qs + h0 * hd, group, hd, k, k_scales, head_at, KV_CODE, tile, sh + p, span);
             for (int64_t j = 0; j < group; j++) {
                 const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(sh + j * span + p));
                 if (m16 > maxes[h0 + j])
@@ -512,19 +521,10 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
                         for (int e = 0; e < 16; e++)
                             prefetch_row(k, next[e], (int)sizeof(KV_T), hd * (int64_t)sizeof(KV_T));
                     }
-                    if (KV_CODE == 0 || group == 1) {
+                    if (KV_CODE == 0 || group == 1)
                         scores16(qg, group, hd, k, k_scales, at, KV_CODE, scores + p, len);
-                    } else {
-                        /* the 16 keys widened once into `tile` (L1), not once per query head of the
-                         * group: for int8 that is a scale, two conversions and a multiply per 16 */
-                        int64_t local[16];
-                        for (int e = 0; e < 16; e++) {
-                            for (int64_t d = 0; d < hd; d += 16)
-                                _mm512_store_ps(tile + e * hd + d, load16_kv(k, k_scales, at[e] + d, KV_CODE));
-                            local[e] = e * hd;
-                        }
-                        scores16(qg, group, hd, tile, NULL, local, 0, scores + p, len);
-                    }
+                    else
+                        scores16_widened(qg, group, hd, k, k_scales, at, KV_CODE, tile, scores + p, len);
                     for (int64_t j = 0; j < group; j++) {
                         const float m16 = _mm512_reduce_max_ps(_mm512_loadu_ps(scores + j * len + p));
                         if (m16 > maxes[j])

@@ -326,7 +326,7 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: bfloat16 steps of up to bf16_split rows (the fused
-    path) round and add in one order, bigger ones (16 weight rows in the lanes) in another, the same
+    path) round and add in one order, bigger ones (32 weight rows in the lanes) in another, the same
     bits within each (where there is no such kernel, the fused and tiled paths add in one order).
     int8 products: the K-quants' in every step, every row quantized alone; the other types' in steps
     of up to int8_rows rows, bigger steps taking the float32 path, whose rows are each row's float32
@@ -354,7 +354,7 @@ def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctyp
     # int8 K-quants on AVX-512 VNNI: steps of up to `split` rows from the blocks, bigger ones on the
     # lanes-as-rows kernel, whose reference is each row in a step of split + 1 rows
     split = products.qmatmul_int8_k_split(fast_lib) if qtype in INT8_K_TYPES and not amx_rows else 0
-    # bfloat16 steps of more than bf16_split rows: 16 weight rows in the lanes, likewise
+    # bfloat16 steps of more than bf16_split rows: 32 weight rows in the lanes, likewise
     if not amx_rows and not split and not (int8_rows and qtype not in INT8_K_TYPES) and (
             qtype not in INT8_K_TYPES or not products.qmatmul_int8_k_rows(fast_lib)):
         split = products.qmatmul_bf16_split(fast_lib)

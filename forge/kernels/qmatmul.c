@@ -651,6 +651,37 @@ static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((cons
  * free to be regrouped differently in the one-row and two-row bodies, and a row's bits with it. */
 #define OPAQUE(v) __asm__("" : "+x"(v))
 
+/* The quantizers of x below keep exact IEEE arithmetic (not -ffast-math's), so that the tests can
+ * quantize x the same way: v * id rounded to nearest even (the default rounding, as nearbyintf), then
+ * clamped to +-127. Eight lanes at a time, on both AVX2 and AVX-512 builds. */
+#define EXACT __attribute__((optimize("no-fast-math")))
+
+/* max |v| over n values (n a multiple of 16). */
+EXACT static inline float amax_of(const float *v, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)                   /* a NaN drops out, as in fmaxf */
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* 16 values' codes into q; returns their sum. */
+EXACT static inline int codes16(const float *v, __m256 id, int8_t *q) {
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), id));
+    __m256i c1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), id));
+    c0 = _mm256_max_epi32(_mm256_min_epi32(c0, hi), lo);
+    c1 = _mm256_max_epi32(_mm256_min_epi32(c1, hi), lo);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(c0, c1), 0xD8);    /* int16, in order */
+    _mm_storeu_si128((__m128i *)q, _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(_mm256_add_epi32(c0, c1)),
+                              _mm256_extracti128_si256(_mm256_add_epi32(c0, c1), 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+
 #endif
 
 #if defined(HAVE_I8K) && !defined(__AVX512F__)
@@ -748,22 +779,13 @@ static void fused_rows_i8(int mr, const int8_t *xq, const float *xd, const float
     else fusedq2(xq, xd, xs, K, type, rows, acc);
 }
 
-/* Row t of x (K values) as int8 codes q, per block of 32 the scale d and s = d * the codes' sum.
- * Exact IEEE arithmetic (not -ffast-math's), so that the tests can quantize x the same way. */
-__attribute__((optimize("no-fast-math"))) static void quantize_row(const float *x, int64_t K, int8_t *q, float *d,
-                                                                    float *s) {
+/* Row t of x (K values) as int8 codes q, per block of 32 the scale d and s = d * the codes' sum. */
+EXACT static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s) {
     for (int64_t b = 0; b < K / 32; b++) {
         const float *v = x + 32 * b;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
-        for (int i = 0; i < 32; i++) {
-            int c = (int)nearbyintf(v[i] * id);
-            c = c > 127 ? 127 : c < -127 ? -127 : c;
-            q[32 * b + i] = (int8_t)c;
-            sum += c;
-        }
+        const float amax = amax_of(v, 32);
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const int sum = codes16(v, id, q + 32 * b) + codes16(v + 16, id, q + 32 * b + 16);
         d[b] = amax / 127.0f;
         s[b] = d[b] * (float)sum;
     }
@@ -1253,24 +1275,14 @@ static void kg_rows(int mr, int q6, const kg *g, int64_t ns, const xk *x, int64_
 
 /* Row x (K values) as Q8_K-style codes: per superblock of 256 the scale d, per 32 codes s = d *
  * their sum, per 16 codes their sum (in a record's sv order). Exact IEEE arithmetic, as quantize_row. */
-__attribute__((optimize("no-fast-math"))) static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d,
-                                                                      float *s, int16_t *sums) {
+EXACT static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, float *s, int16_t *sums) {
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const float *v = x + 256 * sb;
-        float amax = 0.0f;
-        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(v[i]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float amax = amax_of(v, 256);
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         d[sb] = amax / 127.0f;
-        for (int g = 0; g < 16; g++) {
-            int sum = 0;
-            for (int i = 16 * g; i < 16 * g + 16; i++) {
-                int c = (int)nearbyintf(v[i] * id);
-                c = c > 127 ? 127 : c < -127 ? -127 : c;
-                q[256 * sb + i] = (int8_t)c;
-                sum += c;
-            }
-            sums[16 * sb + g % 2 * 8 + g / 2] = (int16_t)sum;       /* the even groups', then the odd ones' */
-        }
+        for (int g = 0; g < 16; g++)               /* the even groups', then the odd ones' */
+            sums[16 * sb + g % 2 * 8 + g / 2] = (int16_t)codes16(v + 16 * g, id, q + 256 * sb + 16 * g);
         for (int b = 0; b < 8; b++) s[8 * sb + b] = d[sb] * (float)(sums[16 * sb + b] + sums[16 * sb + 8 + b]);
     }
 }

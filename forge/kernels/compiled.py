@@ -3,9 +3,8 @@
 The shared library is compiled with the host's C compiler (`cc`, or $CC) for the CPU it runs on
 (-march=native) into $FORGE_HOME/kernels/, named by a hash of the sources, the flags, the compiler
 and the CPU (a library built for one CPU may not run on another that shares the cache), and loaded
-with ctypes (whose foreign calls release the GIL, so pool threads run in
-parallel). With no compiler or a failed build the library is None and callers use their numpy
-path; `status()` says why, for the start-up log.
+with ctypes (whose foreign calls release the GIL, so pool threads run in parallel). With no compiler
+or a failed build the library is None and callers use their numpy path; `status()` says why.
 """
 
 from __future__ import annotations
@@ -127,16 +126,11 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.paged_prefill_attention.restype = ctypes.c_int
     lib.paged_prefill_attention_supports.argtypes = [i64]
     lib.paged_prefill_attention_supports.restype = ctypes.c_int
-    lib.forge_rms_norm.argtypes = [p, i64, i64, i64, p, ctypes.c_float, p, i64]
-    lib.forge_rms_norm.restype = None
-    lib.forge_swiglu.argtypes = [p, i64, i64, p]
-    lib.forge_swiglu.restype = None
-    lib.forge_gelu_erf.argtypes = [p, i64, p]
-    lib.forge_gelu_erf.restype = None
-    lib.forge_kv_store.argtypes = [p, i64, i64, i64, p, p, p, ctypes.c_int]
-    lib.forge_kv_store.restype = None
-    lib.forge_hadamard32.argtypes = [p, i64, ctypes.c_float]
-    lib.forge_hadamard32.restype = None
+    for name, args in (("forge_rms_norm", [p, i64, i64, i64, p, ctypes.c_float, p, i64]),
+                       ("forge_swiglu", [p, i64, i64, p]), ("forge_gelu_erf", [p, i64, p]),
+                       ("forge_kv_store", [p, i64, i64, i64, p, p, p, ctypes.c_int]),
+                       ("forge_hadamard32", [p, i64, ctypes.c_float])):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int
     lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64, i64]
@@ -172,8 +166,18 @@ def _cpu_identity() -> bytes:
     return "\n".join(wanted).encode()
 
 
-def ptr(a: npt.NDArray[np.generic]) -> int:
-    return int(a.ctypes.data)
+# A step passes about a thousand arrays to the kernels. numpy's PyArrayObject holds the data pointer
+# right after the object header (reference count, type): read there, a quarter of a.ctypes.data's
+# cost (a helper object per call); where the layout differs (a free-threaded Python), a.ctypes.data.
+_HEADER = 2 * ctypes.sizeof(ctypes.c_void_p)
+
+
+def _data_at(a: npt.NDArray[np.generic]) -> int:
+    return ctypes.c_void_p.from_address(id(a) + _HEADER).value or 0
+
+
+_probe = np.arange(6, dtype=np.float32)[2:]
+ptr = _data_at if _data_at(_probe) == _probe.ctypes.data else (lambda a: int(a.ctypes.data))
 
 
 def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],

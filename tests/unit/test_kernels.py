@@ -92,6 +92,18 @@ def assert_close(got: npt.NDArray[np.float32], want: npt.NDArray[np.float64], re
     assert np.all(err <= bound), np.max(err / bound) * rel
 
 
+@given(shape=st.lists(st.integers(0, 7), min_size=1, max_size=3), start=st.integers(0, 3),
+       dtype=st.sampled_from([np.float32, np.float16, np.int8, np.int64, np.uint16]))
+def test_a_kernel_argument_is_the_arrays_data(shape: list[int], start: int, dtype: type) -> None:
+    """compiled.ptr (what every kernel call passes) is the array's data pointer: for arrays, views
+    that start inside another array, read-only arrays and empty ones alike."""
+    base = np.arange(int(np.prod(shape)) + 4).astype(dtype)
+    for a in (base, base[start:], base[start:][: int(np.prod(shape))].reshape(shape)):
+        assert compiled.ptr(a) == a.ctypes.data
+    base.flags.writeable = False
+    assert compiled.ptr(base[start:]) == base[start:].ctypes.data
+
+
 qtypes = st.sampled_from(SUPPORTED)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -323,7 +324,7 @@ def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.ND
     lib = library()
     assert lib is not None, "kv_store called without the compiled kernels"
     kv_type = _KV_TYPE.get(values.dtype)
-    row_len = int(np.prod(values.shape[2:]))
+    row_len = math.prod(values.shape[2:])
     num_slots = values.shape[0] * values.shape[1]
     if (kv_type is None or x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != values.shape[2:]
             or x.strides[2] != 4 or x.strides[1] != 4 * x.shape[2] or x.strides[0] % 4 or x.strides[0] < 4 * row_len

@@ -123,7 +123,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
     lib.paged_prefill_attention.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, p, p, p, p, i64, i64, i64, i64, i64,
-                                            i64, p, i64, p]
+                                            i64, p, i64, p, ctypes.c_int]
     lib.paged_prefill_attention.restype = ctypes.c_int
     lib.paged_prefill_attention_supports.argtypes = [i64]
     lib.paged_prefill_attention_supports.restype = ctypes.c_int
@@ -355,15 +355,15 @@ def prefill_attention_supports(head_dim: int) -> bool:
 
 def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
                             tables: I64, row0: I64, pos0: I64, num_keys: I64, ranges: I64, window: int,
-                            scratch: F32, out: F32, scales: KVScales | None = None) -> None:
+                            scratch: F32, out: F32, scales: KVScales | None = None, fast: bool = False) -> None:
     """Causal attention of chunks of query rows into out (see prefill_attention.c), for segments
     s of one sequence's chunk each: the chunk's row row0[s] is at position pos0[s] (its positions
     consecutive), its keys 0 .. num_keys[s] - 1 (with a sliding `window`, only each row's last
     `window` positions) read through tables[s]; `ranges` [n, 3] holds rows [lo, hi) to compute and
     their segment, a segment's ranges consecutive. q, out [T, nh, hd] float32; the caches
     [num_blocks, block_size, nkv, hd] float32, float16, bfloat16 (uint16 bits) or int8 with
-    `scales` (as for paged_decode_attention); scratch at least
-    prefill_scratch_floats(max(num_keys), hd); prefill_attention_supports(hd) must hold."""
+    `scales` (as for paged_decode_attention); scratch at least prefill_scratch_floats(max(num_keys),
+    hd); prefill_attention_supports(hd) must hold. `fast`: bfloat16 pairs (AVX-512 BF16), see there."""
     lib = library()
     assert lib is not None, "paged_prefill_attention called without the compiled kernels"
     kv_type = _KV_TYPE.get(k_cache.dtype)
@@ -385,7 +385,7 @@ def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: n
                                      ptr(tables), tables.shape[1],
                                      ptr(row0), ptr(pos0), ptr(num_keys), ptr(ranges), len(ranges), window,
                                      num_heads, num_kv_heads, head_dim, block_size, ptr(scratch), scratch.size,
-                                     ptr(out))
+                                     ptr(out), int(fast))
     if rc != 0:
         raise ValueError(f"paged_prefill_attention: head_dim {head_dim} or a scratch of {scratch.size} floats is "
                          "beyond the kernel's limits")

@@ -9,7 +9,11 @@
  * an online softmax (running max and sum, the outputs rescaled when the max grows) and the values
  * weighted into its outputs, held in registers for the slice; the slice stays in L1 while the
  * block passes over it. Keys past a vector's position cost nothing beyond the slice that holds its
- * diagonal. float32 throughout; the exponential is a Cephes-style polynomial (~1 ulp).
+ * diagonal. float32 throughout; the exponential is a Cephes-style polynomial (~1 ulp). In the
+ * `fast` numerics, with AVX-512 BF16, the two products instead take pairs rounded to bfloat16 by
+ * VDPBF16PS (two multiply-adds a lane, summed in float32): each query's pairs of dimensions against
+ * each key's, and each pair of keys' weights against their values; the gathered keys and values
+ * are rounded into those pairs in place, the softmax stays float32.
  *
  * numpy computes the same in forge.llama.attention._prefill (whole rows of scores, a softmax, two
  * batched products): the reference this kernel is tested against. Without AVX-512 the entry point
@@ -31,6 +35,9 @@
 #define NV 4                  /* query vectors taken together */
 #define MAX_HZ 4              /* head_dim / 16 the kernel takes: up to 64 */
 #define QB 32                 /* query vectors per block: their outputs and a chunk's keys and values fit L1 */
+#if defined(__AVX512BF16__)
+#define HAVE_BF16_PAIRS 1
+#endif
 
 /* exp(x) for x <= 0, 16 at a time; x below -87.3 (and -inf) gives 0 through the caller's mask. */
 static inline __m512 exp512(__m512 x) {
@@ -60,12 +67,28 @@ typedef struct {
  * and unnormalised outputs acc [NV][hd] updated (the online softmax). */
 static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, float *m, float *l, float *acc,
                                                              const float *restrict kc, const float *restrict vc,
-                                                             int64_t key0, const int hz) {
+                                                             int64_t key0, const int hz, const int bf,
+                                                             const uint32_t *restrict qp) {
     const int64_t hd = 16 * hz;
     __m512 s[NV][KC / 16];
     for (int v = 0; v < NV; v++)
         for (int c = 0; c < KC / 16; c++)
             s[v][c] = _mm512_setzero_ps();
+#if defined(HAVE_BF16_PAIRS)
+    if (bf)                   /* kc: [hd / 2][KC] pairs of dimensions; qp: [NV][hd / 2] the queries' */
+        for (int64_t i = 0; i < hd / 2; i++) {
+            const uint32_t *row = (const uint32_t *)kc + i * KC;
+            __m512bh kz[KC / 16];
+            for (int c = 0; c < KC / 16; c++)
+                kz[c] = (__m512bh)_mm512_loadu_si512((const void *)(row + 16 * c));
+            for (int v = 0; v < NV; v++) {
+                const __m512bh qd = (__m512bh)_mm512_set1_epi32((int)qp[v * hd / 2 + i]);
+                for (int c = 0; c < KC / 16; c++)
+                    s[v][c] = _mm512_dpbf16_ps(s[v][c], qd, kz[c]);
+            }
+        }
+    else
+#endif
     for (int64_t d = 0; d < hd; d++) {
         const float *row = kc + d * KC;
         const __m512 k_0 = _mm512_loadu_ps(row), k_1 = _mm512_loadu_ps(row + 16),
@@ -81,7 +104,7 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
     int64_t last = vecs[0].last;
     for (int v = 1; v < NV; v++)
         last = vecs[v].last > last ? vecs[v].last : last;
-    const int64_t used = last - key0 + 1 > KC ? KC : last - key0 + 1;   /* keys any of them sees */
+    int64_t used = last - key0 + 1 > KC ? KC : last - key0 + 1;         /* keys any of them sees */
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float pbuf[NV][KC] __attribute__((aligned(64)));
     __m512 o[NV][MAX_HZ];
@@ -100,18 +123,25 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
             }
         }
         if (cmax == -INFINITY) {                     /* no key of this chunk is visible to it */
-            memset(pbuf[v], 0, sizeof pbuf[v]);
+            memset(pbuf[v], 0, sizeof pbuf[v]);      /* (as pairs too: zero is zero) */
             continue;
         }
         const float m_new = cmax > m[v] ? cmax : m[v];
         const float alpha = m[v] == -INFINITY ? 0.0f : expf(m[v] - m_new);
         const __m512 mn = _mm512_set1_ps(m_new);
         __m512 total = _mm512_setzero_ps();
+        __m512 pc[KC / 16];
         for (int c = 0; c < KC / 16; c++) {
-            const __m512 p = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(s[v][c], mn)));
-            total = _mm512_add_ps(total, p);
-            _mm512_store_ps(pbuf[v] + 16 * c, p);
+            pc[c] = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(s[v][c], mn)));
+            total = _mm512_add_ps(total, pc[c]);
+            if (!bf)
+                _mm512_store_ps(pbuf[v] + 16 * c, pc[c]);
         }
+#if defined(HAVE_BF16_PAIRS)
+        if (bf)                                      /* pbuf as uint32: the weights of keys 2j, 2j + 1 */
+            for (int c = 0; c < KC / 16; c += 2)
+                _mm512_store_si512((void *)(pbuf[v] + 8 * c), (__m512i)_mm512_cvtne2ps_pbh(pc[c + 1], pc[c]));
+#endif
         l[v] = l[v] * alpha + _mm512_reduce_add_ps(total);
         m[v] = m_new;
         if (alpha != 1.0f) {
@@ -120,6 +150,22 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
                 o[v][z] = _mm512_mul_ps(o[v][z], a);
         }
     }
+#if defined(HAVE_BF16_PAIRS)
+    if (bf) {                 /* vc: [KC / 2][hd] pairs of keys; a key past `used` weighs 0 */
+        for (int64_t j = 0; j < (used + 1) / 2; j++) {
+            const uint32_t *vr = (const uint32_t *)vc + j * hd;
+            __m512bh vz[MAX_HZ];
+            for (int z = 0; z < hz; z++)
+                vz[z] = (__m512bh)_mm512_loadu_si512((const void *)(vr + 16 * z));
+            for (int v = 0; v < NV; v++) {
+                const __m512bh p = (__m512bh)_mm512_set1_epi32((int)((const uint32_t *)pbuf[v])[j]);
+                for (int z = 0; z < hz; z++)
+                    o[v][z] = _mm512_dpbf16_ps(o[v][z], p, vz[z]);
+            }
+        }
+        used = 0;
+    }
+#endif
     for (int64_t j = 0; j < used; j++) {
         const float *vr = vc + j * hd;
         __m512 vz[MAX_HZ];
@@ -141,9 +187,22 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
  * chunk by chunk, the chunk's keys and values read from L1 by every set of NV vectors that sees any
  * of them. */
 static inline __attribute__((always_inline)) void run_block(const vec_t *vecs, int64_t count, const float *kt,
-                                                            const float *vg, int64_t k0, const int hz) {
+                                                            const float *vg, int64_t k0, const int hz, const int bf) {
     const int64_t hd = 16 * hz;
     float m[QB + NV], l[QB + NV], acc[(QB + NV) * MAX_HZ * 16] __attribute__((aligned(64)));
+    uint32_t qp[(QB + NV) * MAX_HZ * 8];     /* bf: each query's pairs of dimensions in bfloat16 */
+#if defined(HAVE_BF16_PAIRS)
+    if (bf)
+        for (int64_t v = 0; v < count + NV; v++)
+            for (int z = 0; z < hz; z += 2) {
+                const __m512 lo = _mm512_loadu_ps(vecs[v].q + 16 * z);
+                if (z + 1 < hz)
+                    _mm512_storeu_si512((void *)(qp + v * hd / 2 + 8 * z),
+                                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(vecs[v].q + 16 * z + 16), lo));
+                else
+                    _mm256_storeu_si256((__m256i *)(qp + v * hd / 2 + 8 * z), (__m256i)_mm512_cvtneps_pbh(lo));
+            }
+#endif
     int64_t first = vecs[0].first, last = vecs[0].last;
     for (int64_t v = 0; v < count + NV; v++) {
         m[v] = -INFINITY;
@@ -162,7 +221,8 @@ static inline __attribute__((always_inline)) void run_block(const vec_t *vecs, i
             }
             if (ql < key0 || qf >= key0 + KC)
                 continue;                            /* none of them sees a key of this chunk */
-            quad_chunk(vecs + j, m + j, l + j, acc + j * hd, kt + col * hd, vg + col * hd, key0, hz);
+            quad_chunk(vecs + j, m + j, l + j, acc + j * hd, kt + col * hd, vg + (bf ? col / 2 : col) * hd, key0, hz,
+                       bf, qp + j * hd / 2);
         }
     }
     for (int64_t v = 0; v < count; v++) {
@@ -244,6 +304,30 @@ static void gather(const void *k, const void *v, const uint16_t *ks, const uint1
 }
 #endif
 
+#if defined(HAVE_BF16_PAIRS)
+/* rows a and b (n floats each, n a multiple of 16) rounded to bfloat16 and interleaved into n pairs
+ * (a's value low, b's high) at dst, which may be a itself: each 16 are read before they are written. */
+static inline void pairs_of_rows(const float *a, const float *b, int64_t n, uint32_t *dst) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + i)));
+        const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + i)));
+        _mm512_storeu_si512((void *)(dst + i), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+}
+
+/* The gathered keys (kt: chunks of [hd][KC]) and values (vg: [nk][hd]) in place as bfloat16 pairs:
+ * each chunk [hd / 2][KC] pairs of dimensions, the values [nk / 2][hd] pairs of keys. Row r of the
+ * pairs lands where row r of the floats was, once rows 2r and 2r + 1 have been read. */
+static void to_pairs(float *kt, float *vg, int64_t nk, int64_t hd) {
+    for (int64_t c = 0; c < nk; c += KC)
+        for (int64_t i = 0; i < hd / 2; i++)
+            pairs_of_rows(kt + c * hd + 2 * i * KC, kt + c * hd + (2 * i + 1) * KC, KC,
+                          (uint32_t *)(kt + c * hd) + i * KC);
+    for (int64_t j = 0; j < nk / 2; j++)
+        pairs_of_rows(vg + 2 * j * hd, vg + (2 * j + 1) * hd, hd, (uint32_t *)vg + j * hd);
+}
+#endif
+
 /* 1 when paged_prefill_attention takes this head_dim on this build (AVX-512), else 0. */
 int paged_prefill_attention_supports(int64_t hd) {
 #if defined(__AVX512F__)
@@ -267,6 +351,8 @@ int paged_prefill_attention_supports(int64_t hd) {
  * window:     a sliding window (a row at p sees keys p - window + 1 .. p); 0: none
  * scratch:    at least 2 * hd * (the most keys of a segment rounded up to KC, plus KC) floats
  * out:        [T, nh, hd]  the ranges' rows written
+ * fast:       1: the products in bfloat16 pairs where the build has AVX-512 BF16 (the `fast`
+ *             numerics; else float32, as with 0)
  * Returns 0; -1 without AVX-512, for head_dim not a multiple of 16 up to 64, or a scratch too
  * small. */
 int paged_prefill_attention(const float *q, const void *k, const void *v, const uint16_t *k_scales,
@@ -274,8 +360,14 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
                             int64_t table_width, const int64_t *seg_row0, const int64_t *seg_pos0,
                             const int64_t *seg_keys, const int64_t *ranges, int64_t n_ranges, int64_t window,
                             int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float *scratch,
-                            int64_t scratch_floats, float *out) {
+                            int64_t scratch_floats, float *out, int fast) {
 #if defined(__AVX512F__)
+#if defined(HAVE_BF16_PAIRS)
+    const int bf = fast != 0;
+#else
+    const int bf = 0;
+    (void)fast;
+#endif
     if (hd % 16 || hd / 16 > MAX_HZ || kv_type < 0 || kv_type > 3 || (kv_type == 3 && hd % KV_INT8_GROUP))
         return -1;
     const int64_t group = nh / nkv, kv_stride = nkv * hd;
@@ -294,6 +386,10 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
         float *kt = scratch, *vg = scratch + hd * nk;
         for (int64_t g = 0; g < nkv; g++) {
             gather(k, v, k_scales, v_scales, kv_type, table, block_size, kv_stride, g * hd, k0, num_keys, nk, hd, kt, vg);
+#if defined(HAVE_BF16_PAIRS)
+            if (bf)
+                to_pairs(kt, vg, nk, hd);
+#endif
             for (int64_t r = r_begin; r < r_end; r++) {
                 const int64_t lo = ranges[3 * r], hi = ranges[3 * r + 1];
                 const int64_t num_vecs = (hi - lo) * group;
@@ -309,11 +405,17 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
                         vecs[e].last = pos;
                         vecs[e].first = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
                     }
-                    switch (hd / 16) {       /* a copy per head_dim, a set's outputs held in registers */
-                    case 1: run_block(vecs, count, kt, vg, k0, 1); break;
-                    case 2: run_block(vecs, count, kt, vg, k0, 2); break;
-                    case 3: run_block(vecs, count, kt, vg, k0, 3); break;
-                    default: run_block(vecs, count, kt, vg, k0, 4); break;
+                    switch (hd / 16 + 4 * bf) {   /* a copy per head_dim and numerics, a set's outputs held in registers */
+                    case 1: run_block(vecs, count, kt, vg, k0, 1, 0); break;
+                    case 2: run_block(vecs, count, kt, vg, k0, 2, 0); break;
+                    case 3: run_block(vecs, count, kt, vg, k0, 3, 0); break;
+                    case 4: run_block(vecs, count, kt, vg, k0, 4, 0); break;
+#if defined(HAVE_BF16_PAIRS)
+                    case 5: run_block(vecs, count, kt, vg, k0, 1, 1); break;
+                    case 6: run_block(vecs, count, kt, vg, k0, 2, 1); break;
+                    case 7: run_block(vecs, count, kt, vg, k0, 3, 1); break;
+                    case 8: run_block(vecs, count, kt, vg, k0, 4, 1); break;
+#endif
                     }
                 }
             }
@@ -323,7 +425,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
 #else
     (void)q; (void)k; (void)v; (void)k_scales; (void)v_scales; (void)kv_type; (void)tables; (void)table_width; (void)seg_row0; (void)seg_pos0;
     (void)seg_keys; (void)ranges; (void)n_ranges; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size;
-    (void)scratch; (void)scratch_floats; (void)out;
+    (void)scratch; (void)scratch_floats; (void)out; (void)fast;
     return -1;
 #endif
 }

@@ -37,14 +37,15 @@ def _exp_shifted_(scores: F32) -> F32:
 
 
 def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch | None = None,
-           scales: tuple[Scales, Scales] | None = None) -> F32:
+           scales: tuple[Scales, Scales] | None = None, fast: bool = False) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
     already written (an int8 cache with its K and V `scales`: it holds them rotated, so the
     queries are rotated first and the outputs after, by H / 32). Returns [T, nh, hd]. The decode
     parts run on the active MatmulPool, the calling thread taking the first; a thread runs its
     part's decode groups, then its prefill tiles (decode part i and prefill part i form job i, on
-    scratch part i)."""
+    scratch part i). `fast`: the compiled prefill kernel's products in bfloat16 pairs (the `fast`
+    numerics), where the CPU has them."""
     scratch = scratch if scratch is not None else Scratch()
     if scales is not None:
         q = _rotated(q)
@@ -71,7 +72,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
                 compiled.paged_prefill_attention(q, k_cache, v_cache, fused_prefill.tables, fused_prefill.row0,
                                                  fused_prefill.pos0, fused_prefill.num_keys, fused_prefill.ranges,
                                                  plan.window, part_scratch.get(0, (fused_prefill.scratch_floats,)),
-                                                 out, scales)
+                                                 out, scales, fast=fast)
             return
         for p in prefills:
             _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales)

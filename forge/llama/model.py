@@ -235,7 +235,7 @@ class LlamaModel:
             else:
                 inputs(matmul, [(0, num_tokens)])
             attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch,
-                          kv.layer_scales(i))
+                          kv.layer_scales(i), fast=w.fast)
             attn = attn.reshape(num_tokens, -1)                                 # [T, nh * hd]
             if i == last:  # past the last attention only the sampled (and pooled) rows matter
                 x, attn = x[kept_rows], attn[kept_rows]                        # [N + M, H], [N + M, nh * hd]

@@ -74,6 +74,7 @@ class LlamaWeights:
     head: Weight            # [H, V]   dense: C-contiguous
     rope_freqs: F32 | None  # [rope_dim / 2]  per-frequency divisors, when the file has them
     kernels: str = "numpy"  # the backend that holds the matrices (forge.kernels)
+    fast: bool = False      # the `fast` numerics: bfloat16/int8 products, prompt attention in bfloat16 pairs
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> F32:
         """The embedding rows of token_ids: [T, H] float32."""
@@ -333,6 +334,7 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         head=head,
         rope_freqs=rope_freqs,
         kernels=kernels.name if kernels is not None else "numpy",
+        fast=src.fast,
     )
 
 

@@ -719,6 +719,47 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
                                    scales)
 
 
+def bf16_rounded(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as VCVTNEPS2BF16 rounds them."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(4, 300), min_size=1, max_size=4), cached=st.floats(0.0, 0.99),
+       kv_heads=st.sampled_from([1, 3]), group=st.sampled_from([1, 3, 4]), head_dim=st.sampled_from([16, 48, 64]),
+       block_size=st.sampled_from([1, 16]), num_parts=st.integers(1, 2), window=st.sampled_from([0, 40]),
+       kv_dtype=st.sampled_from(["float32", "float16", "bfloat16"]), seed=st.integers(0, 2**32 - 1))
+def test_fast_prefill_attention_is_the_attention_of_the_bfloat16_values(
+        lens: list[int], cached: float, kv_heads: int, group: int, head_dim: int, block_size: int, num_parts: int,
+        window: int, kv_dtype: str, seed: int) -> None:
+    """In the `fast` numerics (AVX-512 BF16) the prefill kernel multiplies queries, keys, weights and
+    values rounded to bfloat16: its output is the exact attention of the rounded queries, keys and
+    values within the rounding of the weights (2^-8 of the largest value). Without BF16 it is the
+    float32 kernel's output."""
+    if not prefill_kernel_here(head_dim):
+        return
+    rng = np.random.default_rng(seed)
+    query_lens = [max(4, n - int(n * cached)) for n in lens]        # chunks the prefill kernel takes
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    batch = paged_batch(rng, lens, query_lens, block_size, num_blocks)
+    config = SimpleNamespace(num_heads=kv_heads * group, num_kv_heads=kv_heads, head_dim=head_dim)
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k, _ = stored_kv((rng.standard_normal(shape) * 2).astype(np.float32), kv_dtype)
+    v, _ = stored_kv(rng.standard_normal(shape).astype(np.float32), kv_dtype)
+    q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
+    plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
+    got = attend(plan, q, k, v, fast=True)
+    if products.qmatmul_fast_kind(compiled.library_at("native")) not in ("bfloat16", "int8+bfloat16"):
+        np.testing.assert_array_equal(got, attend(plan, q, k, v))
+        return
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), bf16_rounded(q),
+                  bf16_rounded(to_float32(k)), bf16_rounded(to_float32(v)))
+    prompt_rows = np.concatenate([np.arange(t.lo, t.hi) for part in plan.prefill_parts for p in part for t in p.tiles])
+    vmax = float(np.max(np.abs(to_float32(v))))
+    assert np.max(np.abs(got[prompt_rows] - want[prompt_rows])) <= 2.0**-8 * vmax + 1e-5
+
+
 def test_prompt_chunks_the_prefill_kernel_does_not_take_stay_on_numpy() -> None:
     """Soft-capped scores (Gemma 2) and heads wider than 64 keep the numpy path, masks built."""
     batch = paged_batch(np.random.default_rng(1), [40], [40], 16, 4)

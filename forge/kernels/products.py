@@ -179,6 +179,15 @@ def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
     return int(lib.forge_pool_threads(num_threads, spin))
 
 
+def pool_park() -> None:
+    """The kernel pool's workers stop spinning and sleep until its next job (qmatmul.c's
+    forge_pool_park): before Python's own threads want the cores (a step's prompt attention on the
+    MatmulPool's threads, the server's between steps). No-op without the compiled kernels."""
+    lib = library()
+    if lib is not None:
+        lib.forge_pool_park()
+
+
 def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> None:
     """dst[...] = src on the kernel pool's threads (the benchmarks' memory-bandwidth probe)."""
     lib = library()

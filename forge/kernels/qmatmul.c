@@ -1981,6 +1981,7 @@ static struct {
     void (*fn)(const void *ctx, int index, int count);   /* the current job: NULL shuts down */
     const void *ctx;
     int64_t spin;                         /* pause loops a worker spins before it sleeps */
+    _Atomic int parked;                   /* set: sleep now, no spin, until the next job */
     uint32_t created_at;                  /* the generation new workers start from */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .num_threads = 1, .spin = 20000};
 
@@ -2018,7 +2019,7 @@ static void *worker_main(void *arg) {
         uint32_t now;
         int64_t spins = 0;
         while ((now = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
-            if (spins++ < pool.spin) cpu_relax();
+            if (spins++ < pool.spin && !atomic_load_explicit(&pool.parked, memory_order_relaxed)) cpu_relax();
             else futex_wait(&pool.generation, seen);
         }
         seen = now;
@@ -2062,6 +2063,7 @@ static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, in
             pool.fn = fn;
             pool.ctx = ctx;
             atomic_store_explicit(&pool.pending, n - 1, memory_order_relaxed);
+            atomic_store_explicit(&pool.parked, 0, memory_order_relaxed);
             atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
             futex_wake_all(&pool.generation);
             fn(ctx, 0, n);
@@ -2073,6 +2075,13 @@ static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, in
         return;
     }
     fn(ctx, 0, 1);
+}
+
+/* The workers stop spinning and sleep until the next job: the caller is about to run other threads
+ * (Python's), or Python work while the server's own threads want the cores, and a spinning worker
+ * would take one of them for up to its spin (a third of a millisecond). */
+void forge_pool_park(void) {
+    atomic_store_explicit(&pool.parked, 1, memory_order_relaxed);
 }
 
 /* run_parallel for the other kernels of the library (paged_attention.c), so that every parallel

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from forge.kernels import compiled
+from forge.kernels import compiled, products
 from forge.llama.attention_plan import AttentionPlan, DecodeGroup, FusedDecode, FusedPrefill, PrefillSeq
 from forge.llama.kv_cache import KV, Scales, Scratch
 from forge.llama.kv_dtype import INT8_GROUP, hadamard32
@@ -81,6 +81,8 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
         d = plan.pool_decode
         compiled.paged_decode_attention(q, k_cache, v_cache, d.rows, d.block_tables, d.context_lens, _NO_SCRATCH, out,
                                         d.first_keys, plan.softcap, on_pool=True, scales=scales)
+    if jobs:
+        products.pool_park()      # the kernel pool's spinning worker would take a core from these threads
     active_pool().run_parts(run, jobs)
     if scales is not None:
         return _rotated(out, in_place=True)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.gguf_file import GGUFFile, read_gguf
-from forge.kernels import KernelChoice, compiled
+from forge.kernels import KernelChoice, compiled, products
 from forge.llama.attention import attend, softcap_
 from forge.llama.attention_plan import plan_attention
 from forge.llama.config import LlamaConfig, config_from_reader
@@ -246,6 +246,8 @@ class LlamaModel:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
         x = self._norm(x, w.out_norm, c.rms_eps)                                # [N + M, H]
         logits = matmul(x[:num_sampled], w.head)                                # [N, V]
+        if on_pool:   # the step's last product: the kernel pool sleeps while Python (sampling, the server) runs
+            products.pool_park()
         if c.final_softcap:                                                     # gemma2
             softcap_(logits, c.final_softcap)
         return logits, x[num_sampled:]

@@ -426,3 +426,21 @@ def test_the_default_model_in_fast_numerics_stays_close_to_the_reference(default
     bound = 0.1 if products.qmatmul_fast_kind() in ("bfloat16", "int8+bfloat16") else 0.3
     assert np.abs(log_softmax(got)[top] - log_softmax(want)[top]).max() < bound
     assert not np.array_equal(got, want)                       # it did take the other numerics
+
+
+def test_a_parked_pool_wakes_for_the_next_product() -> None:
+    """pool_park sends the kernel pool's workers to sleep at once (a step parks them before Python's
+    threads run); the next product wakes them, and its result is the unparked pool's, bit for bit."""
+    rng = np.random.default_rng(5)
+    blocks, w = random_matrix(rng, GGMLQuantizationType.Q4_K, 64, 512)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    descriptor = products.qparts([(blocks, int(GGMLQuantizationType.Q4_K))])
+    assert products.pool_threads(2) == 2
+    want = np.empty((3, 64), dtype=np.float32)
+    products.qmatmul(x, 512, descriptor, want)
+    assert_matches_reference(want, x, w)
+    for _ in range(20):
+        products.pool_park()
+        got = np.empty_like(want)
+        products.qmatmul(x, 512, descriptor, got)
+        np.testing.assert_array_equal(got, want)

@@ -130,7 +130,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     for name, args in (("forge_rms_norm", [p, i64, i64, i64, p, ctypes.c_float, p, i64]),
                        ("forge_swiglu", [p, i64, i64, p]), ("forge_gelu_erf", [p, i64, p]),
                        ("forge_kv_store", [p, i64, i64, i64, p, p, p, ctypes.c_int]),
-                       ("forge_hadamard32", [p, i64, ctypes.c_float])):
+                       ("forge_hadamard32", [p, i64, ctypes.c_float]), ("forge_pool_park", [])):
         getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
     lib.amx_enable.argtypes = []
     lib.amx_enable.restype = ctypes.c_int

@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
     int64_t last = vecs[0].last;
     for (int v = 1; v < NV; v++)
         last = vecs[v].last > last ? vecs[v].last : last;
-    int64_t used = last - key0 + 1 > KC ? KC : last - key0 + 1;         /* keys any of them sees */
+    const int64_t used = last - key0 + 1 > KC ? KC : last - key0 + 1;   /* keys any of them sees */
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float pbuf[NV][KC] __attribute__((aligned(64)));
     __m512 o[NV][MAX_HZ];
@@ -163,8 +163,7 @@ static inline __attribute__((always_inline)) void quad_chunk(const vec_t *vecs, 
                     o[v][z] = _mm512_dpbf16_ps(o[v][z], p, vz[z]);
             }
         }
-        used = 0;
-    }
+    } else
 #endif
     for (int64_t j = 0; j < used; j++) {
         const float *vr = vc + j * hd;

@@ -719,12 +719,6 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
                                    scales)
 
 
-def bf16_rounded(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """float32 values rounded to the nearest bfloat16 (ties to even), as VCVTNEPS2BF16 rounds them."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-
-
 @settings(max_examples=30, deadline=None)
 @given(lens=st.lists(st.integers(4, 300), min_size=1, max_size=4), cached=st.floats(0.0, 0.99),
        kv_heads=st.sampled_from([1, 3]), group=st.sampled_from([1, 3, 4]), head_dim=st.sampled_from([16, 48, 64]),
@@ -753,8 +747,10 @@ def test_fast_prefill_attention_is_the_attention_of_the_bfloat16_values(
     if products.qmatmul_fast_kind(compiled.library_at("native")) not in ("bfloat16", "int8+bfloat16"):
         np.testing.assert_array_equal(got, attend(plan, q, k, v))
         return
-    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), bf16_rounded(q),
-                  bf16_rounded(to_float32(k)), bf16_rounded(to_float32(v)))
+    def bf16(a: npt.NDArray[np.generic]) -> npt.NDArray[np.float32]:     # the cache's own bfloat16 rounding
+        return to_float32(to_storage(to_float32(a), np.dtype(storage_dtype("bfloat16"))))
+
+    want = attend(plan_attention(batch, config, block_size, num_parts, window=window), bf16(q), bf16(k), bf16(v))
     prompt_rows = np.concatenate([np.arange(t.lo, t.hi) for part in plan.prefill_parts for p in part for t in p.tiles])
     vmax = float(np.max(np.abs(to_float32(v))))
     assert np.max(np.abs(got[prompt_rows] - want[prompt_rows])) <= 2.0**-8 * vmax + 1e-5

@@ -210,6 +210,7 @@ class ModelSet:
                 load.done.set()
         finally:
             entry.actors, entry.state, entry.memory_bytes = None, "unloaded", 0
+            actors.refresh_metrics()        # what its allocator counted since the last scrape, before it goes
             actors.metrics.unloaded()       # its gauges at zero, its kernels and cache layout no longer listed
             del actors
             gc.collect()                    # the weights' mapping and the K/V go now, not at some later cycle

@@ -8,6 +8,7 @@ only when there is nothing to run, and it never awaits a client.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import anyio
 import structlog
@@ -36,6 +37,16 @@ ToTokeniser = Accepted | Rejected | TokensEmitted
 log = structlog.get_logger("forge.scheduler")
 
 
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """The core's running totals that feed counters, as last carried into them."""
+    preemptions: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+
 class SchedulerActor:
     def __init__(self, core: EngineCore, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[SchedulerInbox],
@@ -55,6 +66,7 @@ class SchedulerActor:
         self._num_queued_tokens = 0
         self._step_started: float | None = None     # monotonic time the step in flight was sent
         self._queued: dict[int, int] = {}            # seq id -> prompt tokens, while waiting
+        self._seen = _Totals()                       # the core's running totals at the last count
 
     def statistics(self) -> CoreStats:
         return self._core.stats()
@@ -137,10 +149,6 @@ class SchedulerActor:
             if arrival is not None:
                 self._metrics.request_queue_time.observe(now - arrival)
             self._dequeue(new.seq_id)
-        preemptions = self._core.scheduler.num_preemptions
-        spec = self._core.spec
-        drafts, draft_tokens, accepted = spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens
-        per_pos = list(spec.accepted_per_position)
         started = self._step_started = time.monotonic()
         try:
             await self._to_worker.send(batch)
@@ -157,21 +165,30 @@ class SchedulerActor:
             log.error("step_failed", error=output.error, num_sequences=len(output.failed),
                       request_ids=[e.request_id for e in events if e.error is not None])
         # Counted before the events go on: a client that has read its last token finds it in /metrics.
-        m = self._metrics
-        m.num_preemptions.inc(self._core.scheduler.num_preemptions - preemptions)
-        m.generation_tokens.inc(len(output.sampled))
-        if spec.num_drafts != drafts:
-            m.spec_num_drafts.inc(spec.num_drafts - drafts)
-            m.spec_num_draft_tokens.inc(spec.num_draft_tokens - draft_tokens)
-            m.spec_num_accepted_tokens.inc(spec.num_accepted_tokens - accepted)
-            for pos, total in enumerate(spec.accepted_per_position):
-                before = per_pos[pos] if pos < len(per_pos) else 0
-                if total != before:
-                    m.spec_accepted_per_pos.labels(position=str(pos)).inc(total - before)
+        self._metrics.generation_tokens.inc(len(output.sampled))
+        self._count_totals()
         for event in events:
             if event.finish_reason is not None or event.error is not None:
                 self._rids.pop(event.request_id, None)
             await self._to_tokeniser.send(event)
+
+    def _count_totals(self) -> None:
+        """Carry the core's running totals (preemptions, made in build(); speculation's, in apply()) into
+        the counters by what they gained since the last count: whichever phase of the step counts them."""
+        m, seen, spec = self._metrics, self._seen, self._core.spec
+        now = _Totals(self._core.scheduler.num_preemptions, spec.num_drafts, spec.num_draft_tokens,
+                      spec.num_accepted_tokens, tuple(spec.accepted_per_position))
+        if now == seen:
+            return
+        m.num_preemptions.inc(now.preemptions - seen.preemptions)
+        m.spec_num_drafts.inc(now.drafts - seen.drafts)
+        m.spec_num_draft_tokens.inc(now.draft_tokens - seen.draft_tokens)
+        m.spec_num_accepted_tokens.inc(now.accepted - seen.accepted)
+        for pos, total in enumerate(now.accepted_per_pos):
+            before = seen.accepted_per_pos[pos] if pos < len(seen.accepted_per_pos) else 0
+            if total != before:
+                m.spec_accepted_per_pos.labels(position=str(pos)).inc(total - before)
+        self._seen = now
 
     def _dequeue(self, seq_id: int) -> None:
         self._arrivals.pop(seq_id, None)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from forge.messages import FinishReason
+from forge.stops import stop_automaton
 
 
 class TokenSource(Protocol):
@@ -46,9 +47,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_ids = tokenizer.special_ids if skip_special_tokens else frozenset()
-        self._stops = tuple(dict.fromkeys(s for s in stop if s))  # "" would match everywhere
-        self._stop_prefixes = frozenset(s[:n] for s in self._stops for n in range(1, len(s)))
-        self._max_held = max((len(s) - 1 for s in self._stops), default=0)
+        self._stops = stop_automaton(tuple(stop)) if any(stop) else None
+        self._stop_state = 0  # the automaton's state: its depth is the length of the text held back
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded text not yet emitted: a possible start of a stop string
         self._chunks: list[str] = []
@@ -66,7 +66,7 @@ class IncrementalDetokenizer:
     def push_run(self, ids: Sequence[int]) -> tuple[str, int]:
         """Feed one step's ids; return their text and how many were taken: all of them, or those
         up to the one that completes a stop string (what feeding them one by one would take)."""
-        if not self._stops or len(ids) <= 1:
+        if self._stops is None or len(ids) <= 1:
             return self.push(ids), len(ids)
         text, taken = "", 0
         while taken < len(ids) and not self.stopped:
@@ -101,34 +101,21 @@ class IncrementalDetokenizer:
         return self._emit(self._pending + self._decoder.decode(b"", final=True), final=True)
 
     def _emit(self, pending: str, *, final: bool) -> str:
-        if self._stops:
-            found = self._find_stop(pending)
-            if found is not None:
-                start, stop = found
-                self.stopped, self.stop_reason, self._pending = True, stop, ""
-                return self._record(pending[:start])
-        num_held = 0 if final else self._num_held(pending)
+        """`pending` is the held text and the new text after it: the automaton has read the held part,
+        so only the new part is fed."""
+        stops = self._stops
+        if stops is None:
+            self._pending = ""
+            return self._record(pending)
+        held = stops.depth[self._stop_state]
+        state, end, stop = stops.feed(self._stop_state, pending[held:] if held else pending)
+        if stop is not None:
+            self.stopped, self.stop_reason, self._pending = True, stop, ""
+            return self._record(pending[: held + end - len(stop)])
+        self._stop_state = state
+        num_held = 0 if final else stops.depth[state]
         self._pending = pending[len(pending) - num_held :]
         return self._record(pending[: len(pending) - num_held])
-
-    def _find_stop(self, pending: str) -> tuple[int, str] | None:
-        """The stop string that completes first in `pending` (ties: the longer one).
-
-        Ordering by end position makes the result independent of how the ids were chunked.
-        """
-        best: tuple[int, int, str] | None = None
-        for stop in self._stops:
-            start = pending.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
-                best = (start + len(stop), start, stop)
-        return None if best is None else (best[1], best[2])
-
-    def _num_held(self, pending: str) -> int:
-        """Length of the longest suffix of `pending` that may still grow into a stop string."""
-        for n in range(min(self._max_held, len(pending)), 0, -1):
-            if pending[-n:] in self._stop_prefixes:
-                return n
-        return 0
 
     def _record(self, text: str) -> str:
         if text:

@@ -29,12 +29,12 @@ from forge.api import (
 )
 from forge.errors import InvalidRequest
 from forge.prepare import PreparedChat, prepare_chat_request
-from forge.sampling_params import MAX_STOP_STRINGS
+from forge.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 _MAX_INT32 = 2**31 - 1
 Temperature = Annotated[float, Meta(ge=0.0, le=1.0)]       # the Messages API's range (chat's is 0-2)
 TopK = Annotated[int, Meta(ge=0, le=_MAX_INT32)]           # 0: no top-k
-StopSequences = Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)]
+StopSequences = Annotated[list[Annotated[str, Meta(max_length=MAX_STOP_LENGTH)]], Meta(max_length=MAX_STOP_STRINGS)]
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
 
 

@@ -20,7 +20,9 @@ from forge.sampling_params import (
     MAX_LOGPROBS,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
+    MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
     MIN_REPETITION_PENALTY,
 )
@@ -38,7 +40,8 @@ RepetitionPenalty = Annotated[float, Meta(ge=MIN_REPETITION_PENALTY, le=MAX_REPE
 NumChoices = Annotated[int, Meta(ge=1, le=8)]
 MinTokens = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]      # any int64; negatives are seeds too
-Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)]
+StopString = Annotated[str, Meta(max_length=MAX_STOP_LENGTH)]
+Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,7 +148,7 @@ class _Sampling(_Wire, frozen=True, kw_only=True):
     repetition_penalty: RepetitionPenalty = 1.0
     min_tokens: MinTokens = 0
     ignore_eos: bool = False
-    stop_token_ids: list[TokenId] = []
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     skip_special_tokens: bool = True
     cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None   # vLLM's: tenant isolation
 

@@ -13,6 +13,10 @@ from forge.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
+# A stop string's length in characters, and stop token ids a request may list: the matcher is linear in
+# both, and these keep one request's share of it (and of its memory) small.
+MAX_STOP_LENGTH = 4096
+MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 100.0
 # The ranges a request may ask for: the wire schema (forge.api) declares them from these, and
 # validate() holds every other caller (LLM, the offline engine) to them.
@@ -92,6 +96,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         _require(len(self.stop) <= MAX_STOP_STRINGS, "stop",
                  f"at most {MAX_STOP_STRINGS} stop sequences, got {len(self.stop)}")
         _require(all(self.stop), "stop", "stop sequences must not be empty")
+        _require(all(len(s) <= MAX_STOP_LENGTH for s in self.stop), "stop",
+                 f"sequences must be at most {MAX_STOP_LENGTH} characters long, "
+                 f"got {max(map(len, self.stop), default=0)}")
+        _require(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+                 f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}")
         bad_ids = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
         _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",

@@ -91,7 +91,7 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
                                from_allocator=from_alloc, to_worker=to_worker,
                                from_worker=from_worker, to_tokeniser=to_tok.clone())
     tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, own,
-                               inbox=tok_in, to_scheduler=to_sched)
+                               inbox=tok_in, to_scheduler=to_sched, max_model_len=served.max_model_len)
     pipeline = Pipeline(
         router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
         chat_template=loaded.chat_template, max_model_len=served.max_model_len,

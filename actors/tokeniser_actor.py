@@ -9,10 +9,18 @@ here in order (so an Abort can never overtake its request), and it is the only t
 the router, so a request's verdict (Accepted or Rejected, relayed from the scheduler) always
 reaches its reader before its text. Its own state for a request lives from Submit until the
 request ends (finish, stop string, abort or rejection).
+
+The work proportional to a request's size (rendering the chat template, encoding the prompt,
+building the stop-string automaton) runs in a worker thread of its own, one request at a time in
+the order they came, while the actor goes on relaying other requests' text: a megabyte of prompt
+stalls neither the event loop nor another stream. A prompt whose bytes alone prove it longer than
+the context is refused before it is encoded. A request aborted while it is being prepared never
+reaches the scheduler.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import anyio
@@ -24,7 +32,7 @@ from actors.router import Router
 from actors.scheduler import SchedulerInbox
 from forge.chat import ChatTemplate
 from forge.detokenizer import IncrementalDetokenizer
-from forge.errors import InvalidRequest, RequestError
+from forge.errors import InvalidRequest, PromptTooLong, RequestError
 from forge.messages import (
     Abort,
     Accepted,
@@ -52,42 +60,55 @@ class _Stream:
 class TokeniserActor:
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[TokeniserInbox],
-                 to_scheduler: MemoryObjectSendStream[SchedulerInbox]) -> None:
+                 to_scheduler: MemoryObjectSendStream[SchedulerInbox], max_model_len: int | None = None) -> None:
+        """`max_model_len`: the context served; a prompt that cannot fit is refused before it is encoded
+        when its size alone shows it (None: the engine's own check only)."""
         self._tok = tokenizer
+        self._max_model_len = max_model_len
         self._template = template
         self._router = router
         self._metrics = metrics
         self._inbox = inbox
         self._to_scheduler = to_scheduler
         self._streams: dict[str, _Stream] = {}
+        # Requests between their Submit and their Tokenised: whether an Abort came for them meanwhile.
+        self._preparing: dict[str, bool] = {}
+        self._thread = anyio.CapacityLimiter(1)   # one preparing thread: requests are prepared in order
 
     def tracked(self) -> dict[str, int]:
         """Sizes of the per-request tables: all zero when no request is in flight."""
-        return {"tokeniser.streams": len(self._streams)}
+        return {"tokeniser.streams": len(self._streams), "tokeniser.preparing": len(self._preparing)}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._to_scheduler:
+        to_prepare, submits = anyio.create_memory_object_stream[Submit](math.inf)
+        async with self._inbox, self._to_scheduler, anyio.create_task_group() as tg:
+            tg.start_soon(self._prepare_each, submits)
             task_status.started()
-            async for msg in self._inbox:
-                match msg:
-                    case Submit():
-                        await self._submit(msg)
-                    case FlushCache():
-                        await self._to_scheduler.send(msg)
-                    case Abort(request_id=rid):
-                        # Unknown here: it already ended (finished, stopped or rejected).
-                        if self._streams.pop(rid, None) is not None:
+            async with to_prepare:
+                async for msg in self._inbox:
+                    match msg:
+                        case Submit():
+                            self._preparing[msg.request_id] = False
+                            to_prepare.send_nowait(msg)
+                        case FlushCache():
                             await self._to_scheduler.send(msg)
-                    case Accepted():
-                        self._router.deliver(msg)
-                    case Rejected():
-                        self._streams.pop(msg.request_id, None)
-                        self._router.deliver(msg)
-                    case TokensEmitted():
-                        await self._emitted(msg)
+                        case Abort(request_id=rid):
+                            if rid in self._preparing:       # dropped when its preparation ends
+                                self._preparing[rid] = True
+                            # Unknown here: it already ended (finished, stopped or rejected).
+                            elif self._streams.pop(rid, None) is not None:
+                                await self._to_scheduler.send(msg)
+                        case Accepted():
+                            self._router.deliver(msg)
+                        case Rejected():
+                            self._streams.pop(msg.request_id, None)
+                            self._router.deliver(msg)
+                        case TokensEmitted():
+                            await self._emitted(msg)
 
     def encode(self, msg: Submit) -> list[int]:
-        """The prompt's token ids. Raises RequestError for a prompt that cannot be encoded."""
+        """The prompt's token ids. Raises RequestError for a prompt that cannot be encoded, or that its
+        size alone shows longer than the context."""
         if msg.token_ids is not None:
             vocab = self._tok.vocab_size
             if any(t < 0 or t >= vocab for t in msg.token_ids):
@@ -96,20 +117,50 @@ class TokeniserActor:
         if msg.messages is not None:
             text = self._template.render(list(msg.messages), add_generation_prompt=True, tools=msg.tools,
                                          kwargs=msg.template_kwargs)
+            self._check_size(text, msg)
             return self._tok.encode(text, add_special_tokens=False)
-        return self._tok.encode(msg.text or "", add_special_tokens=msg.add_special_tokens)
+        text = msg.text or ""
+        self._check_size(text, msg)
+        return self._tok.encode(text, add_special_tokens=msg.add_special_tokens)
 
-    async def _submit(self, msg: Submit) -> None:
+    def _check_size(self, text: str, msg: Submit) -> None:
+        limit = self._max_model_len
+        if limit is None or len(text) <= limit:     # a character is at least a byte: no token more than that
+            return
+        at_least = self._tok.min_num_tokens(text)
+        if at_least > limit:
+            what = "input" if msg.params.pooling is not None else "prompt"
+            raise PromptTooLong(f"This model's maximum context length is {limit} tokens. However, your {what} "
+                                f"has at least {at_least} tokens ({len(text)} characters).", param=what)
+
+    def _prepare(self, msg: Submit) -> tuple[tuple[int, ...], IncrementalDetokenizer] | RequestError:
+        """In the preparing thread: the prompt's ids and the request's detokenizer, or why not."""
         try:
             ids = self.encode(msg)
         except RequestError as exc:
-            self._router.deliver(Rejected.of(msg.request_id, exc))
-            return
+            return exc
         p = msg.params
-        detok = IncrementalDetokenizer(self._tok, stop=p.stop, skip_special_tokens=p.skip_special_tokens,
-                                       prompt_ids=ids)
-        self._streams[msg.request_id] = _Stream(detok, len(ids))
-        await self._to_scheduler.send(Tokenised(request_id=msg.request_id, prompt_ids=tuple(ids), params=p))
+        return tuple(ids), IncrementalDetokenizer(self._tok, stop=p.stop, skip_special_tokens=p.skip_special_tokens,
+                                                  prompt_ids=ids)
+
+    async def _prepare_each(self, submits: MemoryObjectReceiveStream[Submit]) -> None:
+        async with submits:
+            async for msg in submits:
+                rid = msg.request_id
+                prepared = None if self._preparing[rid] else await anyio.to_thread.run_sync(
+                    self._prepare, msg, limiter=self._thread)
+                if prepared is None or self._preparing[rid]:
+                    del self._preparing[rid]                # aborted meanwhile: its reader has gone
+                    continue
+                if isinstance(prepared, RequestError):
+                    del self._preparing[rid]
+                    self._router.deliver(Rejected.of(rid, prepared))
+                    continue
+                ids, detok = prepared
+                self._streams[rid] = _Stream(detok, len(ids))
+                await self._to_scheduler.send(Tokenised(request_id=rid, prompt_ids=ids, params=msg.params))
+                if self._preparing.pop(rid) and self._streams.pop(rid, None) is not None:
+                    await self._to_scheduler.send(Abort(request_id=rid))   # aborted while it was handed over
 
     async def _emitted(self, msg: TokensEmitted) -> None:
         stream = self._streams.get(msg.request_id)

@@ -106,6 +106,7 @@ class Tokenizer:
         added_ids = [i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
         self._added_ids = frozenset(added_ids)
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
+        self._max_token_bytes: int | None = None   # the longest token's bytes, found when first needed
         if kind == "spm":
             has_unk = unk_token_id is not None and 0 <= unk_token_id < self.vocab_size
             unk = self._tokens[unk_token_id] if has_unk and unk_token_id is not None else None
@@ -177,10 +178,27 @@ class Tokenizer:
 
         With add_special_tokens, a bos id is prepended only if the model file asks for it.
         """
-        ids: list[int] = self._bpe.encode(_valid_unicode(text), add_special_tokens=False).ids
+        text = _valid_unicode(text)
+        if len(text) > _GIL_FREE_CHARS:  # the batch call lets other threads (the event loop) run meanwhile
+            ids: list[int] = self._bpe.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self._bpe.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on `len(encode(text))`, in time linear in the text and far less than encoding it:
+        no token spells more than `_max_token_bytes` bytes of the text (bytes BPE drops spell none). 0 for a
+        SentencePiece vocabulary without every byte piece, whose unknown runs fuse into one token."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(len(self.token_bytes(i)) for i in range(self.vocab_size))
+        if self.kind == "spm" and self.missing_bytes:
+            return 0
+        data = _valid_unicode(text).encode("utf-8")
+        if self.kind == "gpt2" and self.missing_bytes:
+            data = data.translate(None, delete=bytes(sorted(self.missing_bytes)))
+        return -(-len(data) // max(self._max_token_bytes, 1))
 
     def encode_exact(self, text: str) -> list[int]:
         """Ids whose token_bytes join to exactly text's UTF-8: encode without special tokens and,
@@ -242,6 +260,9 @@ class Tokenizer:
         """The id of a vocabulary entry given in its stored spelling (byte-level, or with "▁")."""
         token_id = self._bpe.token_to_id(piece)
         return None if token_id is None else int(token_id)
+
+
+_GIL_FREE_CHARS = 2048
 
 
 def _valid_unicode(text: str) -> str:

@@ -57,20 +57,28 @@ class Rig:
                 return out
 
     async def settle(self) -> None:
-        """Until the actor has taken everything sent so far (its inbox is unbounded)."""
-        while self.inbox.statistics().current_buffer_used:
-            await anyio.sleep(0)
+        """Until the actor has taken everything sent so far (its inbox is unbounded) and handed on every
+        request it was preparing (in its own thread)."""
+        await anyio.sleep(0)                # a message handed straight to the waiting actor is in no buffer
+        while self.inbox.statistics().current_buffer_used or self.actor.tracked()["tokeniser.preparing"]:
+            await anyio.sleep(0.001)
         await anyio.sleep(0)
+
+    async def submit(self, msg: Submit) -> None:
+        """Send a Submit and wait until the actor has prepared it (as the scheduler only ever hears of a
+        request's tokens after its Tokenised)."""
+        await self.inbox.send(msg)
+        await self.settle()
 
 
 @asynccontextmanager
-async def running(tokenizer: Tokenizer) -> AsyncIterator[Rig]:
+async def running(tokenizer: Tokenizer, *, max_model_len: int | None = None) -> AsyncIterator[Rig]:
     """The actor in its own task group (entered in the test's own task: none may straddle a fixture)."""
     inbox, actor_in = anyio.create_memory_object_stream[Any](math.inf)
     actor_out, to_scheduler = anyio.create_memory_object_stream[Any](math.inf)
     router = Router()
     actor = TokeniserActor(tokenizer, ChatTemplate(None), router, Metrics().model("test"), inbox=actor_in,
-                           to_scheduler=actor_out)
+                           to_scheduler=actor_out, max_model_len=max_model_len)
     with anyio.fail_after(10), to_scheduler:
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
@@ -85,7 +93,7 @@ def ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
 async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
         group = rig.router.open(["r"])
-        await rig.inbox.send(Submit(request_id="r", params=SamplingParams(stop=("Paris",)), text="The capital is"))
+        await rig.submit(Submit(request_id="r", params=SamplingParams(stop=("Paris",)), text="The capital is"))
         await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
         for tok in ids(tokenizer, " Paris, of course"):
             await rig.inbox.send(TokensEmitted(request_id="r", token_ids=(tok,)))
@@ -106,7 +114,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
     async with running(tokenizer) as rig:
         group = rig.router.open(["r"])
         params = SamplingParams(stop=("Paris",), logprobs=0)
-        await rig.inbox.send(Submit(request_id="r", params=params, text="The capital is"))
+        await rig.submit(Submit(request_id="r", params=params, text="The capital is"))
         await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
         run = ids(tokenizer, " Paris, of course")
         assert len(run) > 2
@@ -122,7 +130,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
 async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
         group = rig.router.open(["a"])
-        await rig.inbox.send(Submit(request_id="a", params=SamplingParams(), text="Hello"))
+        await rig.submit(Submit(request_id="a", params=SamplingParams(), text="Hello"))
         await rig.inbox.send(Abort(request_id="a"))
         await rig.inbox.send(Abort(request_id="a"))              # a second abort: the request already ended
         await rig.inbox.send(Abort(request_id="never-submitted"))
@@ -148,7 +156,7 @@ async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_de
     async with running(tokenizer) as rig:
         group = rig.router.open(["slow", "fast"])
         for rid in ("slow", "fast"):
-            await rig.inbox.send(Submit(request_id=rid, params=SamplingParams(max_tokens=500), text="Count"))
+            await rig.submit(Submit(request_id=rid, params=SamplingParams(max_tokens=500), text="Count"))
             await rig.inbox.send(Accepted(request_id=rid, num_prompt_tokens=1))
         words = ids(tokenizer, " one two three four five six seven eight nine ten" * 20)
         for i, tok in enumerate(words):                         # nobody reads while all of this goes in
@@ -165,3 +173,52 @@ async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_de
             assert delta.text == tokenizer.decode(list(words)) and delta.finish_reason == "length"
             assert delta.counts.completion == len(words)
         assert not group.unfinished
+
+
+async def test_a_request_aborted_while_it_is_prepared_never_reaches_the_scheduler(tokenizer: Tokenizer) -> None:
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["a"])
+        async with rig.actor._thread:                          # the preparing thread is busy meanwhile
+            await rig.inbox.send(Submit(request_id="a", params=SamplingParams(), text="Hello"))
+            await anyio.sleep(0)
+            assert rig.actor.tracked()["tokeniser.preparing"] == 1
+            await rig.inbox.send(Abort(request_id="a"))
+            await anyio.sleep(0)
+        await rig.settle()
+        assert rig.scheduler_got() == []
+        rig.router.close(group)
+        assert set(rig.actor.tracked().values()) == {0} and len(rig.router) == 0
+
+
+async def test_other_streams_flow_while_a_prompt_is_prepared(tokenizer: Tokenizer) -> None:
+    """Preparing a request (template, encoding, stop strings) holds up neither the actor nor the text
+    of the requests already running."""
+    async with running(tokenizer) as rig:
+        group = rig.router.open(["running", "big"])
+        await rig.submit(Submit(request_id="running", params=SamplingParams(), text="Count"))
+        await rig.inbox.send(Accepted(request_id="running", num_prompt_tokens=1))
+        async with rig.actor._thread:                          # "big" is being prepared all along
+            await rig.inbox.send(Submit(request_id="big", params=SamplingParams(), text="1" * 100_000))
+            for tok in ids(tokenizer, " one two"):
+                await rig.inbox.send(TokensEmitted(request_id="running", token_ids=(tok,)))
+            text = ""
+            while text != " one two":
+                [(index, delta)] = await group.next_deltas()
+                assert index == 0 and isinstance(delta, TextDelta)
+                text += delta.text
+            assert rig.actor.tracked()["tokeniser.preparing"] == 1
+        await rig.settle()
+        assert [m.request_id for m in rig.scheduler_got()] == ["running", "big"]
+
+
+async def test_a_prompt_its_size_shows_too_long_is_refused_without_encoding_it(tokenizer: Tokenizer) -> None:
+    """A megabyte of digits (a token each) against a 1,024-token context: refused from its byte count."""
+    async with running(tokenizer, max_model_len=1024) as rig:
+        group = rig.router.open(["big"])
+        await rig.inbox.send(Submit(request_id="big", params=SamplingParams(), text="1" * 2**20))
+        await rig.inbox.send(Submit(request_id="fits", params=SamplingParams(), text="1" * 1000))
+        [status] = await group.wait_statuses()
+        assert isinstance(status, Rejected) and status.status == 400
+        assert status.code == "context_length_exceeded" and "at least" in status.message
+        await rig.settle()
+        assert [m.request_id for m in rig.scheduler_got()] == ["fits"]

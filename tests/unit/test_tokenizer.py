@@ -203,3 +203,27 @@ def test_pre_tokenizers_match_transformers(pre: str) -> None:
 def test_an_unknown_pre_tokenizer_is_named_in_a_warning() -> None:
     tok = Tokenizer(["a", "b", "ab"], ["a b"], pre="falcon")
     assert tok.warnings and "'falcon'" in tok.warnings[0] and "GPT-2" in tok.warnings[0]
+
+
+@pytest.fixture(scope="module")
+def gemma_tok(gemma3_model_path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(gemma3_model_path)
+
+
+def test_min_num_tokens_is_a_lower_bound_and_long_texts_encode_the_same(tok: Tokenizer, gemma_tok: Tokenizer) -> None:
+    """The bound the tokeniser refuses over-long prompts by never exceeds the real count, on byte-level
+    and SentencePiece vocabularies, for text of every kind (runs of one character are where tokens are
+    longest); and a text long enough to be encoded as a batch (letting the GIL go) gives the same ids."""
+    rng = random.Random(5)
+    pieces = [*TEXTS, " " * 300, "\n" * 200, "-" * 500, "1" * 100, "\u00e9" * 50, "\U0001f5fc" * 20, "\x00\x01\x7f",
+              "<|im_start|>", "<|im_end|>", "<start_of_turn>", "ab" * 100]
+    for t in (tok, gemma_tok):
+        assert t.min_num_tokens("") == 0
+        for _ in range(150):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40)))
+            assert t.min_num_tokens(text) <= len(t.encode(text, add_special_tokens=False)), (t.kind, text[:80])
+        long = "".join(rng.choice(pieces) for _ in range(400))
+        assert len(long) > 2048                                 # the batch call's side of the threshold
+        assert t.encode(long, add_special_tokens=False) == t._bpe.encode(long, add_special_tokens=False).ids
+    # SmolLM2 splits every digit off: a megabyte of them is a million tokens, and the bound shows it
+    assert tok.min_num_tokens("1" * 2**20) > 8192

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
+    from actors.browser_guard import policy_for
     from actors.gateway import GatewayConfig
     from actors.logs import configure_logging
     from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
@@ -33,6 +34,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         configure_logging(args.log_level, args.log_format)
+        browser = policy_for(args.addr, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
         body = parse_size(args.max_body_size)
         ResponseStore(max_responses=args.responses_store_size, ttl_s=args.responses_ttl)   # checks both
     except ValueError as exc:
@@ -72,7 +74,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout,
-                              responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl),
+                              responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl,
+                              browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
         models_memory=models_memory, preload=preload, kv_events=kv_events)
     listen = hypercorn_config(args.addr)
@@ -146,6 +149,15 @@ def register(sub: Any) -> None:
                        help="listen address HOST:PORT [FORGE_ADDR; 127.0.0.1:8080]")
     serve.add_argument("--api-key", default=env("FORGE_API_KEY", None),
                        help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY; none]")
+    serve.add_argument("--allowed-hosts", default=env("FORGE_ALLOWED_HOSTS", None),
+                       help="comma-separated names the daemon answers to besides localhost and IP addresses "
+                            "(a port is ignored; *.example.com: every name under it; *: any); other Host "
+                            "headers get 421; listening on 0.0.0.0 or :: any Host is served unless this "
+                            "is given [FORGE_ALLOWED_HOSTS; none]")
+    serve.add_argument("--allowed-origins", default=env("FORGE_ALLOWED_ORIGINS", None),
+                       help="comma-separated origins of web pages allowed to call the API, with CORS "
+                            "(https://app.example.com; *: any); a request from any other page but the "
+                            "daemon's own gets 403 [FORGE_ALLOWED_ORIGINS; none]")
     serve.add_argument("--served-model-name", default=env("FORGE_SERVED_MODEL_NAME", None),
                        help="the model id clients send and /v1/models lists "
                             "[FORGE_SERVED_MODEL_NAME; the model file's name without .gguf]")

@@ -19,12 +19,15 @@ import msgspec
 import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from actors.admission import Admission
 from actors.anthropic_route import MessagesRoutes
+from actors.browser_guard import BrowserGuard, BrowserPolicy
 from actors.dashboard import dashboard_page
 from actors.embeddings_route import EmbeddingsRoutes
 from actors.fleet import FleetRoutes
@@ -78,6 +81,7 @@ class GatewayConfig:
     watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
     responses_store_size: int = DEFAULT_MAX_RESPONSES     # stored responses (POST /v1/responses, store: true)
     responses_ttl_s: float = DEFAULT_TTL_S                # seconds a stored response is kept
+    browser: BrowserPolicy = BrowserPolicy()              # the Host, Origin and Content-Type checks
 
 
 class Gateway:
@@ -129,17 +133,31 @@ class Gateway:
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
             HTTPException: self._http_exception, RequestError: self._request_error, Exception: self._unexpected}
-        return Starlette(routes=routes, exception_handlers=handlers)
+        policy = self.config.browser
+        middleware = [Middleware(BrowserGuard, policy=policy, on_refused=self._count_refused)]
+        if policy.allowed_origins:
+            # Only origins the guard let through get here; those listed get CORS, preflights included.
+            middleware.append(Middleware(CORSMiddleware, allow_origins=policy.allowed_origins,
+                                         allow_methods=("GET", "POST", "DELETE"), allow_headers=("*",),
+                                         expose_headers=("X-Request-ID", "Retry-After"),
+                                         allow_private_network=True))
+        app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+        # /healthz/ is a 404, not a redirect: starlette's would point at whatever the Host header named.
+        app.router.redirect_slashes = False
+        return app
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
-        message = {404: f"route {request.url.path} not found", 405: "method not allowed"}.get(
+        message = {404: f"route {request.url.path} not found{_slash_hint(request)}", 405: "method not allowed"}.get(
             exc.status_code, str(exc.detail))
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response_for(request.url.path, RequestError(message, status=exc.status_code, type=kind))
 
     async def _request_error(self, request: Request, exc: RequestError) -> Response:
-        self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
+        self._count_refused(exc)
         return error_response_for(request.url.path, exc)
+
+    def _count_refused(self, exc: RequestError) -> None:
+        self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
@@ -357,6 +375,16 @@ class Gateway:
     def _header(self, pipe: Pipeline, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,
                               include_usage=include_usage)
+
+
+def _slash_hint(request: Request) -> str:
+    """' (/healthz is one)' when the path with or without its trailing slash is a route."""
+    path = request.url.path
+    other = path.rstrip("/") if path.endswith("/") else path + "/"
+    scope = {**request.scope, "path": other}
+    if other and any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes):
+        return f" ({other} is one)"
+    return ""
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:

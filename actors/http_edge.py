@@ -90,9 +90,12 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 
 def rejection_reason(exc: RequestError) -> str:
-    """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, invalid."""
+    """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, cross_site
+    (a foreign Host or Origin: actors.browser_guard), invalid."""
     if exc.status == 401:
         return "auth"
+    if exc.status in (403, 421):
+        return "cross_site"
     if exc.status == 503:                 # a CapacityError, or one relayed from the engine as data
         return "draining" if exc.code in ("draining", "loading") else "overload"
     if exc.code == PromptTooLong.code:

@@ -137,7 +137,7 @@ class Metrics:
         self.model_swaps = Counter("forge:model_swaps", "Models unloaded to make room for another's load.",
                                    ["model_name"], registry=r)
         self.model_loads = Counter("forge:model_loads", "Model loads, by model.", ["model_name"], registry=r)
-        for rejected in ("overload", "draining", "too_long", "auth", "invalid"):
+        for rejected in ("overload", "draining", "too_long", "auth", "cross_site", "invalid"):
             self.request_rejected.labels(reason=rejected)
         # the vLLM-named aliases (they pick their families by name), and each served model's cache layout
         self.cache_configs: dict[str, dict[str, str]] = {}

@@ -59,8 +59,11 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
     ("unknown fields", "/v1/completions",
      json.dumps({"prompt": "hi", "max_tokens": 2, "frobnicate": {"a": [1, 2]}, "x-extra": None}).encode(), JSON,
      {200}),
-    ("a wrong content type", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}).encode(),
-     {"content-type": "text/plain"}, {200}),
+    ("a body sent as text (what a page sends cross-site unasked)", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), {"content-type": "text/plain"}, {415}),
+    ("a body sent as a form (curl -d without -H)", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), {"content-type": "application/x-www-form-urlencoded"},
+     {415}),
     ("no content type", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), {}, {200}),
     ("duplicate keys", "/v1/completions", b'{"prompt": "a", "prompt": "b", "max_tokens": 2}', JSON, {200}),
     ("a number too large for any field", "/v1/completions",
@@ -195,7 +198,8 @@ async def test_a_body_that_never_ends_gets_408_and_the_connection_closes(make_da
         async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
             host, port = url.removeprefix("http://").split(":")
             async with await anyio.connect_tcp(host, int(port)) as conn:
-                await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                                b"Content-Type: application/json\r\n"
                                 b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n")   # and then nothing more
                 raw = b""
                 with anyio.move_on_after(HANG_GUARD_S):
@@ -223,7 +227,7 @@ async def test_clients_trickling_headers_hold_only_their_own_connections(make_da
 
             async def slow_client() -> None:
                 async with await anyio.connect_tcp(host, int(port)) as conn:
-                    await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    await conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
                     trickling.set()
                     for _ in range(40):
                         await conn.send(b"a")

@@ -81,7 +81,8 @@ class MessagesRoutes:
         pipe = self._ready(request)
         prep = prepare_count_tokens(await self._body(request), served_model_name=self._name,
                                     max_model_len=pipe.max_model_len)
-        ids = pipe.chat_prompt_ids(prep.messages, prep.functions, kwargs=prep.request.chat_template_kwargs)
+        ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages, prep.functions,
+                                                               kwargs=prep.request.chat_template_kwargs))
         return json_response({"input_tokens": len(ids)})
 
 

@@ -105,10 +105,13 @@ class FleetRoutes:
     async def render_completion(self, request: Request) -> Response:
         pipe = self._ready(request)
         prep = prepare_completion(await self._body(request), served_model_name=self._name)
-        rendered = [{"token_ids": p if isinstance(p, list) else pipe.tokenizer.encode(p)} for p in prep.prompts]
+        tok = pipe.tokenizer
+        rendered = await pipe.off_loop(lambda: [{"token_ids": p if isinstance(p, list) else tok.encode(p)}
+                                                for p in prep.prompts])
         return json_response(rendered[0] if len(rendered) == 1 else rendered)
 
     async def render_chat(self, request: Request) -> Response:
         pipe = self._ready(request)
         prep = prepare_chat(await self._body(request), served_model_name=self._name, max_model_len=pipe.max_model_len)
-        return json_response({"token_ids": pipe.chat_prompt_ids(prep.messages, prep.functions)})
+        return json_response({"token_ids": await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages,
+                                                                                            prep.functions))})

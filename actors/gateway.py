@@ -293,10 +293,12 @@ class Gateway:
         req = api.decode_tokenize(await self._body(request))
         self._check_model(req.model, pipe)
         if req.messages is not None:
-            ids = pipe.chat_prompt_ids(chat_template_messages(req.messages), functions(req.tools),
-                                       add_generation_prompt=req.add_generation_prompt)
+            messages, tools = chat_template_messages(req.messages), functions(req.tools)
+            ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(messages, tools,
+                                                                   add_generation_prompt=req.add_generation_prompt))
         else:
-            ids = pipe.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+            tok = pipe.tokenizer
+            ids = await pipe.off_loop(lambda: tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens))
         return json_response({"tokens": ids, "count": len(ids), "max_model_len": pipe.max_model_len})
 
     async def detokenize(self, request: Request) -> Response:

@@ -4,9 +4,10 @@ tokenizer and template for checks at the edge, and the read-only figures admissi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -23,6 +24,8 @@ from forge.sampling_params import SamplingParams, Thinking
 from forge.structured import Grammars
 from forge.tokenizer import Tokenizer
 from forge.tools import Function
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -42,6 +45,8 @@ class Pipeline:
     max_input_tokens: int | None = None             # longest embedding input in tokens (None: the engine checks)
     load: Callable[[], int] = lambda: 0             # sequences running and waiting (a router's /get_load)
     step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
+    # The thread the routes' own template rendering and encoding run in (/tokenize, count_tokens, ...).
+    edge_thread: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
     reasoning_parser: str = "none"                  # the model's thinking-section format (forge.reasoning)
     thinking_close_ids: tuple[int, ...] = ()        # forge.reasoning.CLOSING_TEXT's ids: a budget's forced end
 
@@ -66,6 +71,11 @@ class Pipeline:
         if self.grammar_engine is None:
             raise only_embeds(self.serving.served_model_name)
         return self.grammar_engine
+
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        """`fn()` (work proportional to a request's size: rendering a template, encoding text) in a worker
+        thread, so that the event loop and every stream go on meanwhile."""
+        return await anyio.to_thread.run_sync(fn, limiter=self.edge_thread)
 
     def chat_prompt_ids(self, entries: list[dict[str, Any]], functions: list[Function], *,
                         add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> list[int]:

@@ -2,19 +2,36 @@
 
 A response is admitted only while the requests and prompt tokens waiting (in the scheduler, plus
 those admitted but not yet queued) stay within bounds; beyond them it gets 503 with Retry-After
-before any tokenising work. The in-flight count is what a graceful drain waits for.
+before any tokenising work. A response of many choices (prompts x n, embedding inputs) is one unit
+of work: it is charged for its window, the choices it may have in the engine at once (at most a
+quarter of either bound, actors/feed.py), and one that could never be admitted, however empty the
+queue, is a 400 naming the limit instead of a 503 its client would retry for ever. The in-flight
+count is what a graceful drain waits for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import anyio
 
-from forge.errors import CapacityError
+from forge.errors import CapacityError, InvalidRequest
 
 LoadStats = Callable[[], tuple[int, int]]        # (requests waiting, prompt tokens waiting)
+
+# A response's window is at most 1/FAIR_SHARE of the waiting queue and of its prompt tokens, so a
+# big request leaves the rest of the queue to everyone else.
+FAIR_SHARE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """How a response of num_choices runs: at most `num_choices` of them in the engine at once,
+    charged to admission as that many requests and `num_tokens` guessed prompt tokens."""
+    num_choices: int
+    num_tokens: int
 
 
 class Admission:
@@ -29,6 +46,29 @@ class Admission:
         # between steps): counted against the bounds, or a burst would pass them all.
         self._num_admitting = 0
         self._num_admitting_tokens = 0
+
+    @property
+    def max_choices(self) -> int:
+        """Most choices (prompts x n) one generation request may hold: the waiting queue's size."""
+        return max(self.max_waiting, 1)
+
+    def window(self, num_choices: int, num_tokens_guess: int, *, max_choices: int | None = None) -> Window:
+        """The window of a response of num_choices whose body guesses num_tokens_guess prompt tokens;
+        InvalidRequest (400) if it could never be admitted: more choices than `max_choices` (default
+        self.max_choices), or one choice's share of the tokens past --max-queued-tokens."""
+        limit = self.max_choices if max_choices is None else max_choices
+        if num_choices > limit:
+            raise InvalidRequest(f"this request asks for {num_choices} choices (prompts x n); a request may "
+                                 f"hold at most {limit}, the server's --max-waiting", code="too_many_choices")
+        per_choice = -(-num_tokens_guess // max(num_choices, 1))            # ceil
+        if per_choice > self.max_queued_tokens:
+            raise InvalidRequest(f"this request's prompt (about {per_choice} tokens, its bytes / 4) can never be "
+                                 f"queued: the server's --max-queued-tokens is {self.max_queued_tokens}",
+                                 code="request_too_large")
+        by_count = max(1, self.max_waiting // FAIR_SHARE)
+        by_tokens = max(1, self.max_queued_tokens // FAIR_SHARE // max(per_choice, 1))
+        num = max(1, min(num_choices, by_count, by_tokens))
+        return Window(num_choices=num, num_tokens=min(num_tokens_guess, num * per_choice))
 
     @contextmanager
     def admitting(self, load_stats: LoadStats, num_new: int, num_tokens_guess: int) -> Iterator[None]:

@@ -3,7 +3,9 @@
 Each input is one request in the engine, a prompt-only sequence that returns its pooled vector
 (forge/pooling.py) instead of a sampled token: it goes through the same admission, tokeniser,
 scheduler and batch as a completion, through the same response lifetime (actors/lifetime.py), and
-its vector comes back on its last TextDelta. The wire shapes are forge/embeddings_api.py's.
+its vector comes back on its last TextDelta. A batch of inputs is admitted as one unit and fed to the
+engine a window at a time (actors/feed.py), up to the API's 2,048 inputs whatever --max-waiting is.
+The wire shapes are forge/embeddings_api.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from starlette.routing import Route
 
 from actors.lifetime import ResponseLifetime
 from actors.pipeline import Pipeline
-from forge.embeddings_api import embeddings_body, new_embedding_id, prepare_embeddings
+from forge.embeddings_api import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
 from forge.messages import Submit
 
 
@@ -40,10 +42,7 @@ class EmbeddingsRoutes:
         submits = [Submit(request_id=f"{base}-{i}", params=prep.params, text=x) if isinstance(x, str)
                    else Submit(request_id=f"{base}-{i}", params=prep.params, token_ids=tuple(x))
                    for i, x in enumerate(prep.inputs)]
-        # A request of more inputs than the waiting queue holds is admitted into an empty queue
-        # rather than never: it counts as at most a full queue.
-        num_admitted = min(len(submits), self._life.admission.max_waiting)
-        reader = await self._life.start(request, pipe, submits, len(body), arrival, num_admitted=num_admitted)
+        reader = await self._life.start(request, pipe, submits, len(body), arrival, max_choices=MAX_INPUTS)
 
         def body_of() -> dict[str, object]:
             vectors = [c.embedding or b"" for c in reader.choices]

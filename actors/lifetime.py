@@ -1,10 +1,11 @@
 """A response's lifetime on the engine, whatever wire format its route speaks.
 
-Count it in flight from its body on, admit it (503 past the bounds), open its group in the router and
-submit its choices, wait for their verdicts; then read the choices to one JSON body or an SSE stream.
-On every way out (done, client gone, an error) the unfinished choices are aborted behind their Submits
-and the request is counted out of admission exactly once. Routes build bodies and frames; this owns
-nothing of their shapes.
+Count it in flight from its body on, admit it as one unit (503 past the bounds, 400 if it never could
+be admitted), open its group in the router and submit its first window of choices, wait for their
+verdicts; then read the choices to one JSON body or an SSE stream, the rest of them fed to the engine
+as the first end (actors/feed.py). On every way out (done, client gone, an error) the choices in the
+engine are aborted behind their Submits, those never sent are forgotten, and the request is counted
+out of admission exactly once. Routes build bodies and frames; this owns nothing of their shapes.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.admission import Admission
+from actors.feed import ChoiceFeed
 from actors.http_edge import error_response, json_response
 from actors.pipeline import Pipeline, only_embeds
 from actors.responses import ChoiceReader
-from actors.router import ResponseGroup
 from actors.sse import SSEResponse
 from forge import api_responses as wire
 from forge.errors import RequestError
-from forge.messages import Abort, Accepted, Rejected, Submit
+from forge.messages import Accepted, Submit
 from forge.prepare import Constraint
 
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
@@ -95,27 +96,27 @@ class ResponseLifetime:
                                                              param=constraint.param))
 
     async def start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
-                    arrival: float, *, num_admitted: int | None = None) -> ChoiceReader:
-        """Admit the response (or 503), open its streams, submit its choices, wait for the verdicts.
-        `num_admitted`: the requests admission counts it as (None: one per Submit)."""
-        num_new = len(submits) if num_admitted is None else num_admitted
-        with self.admission.admitting(pipe.load_stats, num_new, num_bytes // 4):
+                    arrival: float, *, max_choices: int | None = None) -> ChoiceReader:
+        """Admit the response as one unit (503 past the bounds; 400 if it never could be: more choices than
+        `max_choices`, by default --max-waiting), open its streams, submit its first window of choices,
+        wait for their verdicts. The reader feeds the rest as those end."""
+        window = self.admission.window(len(submits), num_bytes // 4, max_choices=max_choices)
+        with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
             group = pipe.router.open([s.request_id for s in submits])
+            feed = ChoiceFeed(group, submits, pipe.to_tokeniser, window=window.num_choices)
             try:
-                for s in submits:
-                    pipe.to_tokeniser.send_nowait(s)
-                statuses = await group.wait_statuses()
+                feed.top_up()
+                statuses = await group.wait_statuses(feed.num_sent)
             except BaseException:
-                self.abort(pipe, group)
+                self._abort(pipe, feed)
                 raise
-        rejected = next((s for s in statuses if isinstance(s, Rejected)), None)
-        if rejected is not None:
-            self.abort(pipe, group)
-            raise rejected.error()
+        if group.rejected is not None:
+            self._abort(pipe, feed)
+            raise group.rejected.error()
         num_prompt_tokens = sum(s.num_prompt_tokens for s in statuses if isinstance(s, Accepted))
         request.state.prompt_tokens = num_prompt_tokens
         return ChoiceReader(group, pipe.metrics, arrival=arrival, ping_interval=self._ping_interval,
-                            num_prompt_tokens=num_prompt_tokens)
+                            num_prompt_tokens=num_prompt_tokens, feed=feed)
 
     async def respond(self, request: Request, pipe: Pipeline, reader: ChoiceReader, build: Callable[[], Any], *,
                       render_error: Callable[[RequestError], Response] = error_response) -> Response:
@@ -124,9 +125,10 @@ class ResponseLifetime:
         try:
             await reader.collect(request)
         finally:
-            self.abort(pipe, reader.group)
-        request.state.completion_tokens = reader.num_completion_tokens
+            self.end(request, pipe, reader)
         failure = reader.failure()
+        if failure is not None and reader.group.rejected is not None and failure.status < 500:
+            raise failure                   # a later window's choice refused: answered as the first window's
         response = render_error(failure) if failure is not None else json_response(build())
         self.leave(request)
         return response
@@ -141,17 +143,20 @@ class ResponseLifetime:
                 yield done
 
         def cleanup() -> None:
-            self.abort(pipe, reader.group)
-            request.state.completion_tokens = reader.num_completion_tokens
+            self.end(request, pipe, reader)
             self.leave(request)
 
         return SSEResponse(body(), cleanup)
 
-    def abort(self, pipe: Pipeline, group: ResponseGroup) -> None:
-        """Stop reading the group; its unfinished requests are dropped behind their Submits."""
-        pipe.router.close(group)
-        for i in sorted(group.unfinished):
-            try:
-                pipe.to_tokeniser.send_nowait(Abort(request_id=group.request_ids[i]))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return                        # the daemon stopped (drain timed out): nothing to free
+    def end(self, request: Request, pipe: Pipeline, reader: ChoiceReader) -> None:
+        """Stop reading the response (its choices in the engine dropped, those never sent forgotten); its
+        token counts go to the access log."""
+        assert reader.feed is not None
+        self._abort(pipe, reader.feed)
+        request.state.prompt_tokens = reader.group.num_prompt_tokens()
+        request.state.completion_tokens = reader.num_completion_tokens
+
+    def _abort(self, pipe: Pipeline, feed: ChoiceFeed) -> None:
+        """Stop reading the group; its choices in the engine are dropped behind their Submits."""
+        pipe.router.close(feed.group)
+        feed.abort()

@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
+from actors.feed import ChoiceFeed
 from actors.metrics import ModelMetrics
-from actors.router import SHUTDOWN, ResponseGroup
+from actors.router import REJECTED, SHUTDOWN, ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
@@ -59,8 +60,10 @@ class ChoiceReader:
     """Reads the choices of one response to their ends. Used by one task: the response's."""
 
     def __init__(self, group: ResponseGroup, metrics: ModelMetrics, *, arrival: float, ping_interval: float,
-                 num_prompt_tokens: int = 0) -> None:
+                 num_prompt_tokens: int = 0, feed: ChoiceFeed | None = None) -> None:
+        """`feed`: what sends the group's choices a window at a time, topped up as choices end."""
         self.group = group
+        self.feed = feed
         self.num_prompt_tokens = num_prompt_tokens      # as the scheduler accepted the choices (all of them)
         self.choices = [Choice() for _ in group.request_ids]
         self.reasoning: ReasoningReading | None = None
@@ -97,29 +100,39 @@ class ChoiceReader:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch_disconnect)
-            while self.group.unfinished:
+            while self._reading():
                 deltas = await self.group.next_deltas()
+                self._top_up()
                 now = time.monotonic()
                 for i, delta in deltas:
                     self._observe(self.choices[i], delta, now)
             tg.cancel_scope.cancel()
-        if self.group.unfinished:
+        if self._reading():
             raise anyio.get_cancelled_exc_class()()
         return self.choices
 
     async def deltas(self) -> AsyncIterator[tuple[int, TextDelta, Choice] | None]:
         """Deltas as they come; None (a ping) while none comes for a while, as in a long prefill."""
-        while self.group.unfinished:
+        while self._reading():
             deltas = None
             with anyio.move_on_after(self._ping_interval):
                 deltas = await self.group.next_deltas()
             if deltas is None:
                 yield None
                 continue
+            self._top_up()
             now = time.monotonic()
             for i, delta in deltas:
                 self._observe(self.choices[i], delta, now)
                 yield i, delta, self.choices[i]
+
+    def _reading(self) -> bool:
+        """Choices still to come; none once the engine refused one (the response fails with its error)."""
+        return bool(self.group.unfinished) and self.group.rejected is None
+
+    def _top_up(self) -> None:
+        if self.feed is not None:               # before the deltas are read out: the engine never waits on them
+            self.feed.top_up()
 
     def _observe(self, choice: Choice, delta: TextDelta, now: float) -> None:
         m = self._metrics
@@ -172,6 +185,8 @@ class ChoiceReader:
         if error == SHUTDOWN:
             return RequestError("the server stopped before this response was complete: send it again",
                                 status=503, type="server_error", code="shutdown")
+        if error == REJECTED and self.group.rejected is not None:
+            return self.group.rejected.error()       # a later window's choice refused (e.g. too long)
         return RequestError(f"the engine failed while generating this response ({error})", status=500,
                             type="server_error", code="engine_fault")
 

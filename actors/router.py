@@ -15,6 +15,8 @@ from forge.messages import Accepted, DaemonEvent, Rejected, TextDelta
 
 # The error of a choice the daemon ended because it stopped (drain timeout) before the choice did.
 SHUTDOWN = "shutdown"
+# The error of a choice the engine refused (a Rejected after its response began): group.rejected says why.
+REJECTED = "rejected"
 
 
 def _merge(a: TextDelta, b: TextDelta) -> TextDelta:
@@ -34,12 +36,18 @@ class ResponseGroup:
         self._pending: list[TextDelta | None] = [None] * len(request_ids)
         self._changed = anyio.Event()
         self.unfinished = set(range(len(request_ids)))
+        self.rejected: Rejected | None = None          # the first choice the engine refused
 
     def put(self, event: DaemonEvent) -> None:
         i = self._index[event.request_id]
         match event:
-            case Accepted() | Rejected():
+            case Accepted():
                 self._status[i] = event
+            case Rejected():
+                # A refused choice ends there: its reader wakes and finds the REJECTED error.
+                self._status[i] = event
+                self.rejected = self.rejected or event
+                self._pending[i] = TextDelta(request_id=event.request_id, text="", num_tokens=0, error=REJECTED)
             case TextDelta():
                 pending = self._pending[i]
                 self._pending[i] = event if pending is None else _merge(pending, event)
@@ -58,13 +66,18 @@ class ResponseGroup:
         await self._changed.wait()
         self._changed = anyio.Event()
 
-    async def wait_statuses(self) -> list[Accepted | Rejected]:
-        """Each choice's verdict; returns early with what is known at the first rejection."""
+    async def wait_statuses(self, num_choices: int | None = None) -> list[Accepted | Rejected]:
+        """The verdicts of the first num_choices (every choice's by default); returns early with what
+        is known at the first rejection."""
         while True:
-            rejected = [s for s in self._status if isinstance(s, Rejected)]
-            if rejected or all(s is not None for s in self._status):
-                return [s for s in self._status if s is not None]
+            head = self._status[:num_choices]
+            if self.rejected is not None or all(s is not None for s in head):
+                return [s for s in head if s is not None]
             await self._wait()
+
+    def num_prompt_tokens(self) -> int:
+        """The prompt tokens of the choices accepted so far."""
+        return sum(s.num_prompt_tokens for s in self._status if isinstance(s, Accepted))
 
     async def next_deltas(self) -> list[tuple[int, TextDelta]]:
         """All text generated since the last call, one merged delta per choice (waits for some)."""

@@ -32,6 +32,7 @@ from tests.integration.harness import (
     sample,
     wait_idle,
 )
+from tests.integration.test_nginx import needs_nginx, running_nginx
 
 EVIL = "http://evil.example"
 REBOUND = "rebind.evil.example"
@@ -206,4 +207,28 @@ async def test_curl_without_a_content_type_header_is_told_what_to_send(make_daem
             error = assert_error(form, 415, code="unsupported_media_type")
             assert "Content-Type: application/json" in error["message"]
             assert (await http.post("/v1/completions", content=raw)).status_code == 200
+            await wait_idle(daemon)
+
+
+@needs_nginx
+async def test_behind_deploys_nginx_the_public_name_answers_once_allowed(make_daemon: MakeDaemon,
+                                                                          tmp_path: Path) -> None:
+    """deploy/nginx/forge.conf passes the client's Host on, port included: the site's public name,
+    once in --allowed-hosts, reaches every route (/healthz's own location too) and its pages are
+    the daemon's own; a rebound name is still refused through the proxy."""
+    daemon = make_daemon(gateway={"browser": BrowserPolicy(allowed_hosts=("forge.example.com",))})
+    with anyio.fail_after(HANG_GUARD_S):
+        async with (running_daemon(daemon) as url, running_nginx(tmp_path, int(url.rsplit(":", 1)[1])) as proxy,
+                    httpx.AsyncClient(base_url=proxy, timeout=HANG_GUARD_S) as http):
+            public = f"forge.example.com:{proxy.rsplit(':', 1)[1]}"
+            assert (await http.get("/healthz", headers={"Host": public})).status_code == 200
+            own = await http.post("/v1/completions", json=COMPLETION,
+                                  headers={"Host": public, "Origin": f"http://{public}"})
+            assert own.status_code == 200, own.text
+            foreign = await http.post("/v1/completions", json=COMPLETION,
+                                      headers={"Host": public, "Origin": EVIL})
+            assert_error(foreign, 403, code="origin_not_allowed")
+            for path in ("/healthz", "/v1/completions"):
+                rebound = await http.post(path, json=COMPLETION, headers={"Host": f"{REBOUND}:80"})
+                assert_refused(rebound, path, 421, "host_not_allowed")
             await wait_idle(daemon)

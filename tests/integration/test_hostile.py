@@ -27,6 +27,13 @@ from tests.integration.harness import (
 JSON = {"content-type": "application/json"}
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (the daemon under test runs in it)."""
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines())
+    return int(status["VmHWM"].split()[0]) * 1024
+
+
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
@@ -47,6 +54,12 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
     ("invalid UTF-8 in a stop string", "/v1/completions", b'{"prompt": "hi", "stop": ["\xc3\x28"]}', JSON, {400}),
     ("invalid UTF-8 in a chat message", "/v1/chat/completions",
      b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', JSON, {400}),
+    ("a 150,000-character stop string", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 1, "stop": ["x" * 150_000]}).encode(), JSON, {400}),
+    ("four 4,096-character stop strings (the longest allowed) and n 8", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 4, "n": 8, "stop": [c * 4096 for c in "xyzw"]}).encode(), JSON, {200}),
+    ("2,000 stop token ids", "/v1/completions",
+     json.dumps({"prompt": "hi", "max_tokens": 1, "stop_token_ids": list(range(2000))}).encode(), JSON, {400}),
     ("10,000 stop strings", "/v1/completions",
      json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}).encode(), JSON, {400}),
     ("a 100,000-deep array in an unknown field", "/v1/completions",
@@ -74,6 +87,10 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
     ("a body that is only whitespace", "/v1/completions", b" \n\t ", JSON, {400}),
     ("a UTF-8 byte order mark", "/v1/completions", b'\xef\xbb\xbf{"prompt": "hi", "max_tokens": 2}', JSON,
      {400}),
+    ("a prompt of a million digits (a token each)", "/v1/completions",
+     json.dumps({"prompt": "1" * 1_000_000, "max_tokens": 1}).encode(), JSON, {400}),
+    ("a chat message of a million digits", "/v1/chat/completions",
+     json.dumps({"messages": [{"role": "user", "content": "1" * 1_000_000}], "max_tokens": 1}).encode(), JSON, {400}),
     ("a prompt of 20,000 emoji", "/v1/completions", json.dumps({"prompt": "\U0001f600" * 20_000}).encode(), JSON,
      {400}),
     ("token ids of the wrong type", "/v1/completions", b'{"prompt": [1, "2", 3.5]}', JSON, {400}),
@@ -104,6 +121,8 @@ MESSAGES_HOSTILE: list[tuple[str, str, Any, int, str, str]] = [
      "messages[0].content[0].type"),
     ("tool_choice any without tools", "/v1/messages", {**MESSAGE, "tool_choice": {"type": "any"}}, 400,
      "invalid_request_error", "tool_choice"),
+    ("a 150,000-character stop sequence", "/v1/messages", {**MESSAGE, "stop_sequences": ["x" * 150_000]}, 400,
+     "invalid_request_error", "stop_sequences[0]"),
     ("a reply to continue (a prefill)", "/v1/messages",
      {**MESSAGE, "messages": [*MESSAGE["messages"], {"role": "assistant", "content": "Sure"}]}, 400,
      "invalid_request_error", "messages[1].role"),
@@ -163,6 +182,7 @@ async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(ma
                 neighbour["status"] = resp.status_code
                 neighbour["payloads"] = data_payloads(resp.content)
 
+            rss_before = peak_rss()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(well_formed_stream)
                 for what, path, body, headers, allowed in HOSTILE:
@@ -185,6 +205,9 @@ async def test_hostile_input_gets_the_right_answer_and_harms_no_other_request(ma
                     error = assert_error(resp, status, param=param or None)
                     assert "Traceback" not in resp.text and (fields is not None or "nested" in error["message"]), what
             assert neighbour["status"] == 200
+            # Bounded: nothing above costs memory in proportion to its square (a 150,000-character stop
+            # string once took 5 GiB and ended the daemon)
+            assert peak_rss() - rss_before < 512 * 2**20, (rss_before, peak_rss())
             text = "".join(p["choices"][0]["text"] for p in neighbour["payloads"] if p.get("choices"))
             plain = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 48, "temperature": 0,
                                                              "ignore_eos": True})

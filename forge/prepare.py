@@ -21,6 +21,7 @@ from forge.api import (
     decode_generate,
 )
 from forge.errors import RequestError
+from forge.nesting import check_schema
 from forge.reasoning import EFFORT_BUDGETS
 from forge.sampling_params import SamplingParams
 from forge.structured import (
@@ -30,7 +31,6 @@ from forge.structured import (
     json_schema_grammar,
     lark_grammar,
     regex_grammar,
-    strict_schema,
 )
 from forge.tools import Function, messages_with_tools, tool_call_grammar
 
@@ -149,7 +149,7 @@ def chat_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def _json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: nested past Python's limit, kept as the text
         return text
 
 
@@ -159,6 +159,11 @@ def request_functions(req: ChatCompletionRequest) -> list[Function]:
 
 
 def functions(tools: list[Tool] | None) -> list[Function]:
+    """The request's tools as functions; a parameter schema nested deeper than MAX_SCHEMA_DEPTH is refused
+    here, before a chat template or a grammar reads it (whatever tool_choice says)."""
+    for i, t in enumerate(tools or ()):
+        if t.function.parameters is not None:
+            check_schema(t.function.parameters, param=f"tools[{i}].function.parameters")
     return [Function(t.function.name, t.function.description, t.function.parameters, bool(t.function.strict))
             for t in tools or ()]
 
@@ -177,10 +182,8 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constr
     if rf is not None and rf.type == "json_object":
         return Constraint(json_object_grammar(), "response_format", json=True)
     if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-        schema = rf.json_schema.schema
-        if rf.json_schema.strict:
-            schema = strict_schema(schema)
-        return Constraint(json_schema_grammar(schema, param="response_format.json_schema.schema"),
+        return Constraint(json_schema_grammar(rf.json_schema.schema, strict=bool(rf.json_schema.strict),
+                                              param="response_format.json_schema.schema"),
                           "response_format.json_schema.schema", json=True)
     so = req.structured_outputs
     if so is not None:

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.errors import InvalidRequest
+from forge.nesting import MAX_SCHEMA_DEPTH, check_grammar, check_schema
 from forge.tokenizer import Tokenizer
 
 I32 = npt.NDArray[np.int32]
@@ -47,19 +48,26 @@ _CLOSERS = frozenset(b"]} \t\r\n")
 
 # ---- request side: constraint -> grammar text ------------------------------------------------------------
 
-def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, param: str) -> str:
-    """The grammar of JSON documents valid under `schema` (a dict, or a JSON string of one)."""
+def json_schema_grammar(schema: Any, *, whitespace_pattern: str | None = None, strict: bool = False,
+                        param: str) -> str:
+    """The grammar of JSON documents valid under `schema` (a dict, or a JSON string of one), under OpenAI's
+    strict semantics if `strict` (strict_schema). A schema nested deeper than MAX_SCHEMA_DEPTH is refused
+    before anything recursive reads it."""
     if isinstance(schema, str):
         _check_size(schema, param)
         try:
             schema = json.loads(schema)
         except ValueError as exc:
             raise InvalidRequest(f"the JSON schema is not valid JSON: {exc}", param=param) from None
+        except RecursionError:
+            raise InvalidRequest(f"the JSON schema nests too deeply (more than {MAX_SCHEMA_DEPTH} levels of "
+                                 "objects and arrays)", param=param) from None
     if isinstance(schema, bool):                                   # true: any JSON value; false: nothing
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
-    schema = enforced_schema(schema)
+    check_schema(schema, param=param)
+    schema = enforced_schema(strict_schema(schema) if strict else schema)
     options = dict(JSON_OPTIONS)
     if whitespace_pattern is not None:
         options = {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
@@ -196,12 +204,15 @@ def choice_grammar(choices: Sequence[str], *, param: str) -> str:
 
 
 def lark_grammar(text: str, *, param: str) -> str:
-    """A context-free grammar in Lark syntax or llama.cpp's GBNF (llguidance converts the latter)."""
+    """A context-free grammar in Lark syntax or llama.cpp's GBNF (llguidance converts the latter), refused if
+    it nests deeper than MAX_GRAMMAR_DEPTH."""
     _check_size(text, param)
     try:
-        return str(llguidance.grammar_from("grammar", text))
+        lark = str(llguidance.grammar_from("grammar", text))
     except ValueError as exc:
         raise InvalidRequest(f"invalid grammar: {exc}", param=param) from None
+    check_grammar(lark, param=param)
+    return lark
 
 
 def _check_size(text: str, param: str) -> None:

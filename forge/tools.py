@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.nesting import check_schema
 from forge.structured import JSON_OPTIONS, enforced_schema, lark_grammar, strict_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -97,10 +98,12 @@ def _call_text(call: dict[str, Any]) -> str:
 def tool_call_grammar(functions: Sequence[Function], *, parallel: bool, param: str) -> str:
     """Output that is one call (several, one per line, when `parallel`) to one of `functions`, each call's
     arguments valid under that function's parameter schema (its definitions, `$defs` or `definitions`,
-    moved to the root of the call's schema, where its references now point)."""
+    moved to the root of the call's schema, where its references now point). A parameter schema nested
+    deeper than MAX_SCHEMA_DEPTH is refused before anything recursive reads it."""
     options, defs = [], {}
     for i, f in enumerate(functions):
         parameters = f.parameters if f.parameters is not None else {"type": "object"}
+        check_schema(parameters, param=param)
         if f.strict:
             parameters = strict_schema(parameters)
         parameters, own = _hoisted(enforced_schema(parameters), f"f{i}_")

@@ -47,6 +47,9 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel |
         check_draft(loaded, draft)
     draft_model = draft.model if draft is not None else None
     plan = plan_cache(loaded.model, config, draft_model)
+    for model in (loaded.model, draft_model):
+        if model is not None:
+            model.serve_context(plan.max_model_len)      # RoPE tables for the context served, not the file's
     tokenizer = loaded.tokenizer
     allocator = BlockAllocator(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
                                record_events=config.record_kv_events)

@@ -16,7 +16,8 @@ from forge.errors import ConfigError
 from forge.gguf_file import read_gguf
 from forge.hub import resolve_model
 from forge.kernels import KernelChoice, choose_kernels
-from forge.llama.config import architecture_of
+from forge.llama.config import architecture_of, config_from_reader
+from forge.llama.layout import check_layout
 from forge.llama.model import LlamaModel
 from forge.tokenizer import Tokenizer
 
@@ -48,6 +49,7 @@ class LoadedModel:
         resolved = resolve_model(path, progress)
         reader = read_gguf(resolved)             # the tokenizer and the model share one read of the file
         architecture_of(reader, resolved.name)   # an unsupported family is refused before anything else
+        check_layout(reader, config_from_reader(reader, resolved))   # metadata against tensors, before allocating
         tokenizer = Tokenizer.from_gguf(reader)
         for warning in tokenizer.warnings:
             progress(f"warning: {warning}")

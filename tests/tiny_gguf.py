@@ -48,10 +48,14 @@ def write_tiny_llama(
     path: str | os.PathLike[str], *, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4,
     kv_heads: int = 2, ffn: int = 48, seed: int = 0, quant: str = "F32", context: int = 256,
     rope_base: float = 10000.0, tied: bool = True, arch: str = "llama", omit: tuple[str, ...] = (),
+    metadata: dict[str, int] | None = None, one_row_short: tuple[str, ...] = (), readable_tokenizer: bool = False,
 ) -> Path:
     """A random Llama GGUF at `path` (returned as a Path). quant names a GGML type that gguf can
     write from numpy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); norms are always F32.
-    `omit` names tensors to leave out (to test loading errors)."""
+    `omit` names tensors to leave out, `one_row_short` tensors to write without their last row, and
+    `metadata` overrides sizes ("context_length", "block_count"...: written as uint64) whatever the
+    tensors are (to test loading errors). `readable_tokenizer`: the last token is "ab", which the file's one
+    merge makes, so that Tokenizer.from_gguf reads it (as `forge serve` does)."""
     path = Path(path)
     qtype = gguf.GGMLQuantizationType[quant]
     rng = np.random.default_rng(seed)
@@ -65,17 +69,31 @@ def write_tiny_llama(
 
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name("tiny-llama")
-    writer.add_uint32(f"{arch}.block_count", layers)
-    writer.add_uint32(f"{arch}.context_length", context)
-    writer.add_uint32(f"{arch}.embedding_length", hidden)
-    writer.add_uint32(f"{arch}.feed_forward_length", ffn)
-    writer.add_uint32(f"{arch}.attention.head_count", heads)
-    writer.add_uint32(f"{arch}.attention.head_count_kv", kv_heads)
+    overrides = metadata or {}
+
+    def size(key: str, value: int) -> None:
+        if key in overrides:
+            writer.add_uint64(f"{arch}.{key}", overrides[key])
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+
+    size("block_count", layers)
+    size("context_length", context)
+    size("embedding_length", hidden)
+    size("feed_forward_length", ffn)
+    size("attention.head_count", heads)
+    size("attention.head_count_kv", kv_heads)
     writer.add_float32(f"{arch}.rope.freq_base", rope_base)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
-    writer.add_uint32(f"{arch}.vocab_size", vocab)
+    size("rope.dimension_count", head_dim)
+    size("vocab_size", vocab)
+    for key in overrides.keys() - {"block_count", "context_length", "embedding_length", "feed_forward_length",
+                                   "attention.head_count", "attention.head_count_kv", "rope.dimension_count",
+                                   "vocab_size"}:
+        writer.add_uint64(f"{arch}.{key}", overrides[key])
     tokens = _tokens(vocab)
+    if readable_tokenizer:
+        tokens[-1] = "ab"
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -89,6 +107,8 @@ def write_tiny_llama(
     def put(name: str, w: np.ndarray, *, is_norm: bool = False) -> None:
         if name in omit:
             return
+        if name in one_row_short:
+            w = w[:-1]
         if is_norm:
             writer.add_tensor(name, w)
         else:

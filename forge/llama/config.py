@@ -19,6 +19,10 @@ from forge.gguf_file import GGUFFile
 from forge.llama.arch import ARCHITECTURES, Architecture
 
 ARCHITECTURE = "llama"
+# The longest context_length a file may claim: past every model's trained context (the longest published,
+# 10M tokens), so a larger claim is a broken file. Nothing is sized by it (the RoPE tables and the KV cache
+# follow the context served, forge.cache_plan), but the served context is at most it.
+MAX_CONTEXT_LENGTH = 2**24
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +133,7 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         head_dim=head_dim,
         rope_theta=_optional_number(reader, f"{a}.rope.freq_base", 10000.0),
         rms_eps=_optional_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
-        max_position=_required_int(reader, f"{a}.context_length", name),
+        max_position=_context_length(reader, a, name),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_id=eos,
         tied_embeddings="output.weight" not in reader.tensors,
@@ -140,6 +144,14 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         attn_softcap=_optional_number(reader, f"{a}.attn_logit_softcapping", 0.0) if arch.softcapping else 0.0,
         final_softcap=_optional_number(reader, f"{a}.final_logit_softcapping", 0.0) if arch.softcapping else 0.0,
     )
+
+
+def _context_length(reader: GGUFFile, a: str, name: str) -> int:
+    context = _required_int(reader, f"{a}.context_length", name)
+    if context > MAX_CONTEXT_LENGTH:
+        raise ModelLoadError(f"{name}: metadata key '{a}.context_length' is {context}, past any model's context "
+                             f"(at most {MAX_CONTEXT_LENGTH})")
+    return context
 
 
 def architecture_of(reader: GGUFFile, name: str) -> Architecture:

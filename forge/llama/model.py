@@ -117,11 +117,10 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
         self.weights = weights
-        self.rope = RopeTables.build(config, weights.rope_freqs)
+        self.rope = RopeTables(config, weights.rope_freqs)
         self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
         self.has_sliding = any(self.sliding)
-        self.rope_sliding = (RopeTables.build(config, weights.rope_freqs, sliding=True)
-                             if self.has_sliding else self.rope)
+        self.rope_sliding = RopeTables(config, weights.rope_freqs, sliding=True) if self.has_sliding else self.rope
         self.gelu = config.arch.activation == "gelu_tanh"
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
         # keeps the whole forward on the numpy reference.
@@ -143,6 +142,12 @@ class LlamaModel:
         reference to the file's mapping once the weights are loaded."""
         config = config_from_reader(reader, path)
         return cls(config, load_weights(reader, config, kernels))
+
+    def serve_context(self, max_model_len: int) -> None:
+        """Size the RoPE tables to the context served (at most the file's context_length), not to the file's
+        claim: the engine calls this once its max_model_len is known."""
+        self.rope.resize(max_model_len)
+        self.rope_sliding.resize(max_model_len)
 
     # -- the seed's one-sequence Model protocol -------------------------------------------------
 

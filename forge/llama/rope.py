@@ -8,8 +8,6 @@ rotate halves (i with i + rope_dim / 2) get their rows reordered into pairs at l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 
@@ -20,18 +18,17 @@ I64 = npt.NDArray[np.int64]
 C64 = npt.NDArray[np.complex64]
 
 
-@dataclass(frozen=True, slots=True)
+# Positions a model's tables cover when it is loaded. They grow (doubling, up to the model's context) when a
+# position past them comes, and the engine sizes them to the context it serves (LlamaModel.serve_context):
+# never to the file's own context_length, which may claim 2^40 positions.
+POSITIONS_AT_LOAD = 4096
+
+
 class RopeTables:
-    rotation: C64  # [max_position, rope_dim / 2]  cos + i sin of every pair's angle
+    """cos + i sin of every pair's angle at positions [0, num_positions), num_positions at most max_position."""
 
-    @property
-    def max_position(self) -> int:
-        return int(self.rotation.shape[0])
-
-    @classmethod
-    def build(cls, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False) -> RopeTables:
-        """Angles computed in float64 once, stored as complex64 for every position below max_position.
-        `sliding`: the tables of the family's sliding-window layers (their own base, no scaling)."""
+    def __init__(self, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False) -> None:
+        """`sliding`: the tables of the family's sliding-window layers (their own base, no scaling)."""
         half = config.rope_dim // 2
         theta, scale = config.rope_theta, config.rope_scale
         if sliding and config.arch.sliding_rope_base:
@@ -39,16 +36,38 @@ class RopeTables:
         inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / config.rope_dim)  # [half]
         if freq_divisors is not None:
             inv_freq = inv_freq / freq_divisors.astype(np.float64)
-        positions = np.arange(config.max_position, dtype=np.float64) / scale                         # [P]
-        angles = np.outer(positions, inv_freq)                                                        # [P, half]
-        rotation = np.empty(angles.shape, np.complex64)                                               # [P, half]
+        self._inv_freq, self._scale = inv_freq, scale
+        self.max_position = config.max_position
+        self.rotation = self._table(min(self.max_position, POSITIONS_AT_LOAD))       # [P, half]
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.rotation.shape[0])
+
+    def resize(self, num_positions: int) -> None:
+        """Cover exactly positions [0, num_positions) (at most max_position): the context served."""
+        num_positions = max(1, min(num_positions, self.max_position))
+        if num_positions != self.num_positions:
+            self.rotation = self._table(num_positions)
+
+    def _table(self, num_positions: int) -> C64:
+        """Angles computed in float64, stored as complex64."""
+        positions = np.arange(num_positions, dtype=np.float64) / self._scale                  # [P]
+        angles = np.outer(positions, self._inv_freq)                                          # [P, half]
+        rotation = np.empty(angles.shape, np.complex64)                                       # [P, half]
         rotation.real = np.cos(angles)
         rotation.imag = np.sin(angles)
-        return cls(rotation=rotation)
+        return rotation
 
     def at(self, positions: I64) -> C64:
-        """The rotations at the given positions, shaped [T, 1, rope_dim / 2] to broadcast over heads."""
-        return self.rotation[positions][:, None, :]
+        """The rotations at the given positions (below max_position), shaped [T, 1, rope_dim / 2] to broadcast
+        over heads; a position past the table grows it first (doubling, at most to max_position)."""
+        rotation = self.rotation
+        needed = int(positions.max()) + 1 if positions.size else 0
+        if needed > rotation.shape[0]:
+            self.resize(max(needed, 2 * rotation.shape[0]))
+            rotation = self.rotation
+        return rotation[positions][:, None, :]
 
 
 def apply_rope(x: F32, rotation: C64) -> None:

@@ -27,6 +27,7 @@ from forge.kernels.block_linear import BlockMatrix, as_blocks
 from forge.kernels.blocks import SUPPORTED, affine_blocks, check_blocks
 from forge.llama.config import LlamaConfig
 from forge.llama.dequant import dequantize
+from forge.llama.layout import check_layout
 from forge.llama.linear import Q8Matrix
 from forge.llama.weight_types import Weight
 
@@ -179,7 +180,10 @@ class _TensorSource:
         """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
         tensor = self._tensor(name)
         if self._kernels is not None and tensor.tensor_type in SUPPORTED:
-            check_blocks(tensor.data, tensor.tensor_type, shape)         # raises ValueError
+            try:
+                check_blocks(tensor.data, tensor.tensor_type, shape)
+            except ValueError as exc:
+                raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
             return QuantEmbedding(tensor.data, tensor.tensor_type, shape, copy=not self._blocks)
         return self.owned(name, shape)
 
@@ -246,18 +250,12 @@ def halves_to_pairs(num_heads: int, head_dim: int, rope_dim: int) -> I64:
 
 def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
     """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
-    dequantized once); raises ModelLoadError on a missing or odd one."""
+    dequantized once); raises ModelLoadError on a missing or odd one, before allocating anything when a
+    tensor's shape is not the metadata's (forge.llama.layout)."""
+    check_layout(reader, config)
     src = _TensorSource(reader, config.name, kernels)
     c, arch = config, config.arch
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    if not arch.attention_bias:
-        for blk_tensor in ("attn_q.bias", "attn_k.bias", "attn_v.bias"):
-            if src.has(f"blk.0.{blk_tensor}"):
-                raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
-    if src.has("blk.0.attn_output.bias"):
-        raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
-    if src.has("rope_factors_long.weight") or src.has("rope_factors_short.weight"):
-        raise ModelLoadError(f"{c.name}: LongRoPE (rope_factors_long/short) is not supported")
     q_order = k_order = head_order = None
     if arch.rope_style == "halves":
         q_order = halves_to_pairs(c.num_heads, hd, c.rope_dim)

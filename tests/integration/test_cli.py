@@ -7,6 +7,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tiny_gguf import write_tiny_llama
 
 
 def forge(*args: str) -> subprocess.CompletedProcess[str]:
@@ -101,3 +106,18 @@ def test_kv_events_with_several_models_are_refused_in_one_line(default_model_pat
     assert result.returncode == 2 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "forge: --kv-events publishes one prefix cache: serve one model with it"
+
+
+@pytest.mark.parametrize("kwargs", [{"metadata": {"context_length": 2**40}}, {"metadata": {"context_length": 10**8}},
+                                    {"one_row_short": ("token_embd.weight",), "quant": "Q8_0", "hidden": 64,
+                                     "heads": 8}],
+                         ids=["context 2^40", "context 1e8", "a quantized embedding one row short"])
+def test_serve_with_a_file_whose_metadata_claims_too_much_says_so_and_exits_2(tmp_path: Path,
+                                                                               kwargs: dict[str, Any]) -> None:
+    """The file's metadata checked against sane bounds and its tensors before anything is sized by it (the
+    RoPE tables were built for the file's context: 8 TiB at 2^40, 25 GiB at 1e8)."""
+    bad = write_tiny_llama(tmp_path / "claims.gguf", readable_tokenizer=True, **kwargs)
+    result = forge("serve", "--model", str(bad), "--addr", "127.0.0.1:0", "--max-model-len", "128")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "claims.gguf: " in result.stderr.strip().splitlines()[-1]

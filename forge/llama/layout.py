@@ -1,0 +1,74 @@
+"""The tensors a Llama-family file must hold and the shape its metadata gives each, checked against the file's
+header before anything is allocated. Metadata that sizes an allocation (width, heads, head size, feed-forward
+width, vocabulary, layers) is believed only where the tensors, whose bytes the file really holds, agree; a
+file that disagrees is a ModelLoadError naming the first tensor that does. Reads headers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from forge.errors import ModelLoadError
+from forge.gguf_file import GGUFFile
+from forge.llama.config import LlamaConfig
+
+Shape = tuple[int, ...]
+
+
+def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
+    """Raise ModelLoadError if the file holds parts forge does not run (biases a family has not, LongRoPE), or
+    a tensor the model reads is missing or its shape is not the metadata's."""
+    c, arch, has = config, config.arch, reader.tensors.__contains__
+    if not arch.attention_bias and any(has(f"blk.0.attn_{x}.bias") for x in "qkv"):
+        raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
+    if has("blk.0.attn_output.bias"):
+        raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
+    if has("rope_factors_long.weight") or has("rope_factors_short.weight"):
+        raise ModelLoadError(f"{c.name}: LongRoPE (rope_factors_long/short) is not supported")
+    blocks = {int(part) for name in reader.tensors
+              if name.startswith("blk.") and (part := name.split(".")[1]).isdigit()}
+    if c.num_layers > len(blocks):        # before listing 2^40 layers' tensors
+        raise ModelLoadError(f"{c.name}: the metadata says {c.num_layers} layers (block_count), the file holds "
+                             f"tensors for {len(blocks)}")
+    for name, shape in expected_shapes(c, has=has).items():
+        tensor = reader.tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{c.name}: tensor {name!r} is missing")
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(f"{c.name}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape} "
+                                 "from the metadata")
+
+
+def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[str, Shape]:
+    """Every tensor forge.llama.weights reads, with its shape in numpy order ([out, in] for matrices).
+    `has(name)`: whether the file holds an optional tensor (rope_freqs)."""
+    c, arch = config, config.arch
+    hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
+    shapes: dict[str, Shape] = {"token_embd.weight": (c.vocab_size, hidden), "output_norm.weight": (hidden,)}
+    if not c.tied_embeddings:
+        shapes["output.weight"] = (c.vocab_size, hidden)
+    for i in range(c.num_layers):
+        p = f"blk.{i}."
+        shapes[p + "attn_norm.weight"] = shapes[p + "ffn_norm.weight"] = (hidden,)
+        if arch.fused_qkv:
+            shapes[p + "attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
+        else:
+            shapes[p + "attn_q.weight"] = (q_rows, hidden)
+            shapes[p + "attn_k.weight"] = shapes[p + "attn_v.weight"] = (kv_rows, hidden)
+        shapes[p + "attn_output.weight"] = (hidden, q_rows)
+        if arch.fused_gate_up:
+            shapes[p + "ffn_up.weight"] = (2 * ffn, hidden)
+        else:
+            shapes[p + "ffn_gate.weight"] = shapes[p + "ffn_up.weight"] = (ffn, hidden)
+        shapes[p + "ffn_down.weight"] = (hidden, ffn)
+        if arch.attention_bias:
+            shapes[p + "attn_q.bias"] = (q_rows,)
+            shapes[p + "attn_k.bias"] = shapes[p + "attn_v.bias"] = (kv_rows,)
+        if arch.qk_norm:
+            shapes[p + "attn_q_norm.weight"] = shapes[p + "attn_k_norm.weight"] = (hd,)
+        if arch.sandwich_norms:
+            shapes[p + "post_attention_norm.weight"] = shapes[p + "post_ffw_norm.weight"] = (hidden,)
+    if has("rope_freqs.weight"):
+        shapes["rope_freqs.weight"] = (c.rope_dim // 2,)
+    return shapes

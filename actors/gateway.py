@@ -390,10 +390,11 @@ def _slash_hint(request: Request) -> str:
 
 
 def _params_for(params: SamplingParams, j: int) -> SamplingParams:
-    """The j-th choice's parameters: a seeded request's choices differ by their seeds."""
+    """The j-th choice's parameters: a seeded request's choices differ by their seeds, seed + j wrapped in
+    signed 64 bits (2^63 - 1 then -2^63), so that every seed the API takes serves any n."""
     if j == 0 or params.seed is None:
         return params
-    return msgspec.structs.replace(params, seed=params.seed + j)
+    return msgspec.structs.replace(params, seed=(params.seed + j + 2**63) % 2**64 - 2**63)
 
 
 def _echo_text(pipe: Pipeline, prompt: str | list[int]) -> str:

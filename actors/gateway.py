@@ -337,6 +337,8 @@ class Gateway:
         req, params, prompts = prep.request, prep.params, prep.prompts
         n, base = req.n, wire.new_request_id("cmpl")
         request.state.response_id = base
+        # Before a Submit is built: a body of a million one-character prompts is refused, not materialised
+        self.admission.window(len(prompts) * n, len(body) // 4)
         submits = []
         for i, prompt in enumerate(prompts):
             for j in range(n):

@@ -91,6 +91,8 @@ HOSTILE: list[tuple[str, str, bytes, dict[str, str], set[int]]] = [
      json.dumps({"prompt": "1" * 1_000_000, "max_tokens": 1}).encode(), JSON, {400}),
     ("a chat message of a million digits", "/v1/chat/completions",
      json.dumps({"messages": [{"role": "user", "content": "1" * 1_000_000}], "max_tokens": 1}).encode(), JSON, {400}),
+    ("150,000 one-character prompts x n 8", "/v1/completions",
+     json.dumps({"prompt": ["a"] * 150_000, "n": 8, "max_tokens": 1}).encode(), JSON, {400}),
     ("a prompt of 20,000 emoji", "/v1/completions", json.dumps({"prompt": "\U0001f600" * 20_000}).encode(), JSON,
      {400}),
     ("token ids of the wrong type", "/v1/completions", b'{"prompt": [1, "2", 3.5]}', JSON, {400}),

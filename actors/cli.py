@@ -47,7 +47,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"forge: --models-dir is not a directory: {args.models_dir}")
         sources += sorted(os.path.join(args.models_dir, f) for f in os.listdir(args.models_dir) if f.endswith(".gguf"))
     for source in sources:
-        path = source.partition("=")[2] if "=" in source and len(sources) > 1 else source
+        path = model_source(source)[1] if len(sources) > 1 else source
         if not os.path.isfile(path) and path not in CATALOG:
             raise SystemExit(f"forge: model file not found: {path} "
                              f"(or name a model forge fetches: {', '.join(CATALOG)})")
@@ -108,7 +108,7 @@ def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]
 
     entries: list[ModelEntry] = []
     for source in sources:
-        model_id, _, path = source.partition("=") if "=" in source else ("", "", source)
+        model_id, path = model_source(source)
         model_id = model_id or os.path.basename(path).removesuffix(".gguf")
         if model_id in {e.model_id for e in entries}:
             raise ValueError(f"two models have the id '{model_id}' (name one with ID=MODEL)")
@@ -122,6 +122,17 @@ def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]
         for entry in [by_id[target]] if target else entries:
             entry.keep_alive = parse_keep_alive(_number_or_text(duration))
     return entries
+
+
+def model_source(source: str) -> tuple[str, str]:
+    """(id, model) of a --model value or a --models-dir file: ID=MODEL, or a model alone (id ""). A path
+    that exists as a file is a path, "=" in its name or not; otherwise the first "=" ends the id."""
+    from forge.hub import CATALOG
+
+    if "=" not in source or os.path.isfile(source) or source in CATALOG:
+        return "", source
+    model_id, _, path = source.partition("=")
+    return model_id, path
 
 
 def _listed(variable: str) -> list[str]:
@@ -148,7 +159,9 @@ def register(sub: Any) -> None:
     serve.add_argument("--addr", default=env("FORGE_ADDR", "127.0.0.1:8080"),
                        help="listen address HOST:PORT [FORGE_ADDR; 127.0.0.1:8080]")
     serve.add_argument("--api-key", default=env("FORGE_API_KEY", None),
-                       help="require 'Authorization: Bearer KEY' on every route but /healthz [FORGE_API_KEY; none]")
+                       help="require 'Authorization: Bearer KEY' on every route but /healthz, /health (the same, for "
+                            "LLM routers) and /dashboard (a page that holds no data and asks for the key) "
+                            "[FORGE_API_KEY; none]")
     serve.add_argument("--allowed-hosts", default=env("FORGE_ALLOWED_HOSTS", None),
                        help="comma-separated names the daemon answers to besides localhost and IP addresses "
                             "(a port is ignored; *.example.com: every name under it; *: any); other Host "

@@ -65,7 +65,8 @@ def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -
     if many_models:
         g.add_argument("--model", action="append", default=None,
                        help="GGUF model file, or a name from `forge pull --list`; give it several times to "
-                            "serve several models (ID=MODEL names one's id; the variable comma-separated) "
+                            "serve several models (ID=MODEL names one's id, unless the whole value is an "
+                            "existing file: a file name may hold '='; the variable comma-separated) "
                             "[FORGE_MODEL; the default model]")
     else:
         g.add_argument("--model", default=env("FORGE_MODEL", None),

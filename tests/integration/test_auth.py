@@ -1,9 +1,14 @@
-"""The API key: every route needs it but /healthz (for load balancers) and the dashboard's page
-(which holds no data and asks for the key itself); missing, wrong and almost-right keys get 401;
+"""The API key: every route needs it but /healthz (for load balancers), /health (the same, for LLM routers)
+and the dashboard's page (which holds no data and asks for the key itself), and every place that says which
+routes are open names those three; missing, wrong and almost-right keys get 401;
 the key never appears in a log line, whatever was sent. The Messages API's routes answer in that API's
 envelope and take the key as `x-api-key` too (only there)."""
 
 from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
 
 import anyio
 import httpx
@@ -60,3 +65,34 @@ async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never
     assert "401" in logs.out + logs.err                        # the refusals were logged...
     assert KEY not in logs.out and KEY not in logs.err         # ...without the key
     assert KEY[:-1] not in logs.out + logs.err               # nor the almost-right ones
+
+
+def test_the_help_and_every_doc_name_the_same_open_routes_as_the_gateway_keeps() -> None:
+    """--help, docs/configuration.md, docs/reliability.md, docs/operations.md and the environment file's
+    example each say which routes need no key: exactly OPEN, the ones the test above finds open."""
+    from actors.cli import register
+    from forge.cli import build_parser
+
+    root = Path(__file__).resolve().parents[2]
+    parser = build_parser(register)
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    statements = {
+        "--help": next(a.help or "" for a in serve._actions if "--api-key" in a.option_strings),
+        "docs/configuration.md": _line(root / "docs/configuration.md", "| `--api-key KEY`"),
+        "docs/reliability.md": _sentence(root / "docs/reliability.md", "With `FORGE_API_KEY` set, every route"),
+        "docs/operations.md": _sentence(root / "docs/operations.md", "With `FORGE_API_KEY` set, every route"),
+        "deploy/forge.env.example": _line(root / "deploy/forge.env.example", "# When set, every route"),
+    }
+    for where, text in statements.items():
+        named = set(re.findall(r"(?<![\w.$])/[a-z][a-z_/]*", text)) - {"/metrics"}   # /metrics: named as keyed
+        assert named == OPEN, (where, text)
+
+
+def _line(path: Path, start: str) -> str:
+    return next(line for line in path.read_text().splitlines() if line.startswith(start))
+
+
+def _sentence(path: Path, start: str) -> str:
+    text = path.read_text()
+    at = text.index(start)
+    return text[at:text.index(". ", at) if ". " in text[at:] else len(text)].replace("\n", " ")

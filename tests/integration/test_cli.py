@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
+from tests.integration.harness import HANG_GUARD_S, forge_serve, wait_healthy
 from tests.tiny_gguf import write_tiny_llama
 
 
@@ -121,3 +125,27 @@ def test_serve_with_a_file_whose_metadata_claims_too_much_says_so_and_exits_2(tm
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "claims.gguf: " in result.stderr.strip().splitlines()[-1]
+
+
+async def test_models_dir_files_whose_names_hold_an_equals_sign_are_paths(tmp_path: Path,
+                                                                          default_model_path: Path) -> None:
+    """`--models-dir` with "v=2.gguf" beside "plain.gguf": each served under its file's name ("v=2" was read as
+    the id "v" of a file "2.gguf", which was not found: exit 2). A --model value that is an existing file is a
+    path too; one that is not is ID=MODEL."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("v=2.gguf", "plain.gguf"):
+        (models / name).symlink_to(default_model_path)
+    (tmp_path / "a=b.gguf").symlink_to(default_model_path)
+    args = ["--models-dir", str(models), "--model", str(tmp_path / "a=b.gguf"), "--model", f"x={default_model_path}",
+            "--kv-cache-memory", "64MiB", "--kv-cache-commit", "off"]
+    async with forge_serve(tmp_path, args, forge_home=tmp_path / "home") as (proc, port, log):
+        with anyio.fail_after(2 * HANG_GUARD_S):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD_S) as http:
+                await wait_healthy(http, proc, lambda: log.read_text()[-4000:], interval=0.2)
+                ids = {m["id"] for m in (await http.get("/v1/models")).json()["data"]}
+                served = await http.post("/v1/completions", json={"model": "v=2", "prompt": "Hi", "max_tokens": 2})
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0, log.read_text()[-4000:]
+    assert ids == {"v=2", "plain", "a=b", "x"}
+    assert served.status_code == 200, served.text

@@ -25,11 +25,11 @@ from forge.api import (
     Tool,
     ToolCallFunction,
     TopP,
-    decode_body,
 )
 from forge.errors import InvalidRequest
 from forge.prepare import PreparedChat, prepare_chat_request
 from forge.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from forge.wire_decode import decode_body
 
 _MAX_INT32 = 2**31 - 1
 Temperature = Annotated[float, Meta(ge=0.0, le=1.0)]       # the Messages API's range (chat's is 0-2)

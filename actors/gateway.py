@@ -48,15 +48,12 @@ from actors.responses import (
 )
 from actors.responses_route import ResponsesRoutes
 from actors.stats import Stats
-from forge import api
+from actors.text_routes import TextRoutes
 from forge import api_responses as wire
 from forge.api_responses import ResponseHeader
 from forge.errors import CapacityError, RequestError
 from forge.messages import Submit
 from forge.prepare import (
-    chat_template_messages,
-    check_model,
-    functions,
     prepare_chat,
     prepare_completion,
     prepare_generate,
@@ -108,6 +105,7 @@ class Gateway:
                                          store=ResponseStore(max_responses=config.responses_store_size,
                                                              ttl_s=config.responses_ttl_s))
         self.embeddings = EmbeddingsRoutes(self.life, served_model_name=config.served_model_name)
+        self.text_routes = TextRoutes(ready=self._ready, body=self._body)
         self.model_routes = ModelRoutes(model_set=lambda: self.model_set, check_open=self._check_open, body=self._body)
 
     # ---- app --------------------------------------------------------------------------------
@@ -123,8 +121,7 @@ class Gateway:
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-            Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/detokenize", self.detokenize, methods=["POST"]),
+            *self.text_routes.routes(),
             *self.messages.routes(),
             *self.responses.routes(),
             *self.embeddings.routes(),
@@ -222,9 +219,6 @@ class Gateway:
     async def _body(self, request: Request) -> bytes:
         return await read_body(request, self.config.max_body_size, self.config.body_timeout)
 
-    def _check_model(self, model: str | None, pipe: Pipeline) -> None:
-        check_model(model, pipe.serving.served_model_name)
-
     # ---- plain routes -----------------------------------------------------------------------
 
     def _health(self) -> dict[str, Any]:
@@ -287,28 +281,6 @@ class Gateway:
         pipe = self._ready(request)
         card = wire.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
         return json_response(wire.model_list([card]))
-
-    async def tokenize(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        req = api.decode_tokenize(await self._body(request))
-        self._check_model(req.model, pipe)
-        if req.messages is not None:
-            messages, tools = chat_template_messages(req.messages), functions(req.tools)
-            ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(messages, tools,
-                                                                   add_generation_prompt=req.add_generation_prompt))
-        else:
-            tok = pipe.tokenizer
-            ids = await pipe.off_loop(lambda: tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens))
-        return json_response({"tokens": ids, "count": len(ids), "max_model_len": pipe.max_model_len})
-
-    async def detokenize(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        req = api.decode_detokenize(await self._body(request))
-        self._check_model(req.model, pipe)
-        vocab = pipe.tokenizer.vocab_size
-        if any(t >= vocab for t in req.tokens):
-            raise RequestError(f"token ids must lie in [0, {vocab})", param="tokens")
-        return json_response({"prompt": pipe.tokenizer.decode(req.tokens)})
 
     # ---- generation -------------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         browser = policy_for(args.addr, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
         body = parse_size(args.max_body_size)
         ResponseStore(max_responses=args.responses_store_size, ttl_s=args.responses_ttl)   # checks both
+        if args.max_unsent_tokens < 1:
+            raise ValueError(f"--max-unsent-tokens must be at least 1, got {args.max_unsent_tokens}")
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
     from forge.hub import CATALOG
@@ -75,6 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout,
                               responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl,
+                              max_unsent_tokens=args.max_unsent_tokens,
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
         models_memory=models_memory, preload=preload, kv_events=kv_events)
@@ -188,6 +191,11 @@ def register(sub: Any) -> None:
     serve.add_argument("--body-timeout", type=float, default=float(env("FORGE_BODY_TIMEOUT", "30") or 30),
                        help="seconds a request body has to arrive whole; after it 408 and the connection "
                             "closes [FORGE_BODY_TIMEOUT; 30]")
+    serve.add_argument("--max-unsent-tokens", type=int,
+                       default=int(env("FORGE_MAX_UNSENT_TOKENS", "4096") or 4096),
+                       help="tokens a response may have generated and not yet sent to a client that stopped "
+                            "reading it; past them it is ended and its sequence freed "
+                            "[FORGE_MAX_UNSENT_TOKENS; 4096]")
     serve.add_argument("--responses-store-size", type=int,
                        default=int(env("FORGE_RESPONSES_STORE_SIZE", "1024") or 1024),
                        help="responses kept in memory for GET /v1/responses/{id} and previous_response_id, "

@@ -32,7 +32,7 @@ from actors.dashboard import dashboard_page
 from actors.embeddings_route import EmbeddingsRoutes
 from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
-from actors.lifetime import ResponseLifetime
+from actors.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
 from actors.metrics import Metrics
 from actors.model_set import ModelSet, parse_keep_alive
 from actors.models_route import ModelRoutes, peek
@@ -74,6 +74,7 @@ class GatewayConfig:
     max_waiting: int = 256
     max_queued_tokens: int = 262144
     sse_ping_interval: float = 5.0
+    max_unsent_tokens: int = DEFAULT_MAX_UNSENT_TOKENS   # a response's tokens waiting for a client that stopped reading
     retry_after_s: int = 5
     watchdog_s: float = 60.0        # a step running longer than this turns /healthz to 503 ("stuck")
     responses_store_size: int = DEFAULT_MAX_RESPONSES     # stored responses (POST /v1/responses, store: true)
@@ -97,7 +98,7 @@ class Gateway:
         self.life = ResponseLifetime(self.admission, ready=self._ready, body=self._body,
                                      ping_interval=config.sse_ping_interval, route=self._route,
                                      release=self._release, is_routed=lambda: self.model_set is not None,
-                                     check_open=self._check_open)
+                                     check_open=self._check_open, max_unsent_tokens=config.max_unsent_tokens)
         self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
                                        served_model_name=config.served_model_name)
         self.responses = ResponsesRoutes(self.life, authorize=self._check_key,

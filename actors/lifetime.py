@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -30,6 +31,13 @@ from forge.errors import RequestError
 from forge.messages import Accepted, Submit
 from forge.prepare import Constraint
 
+# Tokens a response may have generated and not yet written to its client, all its choices together, before
+# the daemon ends it (--max-unsent-tokens): its writer is stuck on a client that stopped reading, past what
+# the kernel's socket buffers hold.
+DEFAULT_MAX_UNSENT_TOKENS = 4096
+
+log = structlog.get_logger("forge.gateway")
+
 Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
 Route = Callable[[Request, bytes], Awaitable["Pipeline | None"]]
 
@@ -39,14 +47,17 @@ class ResponseLifetime:
                  body: Callable[[Request], Awaitable[bytes]], ping_interval: float,
                  route: Route | None = None, release: Callable[[Request], None] = lambda _request: None,
                  is_routed: Callable[[], bool] = lambda: False,
-                 check_open: Callable[[Request], None] = lambda _request: None) -> None:
+                 check_open: Callable[[Request], None] = lambda _request: None,
+                 max_unsent_tokens: int = DEFAULT_MAX_UNSENT_TOKENS) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
         request body within limits; `ping_interval`: seconds of silence before a stream sends a ping;
         `route`: with several models (`is_routed`), the pipeline the body names, held until `release`,
-        called once as the response ends; `check_open` then checks key and draining before the body."""
+        called once as the response ends; `check_open` then checks key and draining before the body;
+        `max_unsent_tokens`: tokens a response may have waiting for its client before it is cut off."""
         self.admission = admission
         self._ready, self._body = ready, body
         self._ping_interval = ping_interval
+        self._max_unsent_tokens = max_unsent_tokens
         self._route, self._release = route, release
         self.is_routed, self._check_open = is_routed, check_open
 
@@ -104,6 +115,7 @@ class ResponseLifetime:
         with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
             group = pipe.router.open([s.request_id for s in submits])
             feed = ChoiceFeed(group, submits, pipe.to_tokeniser, window=window.num_choices)
+            group.bound(self._max_unsent_tokens, functools.partial(self._cut_off, pipe, feed))
             try:
                 feed.top_up()
                 statuses = await group.wait_statuses(feed.num_sent)
@@ -155,6 +167,15 @@ class ResponseLifetime:
         self._abort(pipe, reader.feed)
         request.state.prompt_tokens = reader.group.num_prompt_tokens()
         request.state.completion_tokens = reader.num_completion_tokens
+
+    def _cut_off(self, pipe: Pipeline, feed: ChoiceFeed, num_unsent_tokens: int) -> None:
+        """Its client stopped reading (ResponseGroup.bound): its choices leave the engine now, their blocks
+        freed, and none is sent after them; the response ends when the client reads again or leaves."""
+        feed.abort()
+        pipe.metrics.slow_reader_aborts.inc()
+        log.warning("slow_reader_aborted", request_ids=feed.group.request_ids[:8],
+                    num_choices=len(feed.group.request_ids), num_unsent_tokens=num_unsent_tokens,
+                    max_unsent_tokens=self._max_unsent_tokens)
 
     def _abort(self, pipe: Pipeline, feed: ChoiceFeed) -> None:
         """Stop reading the group; its choices in the engine are dropped behind their Submits."""

@@ -96,6 +96,9 @@ class Metrics:
         self.request_aborted = counter("forge:request_aborted", "Requests whose client left, by where they were.",
                                        "phase")
         self.request_failed = counter("forge:request_failed", "Requests ended by a fault of the engine.")
+        self.slow_reader_aborts = counter("forge:slow_reader_aborts",
+                                          "Responses ended because their client stopped reading them "
+                                          "(--max-unsent-tokens).")
         self.num_preemptions = counter("forge:num_preemptions", "Sequences preempted.")
         self.prefix_cache_hit_rate = gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.")
         self.prefix_cache_queries = counter("forge:prefix_cache_queries",
@@ -182,6 +185,7 @@ class ModelMetrics:
     request_success: Labelled
     request_aborted: Labelled
     request_failed: Counter
+    slow_reader_aborts: Counter
     num_preemptions: Counter
     prefix_cache_hit_rate: Gauge
     prefix_cache_queries: Counter

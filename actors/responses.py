@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from actors.feed import ChoiceFeed
 from actors.metrics import ModelMetrics
-from actors.router import REJECTED, SHUTDOWN, ResponseGroup
+from actors.router import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
 from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
@@ -177,8 +177,8 @@ class ChoiceReader:
             choice.embedding = delta.embedding
 
     def failure(self) -> RequestError | None:
-        """The error to answer with when the engine failed a choice (a 500: not the client's fault), or
-        the daemon stopped before it ended (a 503: send it again)."""
+        """The error to answer with when the engine failed a choice (a 500: not the client's fault), the
+        daemon stopped before it ended (a 503: send it again), or its client stopped reading (400)."""
         error = next((c.error for c in self.choices if c.error is not None), None)
         if error is None:
             return None
@@ -187,6 +187,10 @@ class ChoiceReader:
                                 status=503, type="server_error", code="shutdown")
         if error == REJECTED and self.group.rejected is not None:
             return self.group.rejected.error()       # a later window's choice refused (e.g. too long)
+        if error == SLOW_READER:
+            return RequestError(f"this response was ended because its client stopped reading it: more than "
+                                f"{self.group.max_unsent_tokens} generated tokens waited unsent (the server's "
+                                f"--max-unsent-tokens)", status=400, code="slow_reader")
         return RequestError(f"the engine failed while generating this response ({error})", status=500,
                             type="server_error", code="engine_fault")
 

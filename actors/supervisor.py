@@ -309,9 +309,14 @@ async def _watch_signals(daemon: Daemon) -> None:
 
 
 @asynccontextmanager
-async def running_daemon(daemon: Daemon) -> AsyncIterator[str]:
-    """For tests and embedding: serve on a free loopback port; yields the base URL."""
+async def running_daemon(daemon: Daemon, *, send_buffer: int | None = None) -> AsyncIterator[str]:
+    """For tests and embedding: serve on a free loopback port; yields the base URL. `send_buffer`: the
+    kernel's send buffer of each connection in bytes (SO_SNDBUF, which accepted sockets take from the
+    listening one), in place of the megabytes it grows to: a client that stops reading blocks the
+    daemon's writes after a few KiB."""
     sock = socket.socket()
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind(("127.0.0.1", 0))
     sock.listen()                    # connections queue from now on, even before hypercorn runs
     port = sock.getsockname()[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from actors.router import Router
+from actors.router import SLOW_READER, Router
 from forge.messages import Accepted, Rejected, TextDelta, TokenCounts
 
 
@@ -52,3 +52,38 @@ async def test_events_for_a_closed_response_are_dropped_and_nothing_is_kept() ->
     router.deliver(delta("a", "late"))
     router.deliver(delta("never-opened", "stray"))
     assert len(router) == 0
+
+
+async def test_past_its_bound_a_response_drops_what_waits_and_ends_its_choices_once() -> None:
+    router = Router()
+    group = router.open(["a", "b", "c"])
+    cut_off: list[int] = []
+    group.bound(10, cut_off.append)
+    router.deliver(delta("c", "z", finish=True))            # c ended in the engine, unread
+    for _ in range(6):
+        router.deliver(delta("a", "x"))
+        router.deliver(delta("b", "y"))
+    assert cut_off == [11]                                   # at the 11th token waiting, once
+    router.deliver(delta("a", "late"))                       # in flight before the abort landed: ignored
+    with anyio.fail_after(1):
+        got = dict(await group.next_deltas())
+    assert all(d.error == SLOW_READER and d.text == "" and d.num_tokens == 0 for d in got.values())
+    assert sorted(got) == [0, 1, 2] and group.unfinished == set() and group.num_unsent_tokens == 0
+    assert got[0].counts == TokenCounts(prompt=3, completion=1)    # the counts of what was dropped
+    assert cut_off == [11]
+
+
+async def test_a_reader_that_keeps_up_is_never_cut_off() -> None:
+    router = Router()
+    group = router.open(["a"])
+
+    def never(num_unsent: int) -> None:
+        raise AssertionError(f"cut off with {num_unsent} tokens waiting")
+
+    group.bound(10, never)
+    with anyio.fail_after(1):
+        for _ in range(100):
+            for _ in range(10):
+                router.deliver(delta("a", "x"))
+            [(_, got)] = await group.next_deltas()
+            assert got.num_tokens == 10 and group.num_unsent_tokens == 0

@@ -21,8 +21,8 @@ from forge.errors import CapacityError, InvalidRequest
 
 LoadStats = Callable[[], tuple[int, int]]        # (requests waiting, prompt tokens waiting)
 
-# A response's window is at most 1/FAIR_SHARE of the waiting queue and of its prompt tokens, so a
-# big request leaves the rest of the queue to everyone else.
+# A response's window is at most 1/FAIR_SHARE of the waiting queue, of its prompt tokens and of the
+# engine's sequences, so a big request leaves the rest of the queue and of each step to everyone else.
 FAIR_SHARE = 4
 
 
@@ -52,10 +52,12 @@ class Admission:
         """Most choices (prompts x n) one generation request may hold: the waiting queue's size."""
         return max(self.max_waiting, 1)
 
-    def window(self, num_choices: int, num_tokens_guess: int, *, max_choices: int | None = None) -> Window:
+    def window(self, num_choices: int, num_tokens_guess: int, *, max_choices: int | None = None,
+               engine_slots: int | None = None) -> Window:
         """The window of a response of num_choices whose body guesses num_tokens_guess prompt tokens;
         InvalidRequest (400) if it could never be admitted: more choices than `max_choices` (default
-        self.max_choices), or one choice's share of the tokens past --max-queued-tokens."""
+        self.max_choices), or one choice's share of the tokens past --max-queued-tokens. `engine_slots`: the
+        sequences the engine runs at once (--max-num-seqs), of which the window takes at most its share."""
         limit = self.max_choices if max_choices is None else max_choices
         if num_choices > limit:
             raise InvalidRequest(f"this request asks for {num_choices} choices (prompts x n); a request may "
@@ -67,7 +69,8 @@ class Admission:
                                  code="request_too_large")
         by_count = max(1, self.max_waiting // FAIR_SHARE)
         by_tokens = max(1, self.max_queued_tokens // FAIR_SHARE // max(per_choice, 1))
-        num = max(1, min(num_choices, by_count, by_tokens))
+        by_slots = max(1, engine_slots // FAIR_SHARE) if engine_slots else num_choices
+        num = max(1, min(num_choices, by_count, by_tokens, by_slots))
         return Window(num_choices=num, num_tokens=min(num_tokens_guess, num * per_choice))
 
     @contextmanager

@@ -111,7 +111,8 @@ class ResponseLifetime:
         """Admit the response as one unit (503 past the bounds; 400 if it never could be: more choices than
         `max_choices`, by default --max-waiting), open its streams, submit its first window of choices,
         wait for their verdicts. The reader feeds the rest as those end."""
-        window = self.admission.window(len(submits), num_bytes // 4, max_choices=max_choices)
+        window = self.admission.window(len(submits), num_bytes // 4, max_choices=max_choices,
+                                       engine_slots=pipe.serving.max_num_seqs)
         with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
             group = pipe.router.open([s.request_id for s in submits])
             feed = ChoiceFeed(group, submits, pipe.to_tokeniser, window=window.num_choices)

@@ -1,7 +1,7 @@
 """The HTTP wire schema of forge's OpenAI-compatible API: request Structs and their decoders. No I/O and no web
 framework here: a decoder takes the body bytes and gives back a typed request or an InvalidRequest that names
-the bad field (through forge/wire_decode.py). What a request becomes for the engine (sampling params, constraint, prompts) is
-forge/prepare.py's; response shapes are forge/api_responses.py's.
+the bad field (through forge/wire_decode.py). What a request becomes for the engine (sampling params,
+constraint, prompts) is forge/prepare.py's; response shapes are forge/api_responses.py's.
 """
 
 from __future__ import annotations

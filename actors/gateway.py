@@ -200,9 +200,9 @@ class Gateway:
             entry.keep_alive = parse_keep_alive(keep_alive)
         # Waiting for a load counts against the admission bounds like a queued request (503 past them).
         with self.admission.admitting(lambda: (0, 0), 1, len(body) // 4):
-            actors = await models.acquire(model_id)
+            wired = await models.acquire(model_id)
         request.state.model_lease = model_id         # held until _release
-        return actors.pipeline
+        return wired.pipeline
 
     def _total_load(self, request: Request) -> int:
         """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""

@@ -193,7 +193,7 @@ class ModelSet:
         structlog.contextvars.clear_contextvars()     # this task outlives the request that started it
         log.info("model_loading", model_name=entry.model_id)
         try:
-            actors = await self._build(entry)
+            wired = await self._build(entry)
         except Exception as exc:            # noqa: BLE001 - the daemon serves on; the waiters get the cause
             log.warning("model_load_failed", model_name=entry.model_id, error=str(exc))
             entry.state, entry.error, load.error = "unloaded", str(exc), str(exc) or type(exc).__name__
@@ -202,17 +202,17 @@ class ModelSet:
         entry._stop, entry._stopped = anyio.Event(), anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                await tg.start(actors.run, entry._stop)
-                entry.actors, entry.state, entry.num_loads = actors, "loaded", entry.num_loads + 1
-                entry.memory_bytes = entry.size_bytes + _kv_bytes(actors)
+                await tg.start(wired.run, entry._stop)
+                entry.actors, entry.state, entry.num_loads = wired, "loaded", entry.num_loads + 1
+                entry.memory_bytes = entry.size_bytes + _kv_bytes(wired)
                 entry.last_used = time.monotonic()
                 log.info("model_loaded", model_name=entry.model_id, memory_bytes=entry.memory_bytes)
                 load.done.set()
         finally:
             entry.actors, entry.state, entry.memory_bytes = None, "unloaded", 0
-            actors.refresh_metrics()        # what its allocator counted since the last scrape, before it goes
-            actors.metrics.unloaded()       # its gauges at zero, its kernels and cache layout no longer listed
-            del actors
+            wired.refresh_metrics()        # what its allocator counted since the last scrape, before it goes
+            wired.metrics.unloaded()       # its gauges at zero, its kernels and cache layout no longer listed
+            del wired
             gc.collect()                    # the weights' mapping and the K/V go now, not at some later cycle
             release_free_memory()           # and glibc hands the freed heap back rather than keeping it
             entry._stopped.set()
@@ -234,8 +234,8 @@ class ModelSet:
         return [model_id for model_id in expired if self.unload(model_id)]
 
 
-def _kv_bytes(actors: ModelActors) -> int:
-    served = actors.served
+def _kv_bytes(wired: ModelActors) -> int:
+    served = wired.served
     return served.kv_tokens * served.kv_bytes_per_token
 
 

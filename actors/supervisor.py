@@ -145,17 +145,17 @@ class Daemon:
         parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
         if parts.plan.warning is not None:
             log.warning("kv_cache_short", reason=parts.plan.warning)
-        actors = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
+        wired = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
                              edge_grammars=edge_grammars(loaded, parts), draft=draft, publisher=publisher)
-        served = actors.served
-        self.tokeniser, self.scheduler = actors.tokeniser, actors.scheduler
-        self.allocator, self.worker = actors.allocator, actors.worker
-        self.metrics.on_scrape(lambda: actors.refresh_metrics(publisher))
+        served = wired.served
+        self.tokeniser, self.scheduler = wired.tokeniser, wired.scheduler
+        self.allocator, self.worker = wired.allocator, wired.worker
+        self.metrics.on_scrape(lambda: wired.refresh_metrics(publisher))
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            await tg.start(actors.run, stop)
-            scheduler, allocator = actors.scheduler, actors.allocator
-            self.gateway.pipeline = actors.pipeline
+            await tg.start(wired.run, stop)
+            scheduler, allocator = wired.scheduler, wired.allocator
+            self.gateway.pipeline = wired.pipeline
             self.gateway.stats.sources = Sources(
                 scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
                 serving=msgspec.to_builtins(served))
@@ -203,9 +203,9 @@ class Daemon:
             return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,
                                edge_grammars=edge_grammars(loaded, parts), draft=draft, cores=self._cores)
 
-        actors = await anyio.to_thread.run_sync(build)
+        wired = await anyio.to_thread.run_sync(build)
         self.metrics.model_loads.labels(model_name=entry.model_id).inc()
-        return actors
+        return wired
 
     async def _run_encoder(self, encoder: LoadedEncoder, *,
                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -30,7 +30,7 @@ from forge import anthropic_responses as wire
 from forge.anthropic_api import prepare_count_tokens, prepare_messages
 from forge.messages import Submit
 from forge.prepare import template_messages
-from forge.tools import ToolCallReader
+from forge.text.tool_calls import ToolCallReader
 
 
 @dataclass(frozen=True, slots=True)

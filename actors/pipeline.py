@@ -15,15 +15,15 @@ from actors.admission import LoadStats
 from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
 from actors.router import Router
-from forge.chat import ChatTemplate
 from forge.engine import Serving
 from forge.errors import RequestError
 from forge.messages import Abort, FlushCache, Submit
 from forge.prepare import PreparedChat, template_messages
 from forge.sampling_params import SamplingParams, Thinking
 from forge.structured import Grammars
-from forge.tokenizer import Tokenizer
-from forge.tools import Function
+from forge.text.chat_template import ChatTemplate
+from forge.text.tokenizer import Tokenizer
+from forge.text.tool_calls import Function
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usag
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
 from forge.reasoning import ReasoningParts, ReasoningReader
-from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
+from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
 # tokens, and one gap per token would flood the histogram with one figure.
@@ -264,7 +264,7 @@ async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> Asy
 
 @dataclass(frozen=True, slots=True)
 class ToolReading:
-    """Tool calls are read out of each choice's text (forge.tools); at most max_calls per choice."""
+    """Tool calls are read out of each choice's text (forge.text.tool_calls); at most max_calls per choice."""
     max_calls: int | None = None
 
 

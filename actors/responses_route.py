@@ -47,7 +47,7 @@ from forge.responses_api import (
     wire_param,
 )
 from forge.responses_store import ResponseStore
-from forge.tools import ToolCallReader
+from forge.text.tool_calls import ToolCallReader
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from actors.metrics import ModelMetrics
 from actors.router import Router
 from actors.scheduler import SchedulerInbox
-from forge.chat import ChatTemplate
-from forge.detokenizer import IncrementalDetokenizer
 from forge.errors import InvalidRequest, PromptTooLong, RequestError
 from forge.messages import (
     Abort,
@@ -45,7 +43,9 @@ from forge.messages import (
     TokenLogprobInfo,
     TokensEmitted,
 )
-from forge.tokenizer import Tokenizer
+from forge.text.chat_template import ChatTemplate
+from forge.text.detokenizer import IncrementalDetokenizer
+from forge.text.tokenizer import Tokenizer
 
 TokeniserInbox = Submit | Abort | FlushCache | Accepted | Rejected | TokensEmitted
 

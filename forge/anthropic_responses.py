@@ -2,7 +2,7 @@
 the stream's events, usage, stop reasons and the error envelope. Pure builders of plain dicts ready for
 msgspec.json.encode, and the SSE framing (every event named: `event: <type>` then its JSON).
 
-The content blocks are built from the tool-call reader's events (forge.tools) in order, one way for
+The content blocks are built from the tool-call reader's events (forge.text.tool_calls) in order, one way for
 both shapes: a stream sends the block events as each delta adds them, a body is the blocks they make,
 so a client accumulating the stream gets the body.
 """
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent
+from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 

@@ -17,7 +17,6 @@ import msgspec
 from forge.bert.encoder import LoadedEncoder
 from forge.block_allocator import BlockAllocator
 from forge.cache_plan import CachePlan, plan_cache
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
@@ -27,6 +26,7 @@ from forge.reasoning import detect_format
 from forge.runner import ModelRunner
 from forge.scheduler import SchedulerConfig
 from forge.structured import Grammars
+from forge.text.chat_template import ChatTemplate
 
 
 @dataclass(slots=True)

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from forge.config import EngineConfig
-from forge.detokenizer import IncrementalDetokenizer
 from forge.engine import build_engine
 from forge.errors import InvalidRequest
 from forge.loading import LoadedModel, Progress, load_draft, to_stderr
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
 from forge.sampling_params import SamplingParams
+from forge.text.detokenizer import IncrementalDetokenizer
 
 __all__ = ["LLM", "Completion", "LLMEngine", "LoadedModel"]
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from forge.bert.encoder import LoadedEncoder, is_encoder_dir
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.errors import ConfigError
 from forge.gguf_file import read_gguf
@@ -19,7 +18,8 @@ from forge.kernels import KernelChoice, choose_kernels
 from forge.llama.config import architecture_of, config_from_reader
 from forge.llama.layout import check_layout
 from forge.llama.model import LlamaModel
-from forge.tokenizer import Tokenizer
+from forge.text.chat_template import ChatTemplate
+from forge.text.tokenizer import Tokenizer
 
 Progress = Callable[[str], None]
 

@@ -32,7 +32,7 @@ from forge.structured import (
     lark_grammar,
     regex_grammar,
 )
-from forge.tools import Function, messages_with_tools, tool_call_grammar
+from forge.text.tool_calls import Function, messages_with_tools, tool_call_grammar
 
 
 def check_model(model: str | None, served_model_name: str) -> None:

@@ -3,7 +3,7 @@ stream events and their SSE framing (`event: <type>` then its JSON, numbered by 
 Pure builders of plain dicts ready for msgspec.json.encode; errors are OpenAI's envelope
 (forge/api_responses.py), as on chat.
 
-The output items are built from the tool-call reader's events (forge.tools) in order, one way for
+The output items are built from the tool-call reader's events (forge.text.tool_calls) in order, one way for
 both shapes: a stream sends the item events as each delta adds them, a body is the items they make,
 so a client accumulating the stream gets the body.
 """
@@ -17,7 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 from forge.responses_api import FormatText, ResponsesRequest
-from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
+from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 

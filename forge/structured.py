@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from forge.errors import InvalidRequest
 from forge.nesting import MAX_SCHEMA_DEPTH, check_grammar, check_schema
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 
 I32 = npt.NDArray[np.int32]
 BoolArray = npt.NDArray[np.bool_]

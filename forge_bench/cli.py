@@ -29,7 +29,7 @@ import anyio
 import httpx
 
 from forge.hub import resolve_model
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 
 LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-webui"]

@@ -141,10 +141,10 @@ def load_tiny(path: str | os.PathLike[str], *, seed: int) -> Any:
     """A random 2-layer model (F32, vocabulary 64, context 128) written to `path` and loaded as forge
     loads a model, with a hand-built tokenizer: the tiny file's single merge names a piece outside its
     vocabulary, so Tokenizer.from_gguf rejects it on purpose."""
-    from forge.chat import ChatTemplate
     from forge.llama import LlamaModel
     from forge.llm import LoadedModel
-    from forge.tokenizer import Tokenizer
+    from forge.text.chat_template import ChatTemplate
+    from forge.text.tokenizer import Tokenizer
 
     write_tiny_llama(path, vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, seed=seed, context=128)
     reader = gguf.GGUFReader(path)

@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from forge.hub import resolve_model
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 
 

@@ -97,7 +97,7 @@ def cmd_load(model: Path, reps: int) -> None:
     from forge.gguf_file import read_gguf
     from forge.llama.dequant import dequantize
     from forge.llm import LoadedModel
-    from forge.tokenizer import Tokenizer
+    from forge.text.tokenizer import Tokenizer
 
     def timed(fn: Callable[[], Any]) -> float:
         return min(_once(fn) for _ in range(reps))

@@ -18,7 +18,7 @@ import outlines_core as oc
 
 from forge import hub
 from forge.structured import Grammars, allowed_tokens, json_schema_grammar
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "person": {

@@ -34,7 +34,7 @@ import anyio
 import httpx
 
 from forge.hub import resolve_model
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 from forge_bench.cli import _free_port, _stop, _wait_healthy
 

@@ -21,7 +21,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from actors.metrics import Metrics
 from actors.router import Router
 from actors.tokeniser_actor import TokeniserActor
-from forge.chat import ChatTemplate
 from forge.messages import (
     Abort,
     Accepted,
@@ -33,7 +32,8 @@ from forge.messages import (
     TokensEmitted,
 )
 from forge.sampling_params import SamplingParams
-from forge.tokenizer import Tokenizer
+from forge.text.chat_template import ChatTemplate
+from forge.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,11 @@ import pytest
 
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from forge.chat import ChatTemplate
 from forge.gguf_file import read_gguf
 from forge.llm import LoadedModel
-from forge.tokenizer import Tokenizer
-from forge.tokenizer_models import TOKEN_TYPE_USER_DEFINED, Metadata
+from forge.text.chat_template import ChatTemplate
+from forge.text.tokenizer import Tokenizer
+from forge.text.tokenizer_models import TOKEN_TYPE_USER_DEFINED, Metadata
 from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config
 
 THINK_IDS = (14, 15)          # <jupyter_output>, <jupyter_script> in the default model: never in a prompt

@@ -16,7 +16,7 @@ import anyio
 import httpx
 import openai
 
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 from tests.integration.harness import HANG_GUARD_S, forge_serve, wait_healthy
 
 REFERENCE = json.loads((Path(__file__).resolve().parent.parent / "data" / "gemma3_270m_reference.json").read_text())

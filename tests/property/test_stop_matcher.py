@@ -1,4 +1,4 @@
-"""forge.stops against a naive matcher, and the detokenizer's stop strings in linear memory.
+"""forge.text.stops against a naive matcher, and the detokenizer's stop strings in linear memory.
 
 The naive matcher is the rule itself: after each character, the stop strings that the text so far
 ends with (the first such character ends the output, the longest of them wins), and the text held
@@ -14,8 +14,8 @@ import tracemalloc
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from forge.detokenizer import IncrementalDetokenizer
-from forge.stops import StopAutomaton
+from forge.text.detokenizer import IncrementalDetokenizer
+from forge.text.stops import StopAutomaton
 
 ALPHABET = "ab\u00e9\U0001f5fc"
 texts = st.text(alphabet=ALPHABET, max_size=40)

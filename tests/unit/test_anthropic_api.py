@@ -14,7 +14,7 @@ from forge.anthropic_api import chat_request, decode_count_tokens, decode_messag
 from forge.api import NamedToolChoice
 from forge.errors import InvalidRequest
 from forge.prepare import prepare_chat
-from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
+from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}

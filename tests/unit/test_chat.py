@@ -1,4 +1,4 @@
-"""forge.chat: the real model's chat template, the ChatML fallback, and invalid messages."""
+"""forge.text.chat_template: the real model's chat template, the ChatML fallback, and invalid messages."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from forge.chat import CHATML_TEMPLATE, ChatTemplate
 from forge.errors import InvalidRequest, ModelLoadError
 from forge.hub import pull
-from forge.tokenizer import Tokenizer
+from forge.text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from forge.text.tokenizer import Tokenizer
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

@@ -1,4 +1,4 @@
-"""forge.detokenizer with the real default model's tokenizer: whole characters, stop strings."""
+"""forge.text.detokenizer with the real default model's tokenizer: whole characters, stop strings."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from forge.detokenizer import IncrementalDetokenizer
 from forge.hub import pull
-from forge.tokenizer import Tokenizer
+from forge.text.detokenizer import IncrementalDetokenizer
+from forge.text.tokenizer import Tokenizer
 
 EMOJI_TEXT = "Hi 👋🏽! Family 👩‍👩‍👧‍👦 at 東京 🗼, café ☕, flags 🇳🇴🇧🇷 — done ✅."
 

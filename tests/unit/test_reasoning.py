@@ -9,7 +9,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.engine import reasoning_format
 from forge.llm import LLM, LoadedModel
@@ -22,6 +21,7 @@ from forge.reasoning import (
     split_reasoning,
 )
 from forge.sampling_params import SamplingParams, Thinking
+from forge.text.chat_template import ChatTemplate
 
 
 def test_a_qwen3_output_opens_its_section_and_an_r1_output_starts_inside_it() -> None:

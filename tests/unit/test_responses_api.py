@@ -26,7 +26,7 @@ from forge.responses_api import (
     wire_param,
 )
 from forge.responses_store import ResponseStore
-from forge.tools import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
+from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from forge.detokenizer import IncrementalDetokenizer
-from forge.tokenizer import Tokenizer
-from forge.tokenizer_models import spm_merges
+from forge.text.detokenizer import IncrementalDetokenizer
+from forge.text.tokenizer import Tokenizer
+from forge.text.tokenizer_models import spm_merges
 from tests import tiny_families
 
 DATA: dict[str, Any] = json.loads(

@@ -1,4 +1,4 @@
-"""forge.tokenizer on the real default model file (SmolLM2-135M-Instruct, byte-level BPE, pre = smollm)."""
+"""forge.text.tokenizer on the real default model file (SmolLM2-135M-Instruct, byte-level BPE, pre = smollm)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from forge.errors import ModelLoadError
 from forge.gguf_file import read_gguf
 from forge.hub import pull
-from forge.tokenizer import Tokenizer
+from forge.text.tokenizer import Tokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. It was 3:45pm on 2024-01-02, and 1,000,000 people watched.",

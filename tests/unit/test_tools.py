@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.chat import ChatTemplate
 from forge.config import EngineConfig
 from forge.llm import LLM
 from forge.sampling_params import SamplingParams
-from forge.tools import (
+from forge.text.chat_template import ChatTemplate
+from forge.text.tool_calls import (
     ArgumentsDelta,
     CallStart,
     ContentDelta,
@@ -173,7 +173,7 @@ def test_the_call_grammar_gives_calls_that_validate(llm: LLM, parallel: bool) ->
 
 
 def test_definitions_move_to_the_root_of_the_call_schema_renamed_per_function() -> None:
-    from forge.tools import _hoisted
+    from forge.text.tool_calls import _hoisted
 
     params = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
                                                "old": {"$ref": "#/definitions/Old"}},
@@ -251,7 +251,7 @@ def test_objects_that_list_their_keys_are_closed_unless_they_say_otherwise() -> 
 def test_a_closed_object_refuses_keys_it_does_not_list(default_model_path: Path) -> None:
     """Through the grammar, on the real tokenizer: the listed key is accepted, another is not."""
     from forge.structured import Grammars, json_schema_grammar
-    from forge.tokenizer import Tokenizer
+    from forge.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(default_model_path)
     grammars = Grammars(tok)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from forge.messages import FinishReason
-from forge.stops import stop_automaton
+from forge.text.stops import stop_automaton
 
 
 class TokenSource(Protocol):

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
 from forge.gguf_file import GGUFFile, read_gguf
-from forge.tokenizer_models import (
+from forge.text.tokenizer_models import (
     BYTE_PIECE,
     CHAR_TO_BYTE,
     GPT2_SPLIT_NAMES,

@@ -1,4 +1,4 @@
-"""The `tokenizers` models a GGUF vocabulary describes (forge.tokenizer builds its Tokenizer on them): byte-level
+"""The `tokenizers` models a GGUF vocabulary describes (forge.text.tokenizer builds its Tokenizer on them): byte-level
 BPE from the file's merges and pre-tokenizer name, SentencePiece BPE with merges derived from the vocabulary,
 the byte tables both need, and typed access to the file's tokenizer metadata.
 """

@@ -56,7 +56,7 @@ class ChatTemplate:
         self.source = source or CHATML_TEMPLATE
         self.is_fallback = not source
         # A template that reads `tools` renders them and tool turns itself; others get forge's format
-        # (forge.tools.messages_with_tools).
+        # (forge.text.tool_calls.messages_with_tools).
         self.supports_tools = "tools" in self.source
         self.bos_token = bos_token
         self.eos_token = eos_token

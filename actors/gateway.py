@@ -60,7 +60,7 @@ from forge.prepare import (
     template_messages,
 )
 from forge.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 log = structlog.get_logger("forge.gateway")
 

@@ -26,8 +26,8 @@ from forge.config import EngineConfig
 from forge.engine import EngineParts, Serving, serving
 from forge.loading import LoadedModel
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
-from forge.reasoning import CLOSING_TEXT
-from forge.structured import Grammars
+from forge.sampling.reasoning import CLOSING_TEXT
+from forge.sampling.structured import Grammars
 
 
 @dataclass(slots=True)

@@ -19,8 +19,8 @@ from forge.engine import Serving
 from forge.errors import RequestError
 from forge.messages import Abort, FlushCache, Submit
 from forge.prepare import PreparedChat, template_messages
-from forge.sampling_params import SamplingParams, Thinking
-from forge.structured import Grammars
+from forge.sampling.sampling_params import SamplingParams, Thinking
+from forge.sampling.structured import Grammars
 from forge.text.chat_template import ChatTemplate
 from forge.text.tokenizer import Tokenizer
 from forge.text.tool_calls import Function
@@ -47,8 +47,8 @@ class Pipeline:
     step_age: Callable[[], float] = lambda: 0.0     # seconds the engine step in flight has run (0: none)
     # The thread the routes' own template rendering and encoding run in (/tokenize, count_tokens, ...).
     edge_thread: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
-    reasoning_parser: str = "none"                  # the model's thinking-section format (forge.reasoning)
-    thinking_close_ids: tuple[int, ...] = ()        # forge.reasoning.CLOSING_TEXT's ids: a budget's forced end
+    reasoning_parser: str = "none"                  # the model's thinking-section format (forge.sampling.reasoning)
+    thinking_close_ids: tuple[int, ...] = ()        # forge.sampling.reasoning.CLOSING_TEXT's ids: a budget's forced end
 
     @property
     def embeds_only(self) -> bool:

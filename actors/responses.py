@@ -22,7 +22,7 @@ from forge import api_responses as wire
 from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
-from forge.reasoning import ReasoningParts, ReasoningReader
+from forge.sampling.reasoning import ReasoningParts, ReasoningReader
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
@@ -32,7 +32,7 @@ MAX_GAPS_PER_DELTA = 64
 
 @dataclass(frozen=True, slots=True)
 class ReasoningReading:
-    """Each choice's text is split into a thinking section and content (forge.reasoning); starts_inside:
+    """Each choice's text is split into a thinking section and content (forge.sampling.reasoning); starts_inside:
     the generation prompt opened the section (deepseek_r1)."""
     starts_inside: bool = False
 

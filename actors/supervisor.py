@@ -43,7 +43,7 @@ from forge.engine import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, load_draft, load_served
-from forge.structured import Grammars
+from forge.sampling.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")
 

@@ -28,7 +28,7 @@ from forge.api import (
 )
 from forge.errors import InvalidRequest
 from forge.prepare import PreparedChat, prepare_chat_request
-from forge.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from forge.sampling.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 from forge.wire_decode import decode_body
 
 _MAX_INT32 = 2**31 - 1

@@ -110,7 +110,7 @@ MESSAGE_STOP: dict[str, Any] = {"type": "message_stop"}
 
 @dataclass(frozen=True, slots=True)
 class ThinkingDelta:
-    """A piece of a reasoning model's thinking section (forge.reasoning): a thinking block's text."""
+    """A piece of a reasoning model's thinking section (forge.sampling.reasoning): a thinking block's text."""
     text: str
 
 

@@ -12,8 +12,8 @@ import msgspec
 from msgspec import Meta
 
 from forge.errors import InvalidRequest
-from forge.reasoning import Effort
-from forge.sampling_params import (
+from forge.sampling.reasoning import Effort
+from forge.sampling.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_PENALTY,
@@ -179,7 +179,7 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    # A reasoning model's thinking section (forge.reasoning): reasoning_effort as a token budget
+    # A reasoning model's thinking section (forge.sampling.reasoning): reasoning_effort as a token budget
     # (EFFORT_BUDGETS), or forge's thinking_budget in tokens, which wins when both are given.
     reasoning_effort: Effort | None = None
     thinking_budget: ThinkingBudget | None = None

@@ -22,7 +22,7 @@ from forge.llama.linear import configure_matmul, matmul
 from forge.llama.weights import LlamaWeights
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 # ---- the real model ---------------------------------------------------------------------------
 

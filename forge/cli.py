@@ -16,7 +16,7 @@ from typing import Any, overload
 from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS, NUMERICS
-from forge.reasoning import PARSERS
+from forge.sampling.reasoning import PARSERS
 from forge.speculative import SPECULATIVE_METHODS
 
 
@@ -183,7 +183,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from forge.llm import LLM
-    from forge.sampling_params import SamplingParams
+    from forge.sampling.sampling_params import SamplingParams
 
     llm = LLM(args.model, engine_config(args), progress=_progress)
     prompt = args.prompt

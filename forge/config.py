@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 
 from forge.kernels import KERNELS, NUMERICS
-from forge.reasoning import PARSERS
-from forge.sampling_params import POOLING_MODES
+from forge.sampling.reasoning import PARSERS
+from forge.sampling.sampling_params import POOLING_MODES
 from forge.speculative import SpeculativeConfig
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
@@ -86,7 +86,7 @@ class EngineConfig:
     # How POST /v1/embeddings pools the final normed hidden states of a decoder (forge.pooling):
     # "last" by default, the only token that has seen the whole input under causal attention.
     pooling: str = "last"
-    # How chat reads a reasoning model's thinking section (forge.reasoning): "auto" from the chat template
+    # How chat reads a reasoning model's thinking section (forge.sampling.reasoning): "auto" from the chat template
     # (it mentions <think>: "deepseek_r1" when its generation prompt ends inside an open section, else
     # "qwen3"), "none" (the text is all content), or a format by name.
     reasoning_parser: str = "auto"

@@ -22,7 +22,7 @@ from forge.api import TokenId
 from forge.errors import InvalidRequest
 from forge.pooling import l2_normalised
 from forge.prepare import check_model
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.wire_decode import decode_body
 
 # OpenAI's bound on the inputs of one request; each input is one sequence in the engine.

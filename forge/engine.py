@@ -22,10 +22,10 @@ from forge.engine_core import EngineCore
 from forge.kernels import compiled
 from forge.llama.linear import configure_matmul
 from forge.loading import LoadedModel, check_draft
-from forge.reasoning import detect_format
 from forge.runner import ModelRunner
+from forge.sampling.reasoning import detect_format
+from forge.sampling.structured import Grammars
 from forge.scheduler import SchedulerConfig
-from forge.structured import Grammars
 from forge.text.chat_template import ChatTemplate
 
 
@@ -129,7 +129,7 @@ def serving(loaded: LoadedModel, config: EngineConfig, parts: EngineParts, *, se
 
 def reasoning_format(setting: str, template: ChatTemplate) -> str:
     """--reasoning-parser resolved for a model's chat template: "auto" reads the template
-    (forge.reasoning.detect_format), any other setting stands."""
+    (forge.sampling.reasoning.detect_format), any other setting stands."""
     if setting != "auto":
         return setting
     return detect_format(template.source, template.generation_prompt())

@@ -26,7 +26,7 @@ from forge.messages import (
     TokenCounts,
     TokensEmitted,
 )
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig
 from forge.sequence import Sequence
 from forge.speculative import Lookahead
@@ -110,7 +110,7 @@ class EngineCore:
         seq.cache_salt = params.cache_salt
         if self._spec_config.enabled and not params.has_penalties:
             # Penalties depend on every token before a position: those sequences decode one token a
-            # step. (A grammar's masks after each draft come from llguidance: forge.structured.)
+            # step. (A grammar's masks after each draft come from llguidance: forge.sampling.structured.)
             seq.lookahead = Lookahead(self._spec_config.num_tokens)
         self.scheduler.submit(seq)
         stop_ids = frozenset(params.stop_token_ids)

@@ -18,7 +18,7 @@ from forge.engine import build_engine
 from forge.errors import InvalidRequest
 from forge.loading import LoadedModel, Progress, load_draft, to_stderr
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.text.detokenizer import IncrementalDetokenizer
 
 __all__ = ["LLM", "Completion", "LLMEngine", "LoadedModel"]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 from forge.errors import RequestError
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -142,7 +142,7 @@ class TokenCounts(Message, frozen=True):
     cached: int = 0              # prompt tokens found in the prefix cache
     draft: int = 0               # speculation: draft tokens proposed, and kept
     accepted: int = 0
-    reasoning: int = 0           # generated tokens inside a thinking section (forge.reasoning)
+    reasoning: int = 0           # generated tokens inside a thinking section (forge.sampling.reasoning)
 
     def merge(self, later: TokenCounts) -> TokenCounts:
         """These counts updated by a later message's."""

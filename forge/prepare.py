@@ -21,10 +21,10 @@ from forge.api import (
     decode_generate,
 )
 from forge.errors import RequestError
-from forge.nesting import check_schema
-from forge.reasoning import EFFORT_BUDGETS
-from forge.sampling_params import SamplingParams
-from forge.structured import (
+from forge.sampling.nesting import check_schema
+from forge.sampling.reasoning import EFFORT_BUDGETS
+from forge.sampling.sampling_params import SamplingParams
+from forge.sampling.structured import (
     CLOSE_WITHIN,
     choice_grammar,
     json_object_grammar,

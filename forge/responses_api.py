@@ -38,7 +38,7 @@ from forge.api import (
 )
 from forge.errors import InvalidRequest
 from forge.prepare import PreparedChat, prepare_chat_request
-from forge.reasoning import Effort
+from forge.sampling.reasoning import Effort
 from forge.wire_decode import decode_body
 
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names

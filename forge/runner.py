@@ -24,12 +24,12 @@ from forge.llama.kv_cache import KVCache
 from forge.llama.linear import active_pool
 from forge.llama.model import LlamaModel
 from forge.messages import Embedding, SampledToken, SeqChunk, StepBatch, StepOutput
-from forge.penalties import TokenCounts
 from forge.pooling import PoolState, vector_bytes
-from forge.reasoning import Section, SectionFollower
-from forge.sampler import Sampler, SamplingBatch
-from forge.sampling_params import SamplingParams, make_generator
-from forge.structured import Grammars, allowed_tokens
+from forge.sampling.penalties import TokenHistory
+from forge.sampling.reasoning import Section, SectionFollower
+from forge.sampling.sampler import Sampler, SamplingBatch
+from forge.sampling.sampling_params import SamplingParams, make_generator
+from forge.sampling.structured import Grammars, allowed_tokens
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -49,7 +49,7 @@ class BatchedModel(Protocol):
 class _SeqSampling:
     params: SamplingParams
     generator: np.random.Generator
-    counts: TokenCounts | None
+    counts: TokenHistory | None
     matcher: Any = None                  # an llguidance matcher for a constrained sequence
     json_state: tuple[bool, bool] = (False, False)   # a JSON output's (in a string, after a backslash)
     pool: PoolState | None = None        # an embedding request's pooling: it never samples
@@ -80,7 +80,7 @@ class ModelRunner:
         self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
-        # Follows thinking sections over the vocabulary's bytes (forge.reasoning); None: no vocabulary here
+        # Follows thinking sections over the vocabulary's bytes (forge.sampling.reasoning); None: no vocabulary here
         self.sections = SectionFollower(grammars.vocabulary) if grammars is not None else None
         self._masker: ThreadPoolExecutor | None = None
         self._seqs: dict[int, _SeqSampling] = {}
@@ -120,7 +120,7 @@ class ModelRunner:
             self._forget(seq_id)
         for new in step.new_seqs:
             p = new.params
-            counts = TokenCounts(new.prompt_ids) if p.has_penalties else None
+            counts = TokenHistory(new.prompt_ids) if p.has_penalties else None
             self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p),
                                                   pool=PoolState(p.pooling) if p.pooling is not None else None,
                                                   section=self._section(p, new.prompt_ids))

@@ -14,7 +14,7 @@ import pytest
 from forge.config import EngineConfig
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import SampledToken
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 TIE_GAP = 1e-3             # below this top-2 gap, float noise may pick either token: stop comparing there
 LOGPROB_TOL = 1e-3

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.nesting import check_schema
-from forge.structured import JSON_OPTIONS, enforced_schema, lark_grammar, strict_schema
+from forge.sampling.nesting import check_schema
+from forge.sampling.structured import JSON_OPTIONS, enforced_schema, lark_grammar, strict_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # The head of a call as forge's grammar writes it (and as models trained on the format do).

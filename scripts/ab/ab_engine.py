@@ -235,7 +235,7 @@ def cmd_kv_commit(model_path: Path, reps: int) -> None:
     unused blocks first). Prints each engine's step times and their medians."""
     from forge.config import EngineConfig
     from forge.llm import LLM, LoadedModel
-    from forge.sampling_params import SamplingParams
+    from forge.sampling.sampling_params import SamplingParams
 
     loaded = LoadedModel.load(model_path, progress=lambda _m: None)
     budget = (reps + 1) * 512 * 46080                 # every prompt on fresh blocks (45 KiB a token)
@@ -332,7 +332,7 @@ def cmd_burst(model_path: Path, reps: int) -> None:
     engine (cold prefix cache) per repeat, the KV cache committed before timing."""
     from forge.config import EngineConfig
     from forge.llm import LLM, LoadedModel
-    from forge.sampling_params import SamplingParams
+    from forge.sampling.sampling_params import SamplingParams
     from forge_bench import loadgen
 
     loaded = LoadedModel.load(model_path, progress=lambda _m: None)

@@ -17,7 +17,7 @@ import numpy as np
 import outlines_core as oc
 
 from forge import hub
-from forge.structured import Grammars, allowed_tokens, json_schema_grammar
+from forge.sampling.structured import Grammars, allowed_tokens, json_schema_grammar
 from forge.text.tokenizer import Tokenizer
 
 SCHEMAS: dict[str, dict[str, Any]] = {

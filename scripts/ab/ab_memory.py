@@ -24,7 +24,7 @@ import forge.kernels.onnx_linear as onnx_linear
 from forge import bench
 from forge.config import EngineConfig
 from forge.llm import LLM
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 WORDS = ["river", "stone", "light", "the", "a", "old", "new", "house"]
 

@@ -30,8 +30,8 @@ from forge.batch import ForwardBatch
 from forge.config import EngineConfig
 from forge.llama import LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
-from forge.sampling_params import SamplingParams
-from forge.structured import json_schema_grammar
+from forge.sampling.sampling_params import SamplingParams
+from forge.sampling.structured import json_schema_grammar
 
 STORIES = ["Write a short story about a dragon who learns to bake bread.", "Write a poem about the winter sea.",
            "Describe your ideal weekend in a cabin.", "Invent a new board game and explain its rules."]

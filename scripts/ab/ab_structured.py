@@ -20,7 +20,7 @@ import time
 from forge.config import EngineConfig
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 SCHEMAS = {
     "notes": {"type": "object", "required": ["notes"],
@@ -72,13 +72,13 @@ def main() -> None:
     if not args.plain_only:
         import llguidance
 
-        from forge.structured import JSON_OPTIONS, json_schema_grammar
+        from forge.sampling.structured import JSON_OPTIONS, json_schema_grammar
         grammar = json_schema_grammar(SCHEMAS[args.schema], param="schema")
         raw = str(llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps({**SCHEMAS[args.schema], "x-guidance": JSON_OPTIONS})))
     arms = ["plain"] if args.plain_only else ["plain", "json", *(["raw"] if args.raw else []),
                                               *(["close"] if args.close else [])]
-    from forge.structured import CLOSE_WITHIN
+    from forge.sampling.structured import CLOSE_WITHIN
     close_within = min(CLOSE_WITHIN, args.max_new // 4)
     results = []
     for streams in (int(s) for s in args.streams.split(",")):

@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from forge.penalties import TokenCounts  # noqa: E402
-from forge.sampler import Sampler, SamplingBatch  # noqa: E402
-from forge.sampling_params import SamplingParams, make_generator  # noqa: E402
+from forge.sampling.penalties import TokenHistory  # noqa: E402
+from forge.sampling.sampler import Sampler, SamplingBatch  # noqa: E402
+from forge.sampling.sampling_params import SamplingParams, make_generator  # noqa: E402
 
 EOS = 2
 CASES = {
@@ -47,7 +47,7 @@ def make_logits(num_rows: int, vocab_size: int, seed: int = 0) -> np.ndarray:
 def make_batch(params: SamplingParams, num_rows: int) -> SamplingBatch:
     return SamplingBatch(params=[params] * num_rows,
                          generators=[make_generator(params.seed) for _ in range(num_rows)],
-                         counts=[TokenCounts(range(200)) for _ in range(num_rows)],
+                         counts=[TokenHistory(range(200)) for _ in range(num_rows)],
                          num_output_tokens=[0] * num_rows)
 
 

@@ -21,7 +21,7 @@ from forge.config import EngineConfig
 from forge.engine import build_engine
 from forge.hub import resolve_model
 from forge.loading import load_served
-from forge.structured import Grammars
+from forge.sampling.structured import Grammars
 
 try:
     from actors.supervisor import edge_grammars

@@ -42,7 +42,7 @@ from forge.llama.kv_cache import KVCache  # noqa: E402
 from forge.llama.kv_dtype import to_storage  # noqa: E402
 from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
-from forge.sampling_params import SamplingParams  # noqa: E402
+from forge.sampling.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = default_model_path()
 

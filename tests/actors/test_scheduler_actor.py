@@ -18,7 +18,7 @@ from forge.engine_core import EngineCore
 from forge.llama.model import LlamaModel
 from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
 from forge.runner import ModelRunner
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig
 from tests.tiny_gguf import EOS_ID, write_tiny_llama
 

@@ -31,7 +31,7 @@ from forge.messages import (
     Tokenised,
     TokensEmitted,
 )
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.text.chat_template import ChatTemplate
 from forge.text.tokenizer import Tokenizer
 

@@ -12,7 +12,7 @@ import anyio
 import httpx
 
 from actors.supervisor import running_daemon
-from forge.nesting import MAX_GRAMMAR_DEPTH, MAX_SCHEMA_DEPTH
+from forge.sampling.nesting import MAX_GRAMMAR_DEPTH, MAX_SCHEMA_DEPTH
 from tests.integration.harness import (
     HANG_GUARD_S,
     PROMPT,

@@ -16,10 +16,10 @@ from hypothesis import example, given, settings
 from forge.anthropic_api import prepare_messages
 from forge.errors import RequestError
 from forge.llm import LoadedModel
-from forge.nesting import MAX_GRAMMAR_DEPTH, MAX_SCHEMA_DEPTH, schema_depth
 from forge.prepare import PreparedChat, PreparedCompletion, prepare_chat, prepare_completion, template_messages
 from forge.responses_api import decode_responses, prepare_response
-from forge.structured import Grammars, lark_grammar, regex_grammar
+from forge.sampling.nesting import MAX_GRAMMAR_DEPTH, MAX_SCHEMA_DEPTH, schema_depth
+from forge.sampling.structured import Grammars, lark_grammar, regex_grammar
 
 KINDS = ("anyOf", "properties", "items", "allOf", "$ref")
 ROUTES = ("chat response_format", "chat response_format strict", "chat tools required", "chat tools auto",

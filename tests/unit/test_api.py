@@ -30,8 +30,8 @@ from forge.prepare import (
     request_constraint,
     to_sampling_params,
 )
-from forge.sampling_params import SamplingParams
-from forge.structured import CLOSE_WITHIN
+from forge.sampling.sampling_params import SamplingParams
+from forge.sampling.structured import CLOSE_WITHIN
 
 USER = [{"role": "user", "content": "hi"}]
 DECODERS = [decode_completion, decode_chat, decode_generate, decode_tokenize, decode_detokenize]

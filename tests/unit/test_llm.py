@@ -19,7 +19,7 @@ from forge.errors import ConfigError, InvalidRequest, PromptTooLong
 from forge.llama import KVCache, LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.messages import SampledToken
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from tests.tiny_gguf import load_tiny
 
 TIE_GAP = 1e-3          # a top-2 logit gap below this is a near-tie: float noise may flip the argmax

@@ -13,7 +13,7 @@ from forge.config import EngineConfig
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.llm import LLMEngine, LoadedModel
 from forge.pooling import PoolState, l2_normalised
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from tests.unit.test_llama import reference_hidden
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Embeddings: café, naïve, 東京, 🙂",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from forge.config import EngineConfig
 from forge.engine import reasoning_format
 from forge.llm import LLM, LoadedModel
-from forge.reasoning import (
+from forge.sampling.reasoning import (
     CLOSING_TEXT,
     ReasoningParts,
     ReasoningReader,
@@ -20,7 +20,7 @@ from forge.reasoning import (
     detect_format,
     split_reasoning,
 )
-from forge.sampling_params import SamplingParams, Thinking
+from forge.sampling.sampling_params import SamplingParams, Thinking
 from forge.text.chat_template import ChatTemplate
 
 

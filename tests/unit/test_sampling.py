@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from forge.errors import EngineError, InvalidRequest
-from forge.penalties import TokenCounts, apply_penalties
-from forge.sampler import SampleOutput, Sampler, SamplingBatch, TokenLogprobs
-from forge.sampling_params import SamplingParams, make_generator
+from forge.sampling.penalties import TokenHistory, apply_penalties
+from forge.sampling.sampler import SampleOutput, Sampler, SamplingBatch, TokenLogprobs
+from forge.sampling.sampling_params import SamplingParams, make_generator
 
 EOS = 2
 
@@ -19,14 +19,14 @@ def make_batch(
     params: Sequence[SamplingParams],
     *,
     generators: Sequence[np.random.Generator] | None = None,
-    counts: Sequence[TokenCounts | None] | None = None,
+    counts: Sequence[TokenHistory | None] | None = None,
     num_output_tokens: Sequence[int] | None = None,
 ) -> SamplingBatch:
     n = len(params)
     return SamplingBatch(
         params=list(params),
         generators=list(generators) if generators is not None else [make_generator(p.seed) for p in params],
-        counts=list(counts) if counts is not None else [TokenCounts() if p.has_penalties else None for p in params],
+        counts=list(counts) if counts is not None else [TokenHistory() if p.has_penalties else None for p in params],
         num_output_tokens=list(num_output_tokens) if num_output_tokens is not None else [0] * n,
     )
 
@@ -171,7 +171,7 @@ def test_seeded_row_draws_the_same_alone_or_in_any_batch(vocab_size: int) -> Non
 def _run_steps(steps: list[np.ndarray], mine: SamplingParams, others: list[SamplingParams], position: int) -> list[int]:
     params = others[:position] + [mine] + others[position:]
     gens = [make_generator(p.seed) for p in params]
-    counts = [TokenCounts([1, 2, 3]) if p.has_penalties else None for p in params]
+    counts = [TokenHistory([1, 2, 3]) if p.has_penalties else None for p in params]
     sampler, tokens = Sampler(eos_token_id=EOS), []
     for s, row in enumerate(steps):
         logits = np.stack([row if i == position else random_logits(s * 7 + i, 1, row.size)[0]
@@ -241,7 +241,7 @@ def test_empirical_distribution_matches_the_distribution(params: SamplingParams)
 # ---- penalties and min_tokens ------------------------------------------------------------------
 
 def test_token_counts_grow_incrementally() -> None:
-    counts = TokenCounts([5, 3, 5, 9])
+    counts = TokenHistory([5, 3, 5, 9])
     assert counts.seen_ids.tolist() == [3, 5, 9]
     assert counts.output_ids.tolist() == [] and counts.output_counts.tolist() == []
     for t in [9, 4, 9, 9, 4, 100]:
@@ -258,7 +258,7 @@ def test_token_counts_grow_incrementally() -> None:
 
 def test_penalties_change_logits_exactly_as_specified() -> None:
     row = np.array([2.0, -1.0, 0.5, 3.0, -2.0, 4.0], np.float32)
-    counts = TokenCounts([0, 1])                                        # prompt
+    counts = TokenHistory([0, 1])                                        # prompt
     for t in [1, 3, 3]:                                                 # output
         counts.add(t)
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
@@ -270,7 +270,7 @@ def test_penalties_change_logits_exactly_as_specified() -> None:
 
 def test_penalties_one_at_a_time() -> None:
     base = np.array([1.0, -1.0, 2.0, -2.0], np.float32)
-    counts = TokenCounts([0])
+    counts = TokenHistory([0])
     for t in [1, 2, 2]:
         counts.add(t)
     cases = {
@@ -287,7 +287,7 @@ def test_penalties_one_at_a_time() -> None:
 def test_penalties_steer_the_sampler_and_leave_logits_alone() -> None:
     logits = np.array([[0.0, 5.0, 4.5, 1.0]], np.float32)
     before = logits.copy()
-    counts = TokenCounts([])
+    counts = TokenHistory([])
     counts.add(1)
     params = SamplingParams(temperature=0.0, presence_penalty=1.0)
     out = Sampler().sample(logits, make_batch([params], counts=[counts]))
@@ -317,7 +317,7 @@ def test_min_tokens_masks_eos_and_stop_token_ids() -> None:
 def test_logprobs_come_from_the_raw_logits() -> None:
     logits = random_logits(5, 3, 400)
     logits[0, [10, 20, 30]] = logits[0].max() + 1.0                    # ties at the top: lower id first
-    counts = TokenCounts([10, 11])
+    counts = TokenHistory([10, 11])
     params = [SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.5),
               SamplingParams(temperature=0.7, top_k=10, logprobs=20, seed=1),
               SamplingParams(temperature=1.0, logprobs=0, seed=2)]

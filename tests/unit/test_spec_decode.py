@@ -17,7 +17,7 @@ from forge.errors import ConfigError
 from forge.llama import KVCache, LlamaModel
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch, StepOutput
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.speculative import Lookahead, SpeculativeConfig, ngram_proposal
 from tests.tiny_gguf import load_tiny
 

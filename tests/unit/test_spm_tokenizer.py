@@ -120,7 +120,7 @@ def test_exact_encoding_spells_the_text_without_the_prefix(tok: Tokenizer, case:
 
 
 def test_a_grammar_over_a_prefix_space_vocabulary_forces_the_exact_text(tok: Tokenizer) -> None:
-    from forge.structured import Grammars, choice_grammar
+    from forge.sampling.structured import Grammars, choice_grammar
 
     grammars = Grammars(tok)
     matcher = grammars.matcher(choice_grammar(["quick brown"], param="x"))

@@ -15,10 +15,10 @@ from forge.config import EngineConfig
 from forge.errors import InvalidRequest
 from forge.llama import KVCache
 from forge.llm import LLMEngine, LoadedModel
-from forge.penalties import TokenCounts
-from forge.sampler import Sampler, SamplingBatch
-from forge.sampling_params import SamplingParams
-from forge.structured import (
+from forge.sampling.penalties import TokenHistory
+from forge.sampling.sampler import Sampler, SamplingBatch
+from forge.sampling.sampling_params import SamplingParams
+from forge.sampling.structured import (
     MAX_CONSTRAINT_CHARS,
     Closing,
     Grammars,
@@ -115,7 +115,7 @@ def test_a_matcher_allows_exactly_the_grammar(real: LoadedModel, grammars: Gramm
 def batch(params: list[SamplingParams], allowed: list[np.ndarray | None] | None = None,
           seed: int = 0) -> SamplingBatch:
     return SamplingBatch(params=params, generators=[np.random.default_rng(seed + i) for i in range(len(params))],
-                         counts=[TokenCounts([1, 2]) if p.has_penalties else None for p in params],
+                         counts=[TokenHistory([1, 2]) if p.has_penalties else None for p in params],
                          num_output_tokens=[0] * len(params), allowed=allowed or ())
 
 

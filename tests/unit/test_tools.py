@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from forge.config import EngineConfig
 from forge.llm import LLM
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 from forge.text.chat_template import ChatTemplate
 from forge.text.tool_calls import (
     ArgumentsDelta,
@@ -194,7 +194,7 @@ def test_definitions_move_to_the_root_of_the_call_schema_renamed_per_function() 
 
 
 def test_strict_schemas_are_closed_where_they_do_not_say_otherwise() -> None:
-    from forge.structured import strict_schema
+    from forge.sampling.structured import strict_schema
 
     schema = {"type": "object", "properties": {
         "a": {"type": "object", "properties": {"x": {"type": "number"}}},
@@ -213,7 +213,7 @@ def test_strict_schemas_are_closed_where_they_do_not_say_otherwise() -> None:
 
 
 def test_numbers_a_schema_leaves_unbounded_get_bounds_that_end_their_digits() -> None:
-    from forge.structured import NUMBER_LIMIT, NUMBER_STEP, bounded_numbers
+    from forge.sampling.structured import NUMBER_LIMIT, NUMBER_STEP, bounded_numbers
 
     schema = {"type": "object", "properties": {
         "n": {"type": "number"}, "i": {"type": "integer"}, "own": {"type": "number", "minimum": 0, "multipleOf": 0.5},
@@ -229,7 +229,7 @@ def test_numbers_a_schema_leaves_unbounded_get_bounds_that_end_their_digits() ->
 
 
 def test_objects_that_list_their_keys_are_closed_unless_they_say_otherwise() -> None:
-    from forge.structured import closed_objects
+    from forge.sampling.structured import closed_objects
 
     item = {"properties": {"p": {"type": "string"}}}
     schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
@@ -250,7 +250,7 @@ def test_objects_that_list_their_keys_are_closed_unless_they_say_otherwise() -> 
 
 def test_a_closed_object_refuses_keys_it_does_not_list(default_model_path: Path) -> None:
     """Through the grammar, on the real tokenizer: the listed key is accepted, another is not."""
-    from forge.structured import Grammars, json_schema_grammar
+    from forge.sampling.structured import Grammars, json_schema_grammar
     from forge.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(default_model_path)

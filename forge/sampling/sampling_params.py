@@ -32,7 +32,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class Thinking(msgspec.Struct, frozen=True, kw_only=True):
-    """A reasoning model's thinking section as the runner follows it (forge.reasoning.SectionFollower): at
+    """A reasoning model's thinking section as the runner follows it (forge.sampling.reasoning.SectionFollower): at
     most `budget` tokens inside it (None: no bound), after which the runner forces `close_ids` (the closing
     tag and what the template writes after it) so that the model goes on to answer."""
     budget: int | None = None
@@ -58,7 +58,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None         # k: the sampled token's logprob plus the top k
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias): added to the logits before all else
-    grammar: str | None = None          # a constraint as llguidance grammar text (forge.structured)
+    grammar: str | None = None          # a constraint as llguidance grammar text (forge.sampling.structured)
     close_within: int = 0               # a JSON grammar's last tokens of max_tokens spent closing it; 0: none
     cache_salt: str | None = None       # prefix-cache isolation: blocks are shared only within a salt
     # An embedding request: no token is sampled; the prompt's final normed hidden states are pooled

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from forge.sampling_params import Thinking
+from forge.sampling.sampling_params import Thinking
 
 OPEN, CLOSE = "<think>", "</think>"
 # What the runner forces when a budget runs out: the close as Qwen3's and DeepSeek-R1's templates write a past

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.errors import InvalidRequest
-from forge.nesting import MAX_SCHEMA_DEPTH, check_grammar, check_schema
+from forge.sampling.nesting import MAX_SCHEMA_DEPTH, check_grammar, check_schema
 from forge.text.tokenizer import Tokenizer
 
 I32 = npt.NDArray[np.int32]
@@ -253,7 +253,7 @@ class Grammars:
             vocab = _Vocabulary(tokenizer)
             self._lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
             self.closing = Closing(vocab.tokens, sorted(tokenizer.end_token_ids))
-            self.vocabulary = vocab.tokens      # each id's bytes (forge.reasoning follows tags over them)
+            self.vocabulary = vocab.tokens      # each id's bytes (forge.sampling.reasoning follows tags over them)
         else:
             self._lltok, self.closing, self.vocabulary = _like._lltok, _like.closing, _like.vocabulary
         self._executor = llguidance.LLExecutor(num_threads=num_threads)

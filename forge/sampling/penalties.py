@@ -1,4 +1,4 @@
-"""Penalties: a request's token history (TokenCounts) and the repetition/frequency/presence
+"""Penalties: a request's token history (TokenHistory) and the repetition/frequency/presence
 penalties applied from it to one row of logits.
 
 Pure numpy, in place on the row it is given; it never draws a token and never decides that a sequence stops.
@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from forge.sampling_params import SamplingParams
+from forge.sampling.sampling_params import SamplingParams
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
 
-class TokenCounts:
+class TokenHistory:
     """A request's distinct prompt+output token ids and output counts. Built once from the prompt;
     the owner add()s each emitted token. Properties are views, valid until the next add()."""
 
@@ -73,7 +73,7 @@ def _room(buffer: npt.NDArray[Any], index: int) -> npt.NDArray[Any]:
     return grown
 
 
-def apply_penalties(row: F32, params: SamplingParams, counts: TokenCounts) -> None:
+def apply_penalties(row: F32, params: SamplingParams, counts: TokenHistory) -> None:
     """Penalise one row of logits [V] in place, touching only tokens the request has seen: repetition
     first (prompt or output; positive logits divided, negative multiplied), then frequency * count +
     presence subtracted (output tokens only)."""

@@ -1,7 +1,7 @@
 """The Sampler: one step's logits [N, V] in, one token per row out.
 
 Owns the draw for a batch of rows: logit_bias and grammar masks, penalties and min_tokens masking
-(through forge.penalties), temperature, top-k/top-p/min-p, the inverse-CDF draw, and logprobs. Pure
+(through forge.sampling.penalties), temperature, top-k/top-p/min-p, the inverse-CDF draw, and logprobs. Pure
 numpy; it never decides that a sequence stops.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.errors import EngineError
-from forge.penalties import TokenCounts, apply_penalties
-from forge.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from forge.sampling.penalties import TokenHistory, apply_penalties
+from forge.sampling.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -37,7 +37,7 @@ class SamplingBatch:
 
     params: Sequence[SamplingParams]
     generators: Sequence[np.random.Generator]
-    counts: Sequence[TokenCounts | None]
+    counts: Sequence[TokenHistory | None]
     num_output_tokens: Sequence[int]
     allowed: Sequence[BoolArray | None] = field(default=())
 
@@ -114,7 +114,7 @@ class Sampler:
             raise EngineError("sampling batch columns differ in length")
         for p, counts in zip(batch.params, batch.counts, strict=True):
             if p.has_penalties and counts is None:
-                raise EngineError("a row with penalties needs its TokenCounts")
+                raise EngineError("a row with penalties needs its TokenHistory")
 
     def _biased(self, logits: F32, batch: SamplingBatch) -> F32:
         """The logits every later stage reads, logprobs included: logit_bias added (-100 bans a token) and

@@ -17,7 +17,7 @@ from forge.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from forge.errors import ForgeError
 from forge.kernels import KERNELS, NUMERICS
 from forge.sampling.reasoning import PARSERS
-from forge.speculative import SPECULATIVE_METHODS
+from forge.spec_decode.speculation import SPECULATIVE_METHODS
 
 
 @overload

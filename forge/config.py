@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from forge.kernels import KERNELS, NUMERICS
 from forge.sampling.reasoning import PARSERS
 from forge.sampling.sampling_params import POOLING_MODES
-from forge.speculative import SpeculativeConfig
+from forge.spec_decode.speculation import SpeculativeConfig
 
 # How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
@@ -69,7 +69,7 @@ class EngineConfig:
     # While sequences decode, size a step to about this many milliseconds (forge.scheduler: the
     # measured cost of recent steps decides how much prompt fits); None: the token budget alone.
     max_step_ms: float | None = None
-    # Speculative decoding (forge.speculative): "ngram" lets decoding sequences carry up to
+    # Speculative decoding (forge.spec_decode.speculation): "ngram" lets decoding sequences carry up to
     # num_speculative_tokens guesses from their own prompt and output into each step, verified in
     # the same forward (the output is the same as without); only while at most
     # speculative_max_batch sequences decode. Measured to pay from 1 to 32 streams on this machine
@@ -77,7 +77,7 @@ class EngineConfig:
     speculative: str = "ngram"
     num_speculative_tokens: int = 8
     speculative_max_batch: int = 32
-    # The guesser of speculative="draft" (forge.draft): a GGUF file (or a catalog name) with the
+    # The guesser of speculative="draft" (forge.spec_decode.draft_model): a GGUF file (or a catalog name) with the
     # target's vocabulary, or the target's own first draft_layers layers. Exactly one of the two.
     draft_model: str | None = None
     draft_layers: int | None = None

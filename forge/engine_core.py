@@ -29,7 +29,7 @@ from forge.messages import (
 from forge.sampling.sampling_params import SamplingParams
 from forge.scheduler import Scheduler, SchedulerConfig
 from forge.sequence import Sequence
-from forge.speculative import Lookahead
+from forge.spec_decode.speculation import Lookahead
 
 
 @dataclass(slots=True)

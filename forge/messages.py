@@ -123,7 +123,7 @@ class StepOutput(Message, frozen=True):
     failed: tuple[int, ...] = ()     # the step raised: these sequences (all of its chunks) end in error
     error: str | None = None
     # (seq id, guesses carried) for each sequence whose draft model stopped guessing before it had
-    # filled the guesses the scheduler budgeted (forge.draft: unsure of its next guess)
+    # filled the guesses the scheduler budgeted (forge.spec_decode.draft_model: unsure of its next guess)
     guesses: tuple[tuple[int, int], ...] = ()
     embeddings: tuple[Embedding, ...] = ()   # the pooling sequences whose prompt ended this step
     # (seq id, tokens) for each thinking sequence (SamplingParams.thinking) with sampled tokens that fell

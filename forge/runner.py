@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.batch import ForwardBatch, build_forward_batch
-from forge.draft import DraftModel
 from forge.errors import ConfigError, EngineError
 from forge.llama.kv_cache import KVCache
 from forge.llama.linear import active_pool
@@ -30,6 +29,7 @@ from forge.sampling.reasoning import Section, SectionFollower
 from forge.sampling.sampler import Sampler, SamplingBatch
 from forge.sampling.sampling_params import SamplingParams, make_generator
 from forge.sampling.structured import Grammars, allowed_tokens
+from forge.spec_decode.draft_model import DraftModel
 
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
@@ -67,7 +67,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
-        # Who fills in the guesses of --speculative draft (forge.draft): a second model, or the
+        # Who fills in the guesses of --speculative draft (forge.spec_decode.draft_model): a second model, or the
         # target's first layers; None: no step carries placeholder guesses.
         self.drafter: DraftModel | None = None
         if draft_model is not None or draft_layers is not None:

@@ -7,7 +7,7 @@ the KV cache: it knows the cache only by its layout (block size, block count), p
 (`propose`), the cache allocator grants (`BlockAllocator.allocate_step`), and the scheduler
 records the outcome (`commit`). The order of the budget is the policy's (forge.schedule_policy),
 the prefix estimate ranks waiting prompts (forge.prefix_estimate), and speculation takes only
-what is left (forge.draft_budget).
+what is left (forge.spec_decode.draft_budget).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from forge import draft_budget
 from forge.block_allocator import CacheLayout, SeqId
 from forge.config import SCHEDULING_POLICIES, EngineConfig
 from forge.errors import CapacityError
@@ -23,7 +22,8 @@ from forge.messages import AllocateStep, BlockAsk, StepAllocation
 from forge.prefix_estimate import PrefixEstimate
 from forge.schedule_policy import admission_order, budget_order
 from forge.sequence import SeqState, Sequence, TokenId
-from forge.speculative import SpeculativeConfig
+from forge.spec_decode import draft_budget
+from forge.spec_decode.speculation import SpeculativeConfig
 from forge.step_cost import StepCostModel
 
 # At most this many waiting sequences are offered to the allocator per step (it admits them in

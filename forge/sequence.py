@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from forge.block_allocator import SeqId
-from forge.speculative import Lookahead
+from forge.spec_decode.speculation import Lookahead
 
 TokenId = int
 

@@ -8,7 +8,7 @@ from forge.scheduler import SchedulerConfig
 from forge.seed.paged_cache import PagedKVCache
 from forge.seed.scheduler import Scheduler
 from forge.sequence import SeqState, Sequence
-from forge.speculative import Lookahead, SpeculativeConfig
+from forge.spec_decode.speculation import Lookahead, SpeculativeConfig
 
 
 def make(num_blocks: int = 16, block_size: int = 4, **config: int | str) -> Scheduler:

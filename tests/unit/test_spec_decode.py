@@ -18,7 +18,7 @@ from forge.llama import KVCache, LlamaModel
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch, StepOutput
 from forge.sampling.sampling_params import SamplingParams
-from forge.speculative import Lookahead, SpeculativeConfig, ngram_proposal
+from forge.spec_decode.speculation import Lookahead, SpeculativeConfig, ngram_proposal
 from tests.tiny_gguf import load_tiny
 
 TEXT = ("The lighthouse on Gull Rock was built in 1871 by the harbour board. Its lamp burned paraffin until "

@@ -11,7 +11,7 @@ The n-gram proposer here needs no model: the tokens after the latest earlier occ
 sequence's last n tokens (n from `max_ngram` down to `min_ngram`), in its prompt or output, are its
 guess.
 Input-grounded work (rewriting, quoting, extracting) repeats its input, and the guesses land.
-The other proposer, a draft model (method "draft"), runs in the model worker (forge.draft): the
+The other proposer, a draft model (method "draft"), runs in the model worker (forge.spec_decode.draft_model): the
 scheduler budgets its guesses as placeholders that the worker fills in before the step's forward.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 
 SPECULATIVE_METHODS = ("off", "ngram", "draft")
 NGRAM_WINDOW = 4096                     # a proposal looks this many tokens back at most
-DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.draft); a forward refuses it
+DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.spec_decode.draft_model); a forward refuses it
 
 
 # Each extra guess costs a row of the step: it pays while few sequences decode (the step is bound by

@@ -2,13 +2,20 @@
 
 Guesses come last: only from budget no prompt can use this step. A guess may be rejected; a prompt
 token is work that must be done, and someone waits for its end. The guesses themselves come from
-forge.speculative (n-gram lookup) or, as placeholders, from the model worker's draft model.
+forge.spec_decode.speculation (n-gram lookup) or, as placeholders, from the model worker's draft model.
 """
 
 from __future__ import annotations
 
 from forge.sequence import Sequence, TokenId
-from forge.speculative import CROWD, CROWDED_TOKENS, DRAFT_PLACEHOLDER, NGRAM_WINDOW, SpeculativeConfig, ngram_proposal
+from forge.spec_decode.speculation import (
+    CROWD,
+    CROWDED_TOKENS,
+    DRAFT_PLACEHOLDER,
+    NGRAM_WINDOW,
+    SpeculativeConfig,
+    ngram_proposal,
+)
 
 
 def speculates(spec: SpeculativeConfig, running: list[Sequence]) -> bool:

@@ -33,7 +33,7 @@ from forge.errors import ConfigError
 from forge.llama.kv_cache import KVCache
 from forge.llama.model import LlamaModel
 from forge.messages import SeqChunk
-from forge.speculative import DRAFT_PLACEHOLDER
+from forge.spec_decode.speculation import DRAFT_PLACEHOLDER
 
 __all__ = ["DRAFT_PLACEHOLDER", "DraftModel"]
 

@@ -41,7 +41,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-unsent-tokens must be at least 1, got {args.max_unsent_tokens}")
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
-    from forge.hub import CATALOG
+    from forge.models.hub import CATALOG
 
     sources = list(args.model or _listed("FORGE_MODEL"))
     if args.models_dir is not None:
@@ -130,7 +130,7 @@ def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]
 def model_source(source: str) -> tuple[str, str]:
     """(id, model) of a --model value or a --models-dir file: ID=MODEL, or a model alone (id ""). A path
     that exists as a file is a path, "=" in its name or not; otherwise the first "=" ends the id."""
-    from forge.hub import CATALOG
+    from forge.models.hub import CATALOG
 
     if "=" not in source or os.path.isfile(source) or source in CATALOG:
         return "", source

@@ -1,4 +1,4 @@
-"""The encoder actor: the whole engine of an embedding model (forge.bert), in place of the tokeniser,
+"""The encoder actor: the whole engine of an embedding model (forge.models.bert), in place of the tokeniser,
 scheduler, allocator and model worker a decoder runs on.
 
 It takes Submits and Aborts from the gateway in order, as the tokeniser does, and is the router's only
@@ -18,9 +18,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.metrics import ModelMetrics
 from actors.router import Router
-from forge.bert.encoder import LoadedEncoder
 from forge.errors import RequestError
 from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit, TextDelta, TokenCounts
+from forge.models.bert.encoder import LoadedEncoder
 from forge.pooling import vector_bytes
 
 EncoderInbox = Submit | Abort | FlushCache

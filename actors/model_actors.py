@@ -24,8 +24,8 @@ from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine import EngineParts, Serving, serving
-from forge.loading import LoadedModel
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
+from forge.models.loading import LoadedModel
 from forge.sampling.reasoning import CLOSING_TEXT
 from forge.sampling.structured import Grammars
 

@@ -22,7 +22,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from actors.model_actors import ModelActors
 from forge.errors import CapacityError, RequestError
-from forge.loading import release_free_memory
+from forge.models.loading import release_free_memory
 
 log = structlog.get_logger("forge.models")
 
@@ -41,7 +41,7 @@ class _Load:
 class ModelEntry:
     """One model the daemon can serve. `keep_alive`: seconds idle before it is unloaded (None: never)."""
     model_id: str
-    source: str                                   # a GGUF path or a catalog name (forge.hub)
+    source: str                                   # a GGUF path or a catalog name (forge.models.hub)
     keep_alive: float | None = None
     size_bytes: int = 0                           # the file's size (its weights, mapped)
     state: State = "unloaded"

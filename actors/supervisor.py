@@ -37,12 +37,12 @@ from actors.scheduler import SchedulerActor
 from actors.stats import Sources
 from actors.tokeniser_actor import TokeniserActor
 from actors.worker import ModelWorkerActor
-from forge.bert.encoder import LoadedEncoder
 from forge.config import EngineConfig
 from forge.engine import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError
-from forge.llama.linear import configure_matmul
-from forge.loading import LoadedModel, load_draft, load_served
+from forge.models.bert.encoder import LoadedEncoder
+from forge.models.llama.linear import configure_matmul
+from forge.models.loading import LoadedModel, load_draft, load_served
 from forge.sampling.structured import Grammars
 
 log = structlog.get_logger("forge.supervisor")

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from forge.config import EngineConfig
-from forge.llama import KVCache
-from forge.llama.linear import configure_matmul, matmul
-from forge.llama.weights import LlamaWeights
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch
+from forge.models.llama import KVCache
+from forge.models.llama.linear import configure_matmul, matmul
+from forge.models.llama.weights import LlamaWeights
 from forge.sampling.sampling_params import SamplingParams
 
 # ---- the real model ---------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def matmul_seconds(weights: LlamaWeights, num_tokens: int, *, num_head_rows: int
                    min_reps: int = 3) -> float:
     """Median time of one step's matmuls alone: x @ W for every layer's four matrices over
     `num_tokens` rows, and the head over `num_head_rows` rows, through the engine's own matmul
-    (forge.llama.linear: same strategy and threads). No attention, norms or sampling."""
+    (forge.models.llama.linear: same strategy and threads). No attention, norms or sampling."""
     rng = np.random.default_rng(0)
     hidden = weights.embedding.shape[1]
     ffn = weights.layers[0].w_down.shape[0]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from forge.config import EngineConfig
 from forge.errors import ConfigError
-from forge.llama.kv_cache import KVCache
-from forge.llama.model import LlamaModel
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.llama_model import LlamaModel
 
 # The default K/V budget (--kv-cache-memory unset) holds max_num_seqs sequences of this many
 # tokens (a prompt and its reply, as chat and completion traffic runs), or one of the model's whole

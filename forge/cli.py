@@ -171,7 +171,7 @@ def _step_ms(text: str) -> float | None:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from forge.hub import CATALOG, resolve_model
+    from forge.models.hub import CATALOG, resolve_model
 
     if args.list:
         for model in CATALOG.values():

@@ -10,14 +10,14 @@ from forge.sampling.reasoning import PARSERS
 from forge.sampling.sampling_params import POOLING_MODES
 from forge.spec_decode.speculation import SpeculativeConfig
 
-# How the forward's matmuls use the cores (forge.llama.linear): "blas" hands each product whole to
+# How the forward's matmuls use the cores (forge.models.llama.linear): "blas" hands each product whole to
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
 # each on 1-thread BLAS, whose idle threads sleep instead of spinning.
 MATMUL_STRATEGIES = ("blas", "split")
 # The order in which a step's token budget is handed out (forge.scheduler): "shortest-first"
 # (decode rows, then the prefills and prompts with the fewest tokens left, with aging) or "fcfs".
 SCHEDULING_POLICIES = ("fcfs", "shortest-first")
-# How the K/V cache stores values (forge.llama.kv_dtype); bfloat16 as the raw upper 16 bits.
+# How the K/V cache stores values (forge.models.llama.kv_dtype); bfloat16 as the raw upper 16 bits.
 KV_CACHE_DTYPES = ("float32", "float16", "bfloat16", "int8")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
@@ -59,7 +59,7 @@ class EngineConfig:
     # values (the greedy reference tests hold); "fast" rounds the products' inputs (bfloat16 on the
     # blocks backend, int8 activations on onnxruntime's) for about twice the prefill speed.
     numerics: str = "reference"
-    # How the K/V cache stores values (forge.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
+    # How the K/V cache stores values (forge.models.llama.kv_dtype.KV_CACHE_DTYPES); attention computes in
     # float32 whatever the storage. float16 by its fidelity (docs/design.md, "The K/V cache's
     # dtype"): half float32's bytes; int8 holds 3.76x float32's tokens at a measured loss.
     kv_cache_dtype: str = "float16"

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import msgspec
 
-from forge.bert.encoder import LoadedEncoder
 from forge.block_allocator import BlockAllocator
 from forge.cache_plan import CachePlan, plan_cache
 from forge.config import EngineConfig
 from forge.engine_core import EngineCore
 from forge.kernels import compiled
-from forge.llama.linear import configure_matmul
-from forge.loading import LoadedModel, check_draft
+from forge.models.bert.encoder import LoadedEncoder
+from forge.models.llama.linear import configure_matmul
+from forge.models.loading import LoadedModel, check_draft
 from forge.runner import ModelRunner
 from forge.sampling.reasoning import detect_format
 from forge.sampling.structured import Grammars

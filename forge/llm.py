@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from forge.config import EngineConfig
 from forge.engine import build_engine
 from forge.errors import InvalidRequest
-from forge.loading import LoadedModel, Progress, load_draft, to_stderr
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
+from forge.models.loading import LoadedModel, Progress, load_draft, to_stderr
 from forge.sampling.sampling_params import SamplingParams
 from forge.text.detokenizer import IncrementalDetokenizer
 

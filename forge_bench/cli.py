@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import httpx
 
-from forge.hub import resolve_model
+from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 
@@ -264,7 +264,7 @@ def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from forge.hub import resolve_model
+    from forge.models.hub import resolve_model
 
     model_path = str(resolve_model(args.model, lambda m: print(f"forge: {m}", file=sys.stderr)))
     Path(args.logs).mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge import hub
+from forge.models import hub
 
 
 def default_model_file() -> Path:

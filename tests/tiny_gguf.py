@@ -141,8 +141,8 @@ def load_tiny(path: str | os.PathLike[str], *, seed: int) -> Any:
     """A random 2-layer model (F32, vocabulary 64, context 128) written to `path` and loaded as forge
     loads a model, with a hand-built tokenizer: the tiny file's single merge names a piece outside its
     vocabulary, so Tokenizer.from_gguf rejects it on purpose."""
-    from forge.llama import LlamaModel
     from forge.llm import LoadedModel
+    from forge.models.llama import LlamaModel
     from forge.text.chat_template import ChatTemplate
     from forge.text.tokenizer import Tokenizer
 

@@ -3,12 +3,12 @@
 Backends, chosen once at load (`--kernels`):
 
     blocks       weights stay in the GGUF file's own blocks, read from its mapping (no copy), and
-                 are multiplied by forge's compiled kernel (forge.kernels.block_linear, qmatmul.c):
+                 are multiplied by forge's compiled kernel (forge.kernels.quant_linear, qmatmul.c):
                  every weight widened in registers exactly as the file means it, float32
                  activations and accumulation, the same bits for a row whatever the batch. Every
                  x86-64 CPU (AVX-512 or AVX2 code, chosen when the kernels are built for the host).
     numpy        the reference: every weight dequantized once to float32, products by numpy/BLAS
-                 (forge.llama.linear). Runs everywhere; 5x the GGUF's memory for 4-bit files.
+                 (forge.models.llama.linear). Runs everywhere; 5x the GGUF's memory for 4-bit files.
     onnxruntime  weights stay in their GGUF blocks' integer codes, as 4-bit planes
                  (forge.kernels.onnx_linear): about the file's size in memory. float32 arithmetic
                  with float32 accumulation over exactly the file's values.
@@ -45,7 +45,7 @@ Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
                  the kernels without the tiles.
 
 A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
-every backend. forge.kernels.blocks is the reference every kernel is tested against.
+every backend. forge.kernels.quant_blocks is the reference every kernel is tested against.
 """
 
 from __future__ import annotations

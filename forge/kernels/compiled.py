@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from forge.hub import forge_home
+from forge.models.hub import forge_home
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -150,7 +150,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     return lib
 
 
-# The kernel for each storage type of the K/V cache (forge.llama.kv_dtype: uint16 is bfloat16).
+# The kernel for each storage type of the K/V cache (forge.models.llama.kv_dtype: uint16 is bfloat16).
 _DECODE_BY_STORAGE = {np.dtype(np.float32): "paged_decode_attention_f32",
                       np.dtype(np.float16): "paged_decode_attention_f16",
                       np.dtype(np.uint16): "paged_decode_attention_bf16",
@@ -193,7 +193,7 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     its own scores buffer (scratch unused), so one sequence's heads run in parallel too.
 
     q, out [T, nh, hd] float32; k_cache, v_cache [num_blocks, block_size, nkv, hd] float32, float16,
-    bfloat16 (uint16 bits) or int8 with `scales` (the K and V scales, forge.llama.kv_dtype);
+    bfloat16 (uint16 bits) or int8 with `scales` (the K and V scales, forge.models.llama.kv_dtype);
     rows [S]; block_tables [S, W]; context_lens [S]; scratch at least
     group * max(context_lens) floats. Every array C-contiguous with the dtypes above (checked: a
     wrong one would read stray memory). `lib`: another level's build (library_at), else the
@@ -243,7 +243,7 @@ def decode_by_position(heads: int, lib: ctypes.CDLL | None = None) -> int:
 def rms_norm(x: F32, weight: F32, eps: float, out: F32) -> None:
     """out[i] = x[i] * weight / rms(x[i]) for the rows of x [n, H] (rows may be strided, e.g. a row
     range of a wider array's view; the last axis contiguous); out C-contiguous [n, H]. See
-    elementwise.c; forge.llama.model.rms_norm is the reference."""
+    elementwise.c; forge.models.llama.llama_model.rms_norm is the reference."""
     lib = library()
     assert lib is not None, "rms_norm called without the compiled kernels"
     n, h = x.shape
@@ -256,7 +256,7 @@ def rms_norm(x: F32, weight: F32, eps: float, out: F32) -> None:
 
 def swiglu(gate_up: F32, out: F32) -> None:
     """out = SiLU(gate) * up for gate_up = [gate | up] [n, 2F] C-contiguous; out C-contiguous [n, F].
-    See elementwise.c; forge.llama.model.swiglu is the reference."""
+    See elementwise.c; forge.models.llama.llama_model.swiglu is the reference."""
     lib = library()
     assert lib is not None, "swiglu called without the compiled kernels"
     n, two_f = gate_up.shape
@@ -268,7 +268,7 @@ def swiglu(gate_up: F32, out: F32) -> None:
 
 def gelu_erf(x: F32, out: F32) -> None:
     """out = x * Phi(x), the exact GELU, for C-contiguous float32 x and out of one shape (out may be x).
-    See elementwise.c; forge.bert.model.gelu is the reference."""
+    See elementwise.c; forge.models.bert.bert_model.gelu is the reference."""
     lib = library()
     assert lib is not None, "gelu_erf called without the compiled kernels"
     check("gelu_erf", x, np.float32, out, np.float32)
@@ -304,7 +304,7 @@ def _scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
 
 def hadamard32_(x: F32, scale: float) -> None:
     """In place: each run y of 32 values of x (C-contiguous float32, size a multiple of 32) <- H y *
-    scale, H the unnormalised 32 x 32 Walsh-Hadamard matrix (elementwise.c; forge.llama.kv_dtype.
+    scale, H the unnormalised 32 x 32 Walsh-Hadamard matrix (elementwise.c; forge.models.llama.kv_dtype.
     hadamard32 is its reference, the same bits)."""
     lib = library()
     assert lib is not None, "hadamard32_ called without the compiled kernels"
@@ -318,7 +318,7 @@ def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.ND
     """Write rows x [T, nkv, hd] (float32; each row's [nkv, hd] contiguous, the rows any stride
     apart: a view of the projections' output) into the cache `values` [num_blocks, block_size, nkv,
     hd] at flat slots `slots` [T], in its storage type (float32, float16, bfloat16 bits, or int8
-    with its `scales`), as forge.llama.kv_dtype writes them, bit for bit (elementwise.c's
+    with its `scales`), as forge.models.llama.kv_dtype writes them, bit for bit (elementwise.c's
     forge_kv_store). Checked, the slots too unless `trusted` (the model's forward, whose batch was
     checked before the step): a wrong one would write stray memory."""
     lib = library()

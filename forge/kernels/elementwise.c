@@ -1,7 +1,7 @@
 /* The forward's row-wise float32 operations between its products, compiled: RMSNorm and the gated
  * SiLU of the MLP. numpy runs each as several passes over [T, H] temporaries on one thread (at 512
  * prompt rows ~60 ms of a ~430 ms step on this machine); here each row is one pass, the
- * exponentials vectorised (glibc's libmvec, -ffast-math). forge.llama.model's numpy functions are the reference these are tested against.
+ * exponentials vectorised (glibc's libmvec, -ffast-math). forge.models.llama.llama_model's numpy functions are the reference these are tested against.
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL.
@@ -43,7 +43,7 @@ void forge_swiglu(const float *restrict gate_up, int64_t rows, int64_t f, float 
 }
 
 /* out[i] = x[i] * Phi(x[i]), the exact GELU (BERT's "gelu"), by libm's erff: with -ffast-math gcc
- * calls glibc's vector erff (libmvec), 8 or 16 lanes a call. forge.bert.model.gelu is the reference
+ * calls glibc's vector erff (libmvec), 8 or 16 lanes a call. forge.models.bert.bert_model.gelu is the reference
  * (an erf within 1.5e-7); both are within 5e-7 of float64's. */
 void forge_gelu_erf(const float *restrict x, int64_t n, float *restrict out) {
     for (int64_t i = 0; i < n; i++)
@@ -51,7 +51,7 @@ void forge_gelu_erf(const float *restrict x, int64_t n, float *restrict out) {
 }
 
 /* x[0..31] <- H x for the 32 x 32 Walsh-Hadamard matrix H (entries +-1, unnormalised: H H = 32 I):
- * five stages of butterflies (with AVX-512 in registers, a stage per permute). forge.llama.kv_dtype.
+ * five stages of butterflies (with AVX-512 in registers, a stage per permute). forge.models.llama.kv_dtype.
  * hadamard32 makes the same additions in the same order (the same bits). */
 #if defined(__AVX512F__)
 /* One stage within a vector: lane i gets x[i] + x[i ^ h] where bit h of i is clear, x[i ^ h] - x[i]
@@ -119,7 +119,7 @@ static void store_int8_row(const float *restrict xr, int64_t row_len, int8_t *re
     }
 }
 
-/* float16 (to nearest, ties to even, as numpy's astype) or bfloat16 bits (forge.llama.kv_dtype.
+/* float16 (to nearest, ties to even, as numpy's astype) or bfloat16 bits (forge.models.llama.kv_dtype.
  * to_storage's rounding: to nearest, ties to even; a NaN stays a quiet NaN). */
 static void store_half_row(const float *restrict xr, int64_t row_len, uint16_t *restrict out, int bf16) {
     int64_t i = 0;
@@ -145,7 +145,7 @@ static void store_half_row(const float *restrict xr, int64_t row_len, uint16_t *
 /* The K/V cache's writer: rows x [n] of row_len floats (the rows ldx floats apart, each row
  * contiguous) into their slots of `dst` ([slots][row_len] of kv_type: 0 float32, 1 float16,
  * 2 bfloat16, 3 int8 with `scales` [slots][row_len / 32], kv16.h's types). Each is what
- * forge.llama.kv_dtype writes, bit for bit (to_storage; quantize_int8). */
+ * forge.models.llama.kv_dtype writes, bit for bit (to_storage; quantize_int8). */
 void forge_kv_store(const float *restrict x, int64_t ldx, int64_t n, int64_t row_len, const int64_t *restrict slots,
                     void *restrict dst, uint16_t *restrict scales, int kv_type) {
     for (int64_t r = 0; r < n; r++) {

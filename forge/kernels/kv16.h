@@ -1,7 +1,7 @@
 /* Reading the K/V cache, widened to float32, for forge's kernels (paged_attention.c,
  * prefill_attention.c). The storage type is kv_type: 0 float32, 1 float16, 2 bfloat16 (raw uint16
  * bits; widening either half type is exact), 3 int8 with a float16 scale per KV_INT8_GROUP values
- * (`scales`, indexed by a value's offset / KV_INT8_GROUP; forge.llama.kv_dtype). An int8 value
+ * (`scales`, indexed by a value's offset / KV_INT8_GROUP; forge.models.llama.kv_dtype). An int8 value
  * widens to q * scale, exact in float32 (7 bits times 11). `scales` is unused by the other types. */
 #ifndef FORGE_KV16_H
 #define FORGE_KV16_H

@@ -1,7 +1,7 @@
 """x @ W.T over quantized weights with onnxruntime's MatMulNBits, the weights kept in 4-bit planes.
 
 MatMulNBits' fast CPU path (MLAS) takes 4-bit codes with the default zero point 8 and one float
-scale per block: w = scale * (q4 - 8). Any affine block format (forge.kernels.blocks: w = s * q +
+scale per block: w = scale * (q4 - 8). Any affine block format (forge.kernels.quant_blocks: w = s * q +
 o, q of up to 8 bits) is written exactly as a sum of such planes plus a per-block offset:
 
     q = sum_p 16**p * n_p            (n_p: the p-th nibble of q)
@@ -29,7 +29,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from forge.kernels import products
-from forge.kernels.blocks import AffineBlocks
+from forge.kernels.quant_blocks import AffineBlocks
 
 F32 = npt.NDArray[np.float32]
 

@@ -13,7 +13,7 @@
  * position lie side by side in its row, so one contiguous read serves every head, where head by
  * head reads a short stretch of each row, rows a page apart; with AVX-512, sixteen positions at a
  * time. Each head's arithmetic is the same in either order, so the bits are too.
- * Chunks of a few rows (a decode row with its guesses, up to forge.llama.attention's
+ * Chunks of a few rows (a decode row with its guesses, up to forge.models.llama.attention's
  * MAX_DECODE_KERNEL_ROWS) come here row by row; longer ones go to prefill_attention.c.
  *
  * The body below is compiled once per storage type: this file includes itself with KV_NAME,
@@ -22,7 +22,7 @@
  *
  * Built by forge.kernels.compiled with the host's compiler (-O3 -march=native); called through
  * ctypes, which releases the GIL, so the engine's pool threads run parts of a step at once.
- * forge.llama.attention's numpy decode path is the reference it is tested against.
+ * forge.models.llama.attention's numpy decode path is the reference it is tested against.
  */
 #ifndef KV_NAME
 #include <math.h>

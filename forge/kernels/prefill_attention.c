@@ -15,7 +15,7 @@
  * each key's, and each pair of keys' weights against their values; the gathered keys and values
  * are rounded into those pairs in place, the softmax stays float32.
  *
- * numpy computes the same in forge.llama.attention._prefill (whole rows of scores, a softmax, two
+ * numpy computes the same in forge.models.llama.attention._prefill (whole rows of scores, a softmax, two
  * batched products): the reference this kernel is tested against. Without AVX-512 the entry point
  * returns -1 and the caller keeps numpy.
  *

@@ -5,7 +5,7 @@
  * file's values) into a buffer that stays in L1, then dotted with every row of x; float32
  * arithmetic, dot products as in dot.h. A call computes the
  * columns [v_lo, v_hi) of out, so the engine's pool threads split the vocabulary between them.
- * forge.kernels.blocks' dequantize() followed by a float64 product is the reference it is tested
+ * forge.kernels.quant_blocks' dequantize() followed by a float64 product is the reference it is tested
  * against.
  */
 #include <stdint.h>

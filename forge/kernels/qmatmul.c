@@ -3,7 +3,7 @@
  * W [N, K] is one or more parts stacked along N (q, k and v of a layer; gate and up), each part
  * the file's own bytes (a view of its mapping: nothing is copied at load) in any of the types
  * below. Every weight is widened exactly as the file means it (w = scale * q + offset per block,
- * forge.kernels.blocks being the reference), in panels of NR rows of W that the threads take in
+ * forge.kernels.quant_blocks being the reference), in panels of NR rows of W that the threads take in
  * contiguous runs:
  *
  *   steps of up to 16 rows (decoding): each panel widened in registers, block by block, and

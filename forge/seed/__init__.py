@@ -4,7 +4,7 @@ A one-sequence `Model` protocol with TinyTransformer (a deterministic stand-in f
 the byte tokeniser, forge-infer's PagedKVCache and Scheduler (thin adapters over the daemon's
 block allocator and scheduler), greedy speculative decoding for one sequence, the seed's Engine
 loop and its benchmark. The serving engine does not use them: real models, tokenizers and the
-batched engine live in forge.llama, forge.text.tokenizer and forge.llm.
+batched engine live in forge.models.llama, forge.text.tokenizer and forge.llm.
 """
 
 from forge.seed import tokeniser

@@ -28,11 +28,11 @@ import dataclasses
 import numpy as np
 from msgspec.structs import replace
 
-from forge.batch import build_forward_batch
 from forge.errors import ConfigError
-from forge.llama.kv_cache import KVCache
-from forge.llama.model import LlamaModel
 from forge.messages import SeqChunk
+from forge.models.forward_batch import build_forward_batch
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.llama_model import LlamaModel
 from forge.spec_decode.speculation import DRAFT_PLACEHOLDER
 
 __all__ = ["DRAFT_PLACEHOLDER", "DraftModel"]

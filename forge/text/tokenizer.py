@@ -25,7 +25,7 @@ from tokenizers import AddedToken, normalizers
 from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile, read_gguf
+from forge.models.gguf_file import GGUFFile, read_gguf
 from forge.text.tokenizer_models import (
     BYTE_PIECE,
     CHAR_TO_BYTE,

@@ -14,7 +14,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _BpeTokenizer
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile
+from forge.models.gguf_file import GGUFFile
 
 # GGUF token types (tokenizer.ggml.token_type).
 TOKEN_TYPE_NORMAL = 1

@@ -31,7 +31,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from forge.hub import resolve_model
+from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 

@@ -8,7 +8,7 @@ sending 32 inputs per request. Inputs are sentences of 10-30 words. Prints embed
     .venv/bin/python scripts/ab/ab_embeddings.py --seconds 10 --blas-threads 2
 
 With --peer-python (the reference venv's python, which has sentence-transformers on torch CPU), it
-measures instead the two libraries side by side in one run, A B A B: forge's encoder (forge/bert, in
+measures instead the two libraries side by side in one run, A B A B: forge's encoder (forge/models/bert, in
 this process) against sentence-transformers (scripts/ab/embed_peer_st.py, a child process), on the same
 model directory and texts, batch 1 and batch 32, --blas-threads threads each, tokenising included:
 
@@ -89,8 +89,8 @@ def library_ab(peer_python: str, threads: int, count: int, rounds: int) -> None:
 
     from threadpoolctl import threadpool_limits
 
-    from forge.bert.encoder import LoadedEncoder
-    from forge.hub import resolve_model
+    from forge.models.bert.encoder import LoadedEncoder
+    from forge.models.hub import resolve_model
 
     directory = resolve_model("all-minilm-l6-v2", lambda _m: None)
     encoder = LoadedEncoder.load(directory)

@@ -38,12 +38,12 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import forge.llama.kv_cache as kv_cache  # noqa: E402
-import forge.llama.linear as linear_mod  # noqa: E402
-import forge.llama.model as model_mod  # noqa: E402
-from forge.batch import ForwardBatch  # noqa: E402
-from forge.hub import default_model_path  # noqa: E402
-from forge.llama.model import LlamaModel  # noqa: E402
+import forge.models.llama.kv_cache as kv_cache  # noqa: E402
+import forge.models.llama.linear as linear_mod  # noqa: E402
+import forge.models.llama.llama_model as model_mod  # noqa: E402
+from forge.models.forward_batch import ForwardBatch  # noqa: E402
+from forge.models.hub import default_model_path  # noqa: E402
+from forge.models.llama.llama_model import LlamaModel  # noqa: E402
 
 DEFAULT_MODEL = default_model_path()
 BLOCK_SIZE = 16
@@ -94,9 +94,9 @@ def cmd_load(model: Path, reps: int) -> None:
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
 
-    from forge.gguf_file import read_gguf
-    from forge.llama.dequant import dequantize
     from forge.llm import LoadedModel
+    from forge.models.gguf_file import read_gguf
+    from forge.models.llama.dequant import dequantize
     from forge.text.tokenizer import Tokenizer
 
     def timed(fn: Callable[[], Any]) -> float:
@@ -288,8 +288,8 @@ def cmd_guesses(reps: int) -> None:
     (as before), or every chunk of 2+ rows on the prefill kernel (now)."""
     from types import SimpleNamespace
 
-    from forge.llama import attention, attention_plan
-    from forge.llama.kv_cache import Scratch
+    from forge.models.llama import attention, attention_plan
+    from forge.models.llama.kv_cache import Scratch
 
     rng = np.random.default_rng(0)
     config = SimpleNamespace(num_heads=9, num_kv_heads=3, head_dim=64)

@@ -14,7 +14,7 @@ and gate/up, Q6_K down: the bytes of a Q4_K_M file, 337 MB), the same activation
 Per step size (--tokens): the best of --rounds interleaved rounds (A B C A B C, each after a pause,
 so that neither side's idle threads still spin while the other runs: ggml's are OpenMP's), as weights
 read per second and GFLOP/s; then each path's error against a float64 product of the dequantized weights
-(forge.kernels.blocks, the numpy reference) on one layer: the largest error relative to the output's
+(forge.kernels.quant_blocks, the numpy reference) on one layer: the largest error relative to the output's
 scale, and the mean one.
 
     scripts/peer/peer_llama.sh >/dev/null    # builds the peer (and its libggml) once
@@ -35,7 +35,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from forge.kernels import products
-from forge.kernels.blocks import affine_blocks
+from forge.kernels.quant_blocks import affine_blocks
 
 Q4K, Q6K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 # (rows, K, type) of one layer: q/k/v stacked, o, gate/up stacked, down

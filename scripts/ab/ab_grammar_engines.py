@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import outlines_core as oc
 
-from forge import hub
+from forge.models import hub
 from forge.sampling.structured import Grammars, allowed_tokens, json_schema_grammar
 from forge.text.tokenizer import Tokenizer
 

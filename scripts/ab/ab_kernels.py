@@ -50,18 +50,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from forge.batch import ForwardBatch
 from forge.bench import matmul_seconds
-from forge.gguf_file import read_gguf
-from forge.hub import resolve_model
 from forge.kernels import compiled, products
-from forge.kernels.blocks import affine_blocks
 from forge.kernels.onnx_linear import OnnxLinear
-from forge.llama.attention import attend
-from forge.llama.attention_plan import plan_attention
-from forge.llama.kv_dtype import quantize_int8, row_bytes, storage_dtype, to_storage
-from forge.llama.linear import Q8Matrix, active_pool, configure_matmul
+from forge.kernels.quant_blocks import affine_blocks
 from forge.llm import LoadedModel
+from forge.models.forward_batch import ForwardBatch
+from forge.models.gguf_file import read_gguf
+from forge.models.hub import resolve_model
+from forge.models.llama.attention import attend
+from forge.models.llama.attention_plan import plan_attention
+from forge.models.llama.kv_dtype import quantize_int8, row_bytes, storage_dtype, to_storage
+from forge.models.llama.linear import Q8Matrix, active_pool, configure_matmul
 
 
 def rss_mib() -> float:

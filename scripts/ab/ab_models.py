@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import httpx
 
-from forge.hub import resolve_model
+from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 from forge_bench.cli import _free_port, _stop, _wait_healthy

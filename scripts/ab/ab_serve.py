@@ -25,7 +25,7 @@ import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from forge.hub import resolve_model
+from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
 from forge_bench.cli import _free_port, _stop, _wait_healthy

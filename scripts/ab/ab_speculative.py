@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from forge.batch import ForwardBatch
 from forge.config import EngineConfig
-from forge.llama import LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
+from forge.models.forward_batch import ForwardBatch
+from forge.models.llama import LlamaModel
 from forge.sampling.sampling_params import SamplingParams
 from forge.sampling.structured import json_schema_grammar
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from forge.batch import ForwardBatch
 from forge.config import EngineConfig
-from forge.llama.model import CONTEXT_BLOCK_SIZE
 from forge.llm import LoadedModel
+from forge.models.forward_batch import ForwardBatch
+from forge.models.llama.llama_model import CONTEXT_BLOCK_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -18,7 +18,7 @@ from actors.gateway import GatewayConfig
 from actors.logs import configure_logging
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.config import EngineConfig
-from forge.loading import LoadedModel
+from forge.models.loading import LoadedModel
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

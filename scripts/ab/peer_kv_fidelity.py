@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from forge.hub import resolve_model  # noqa: E402
+from forge.models.hub import resolve_model  # noqa: E402
 from tests.reference_cases import greedy_agrees  # noqa: E402
 
 

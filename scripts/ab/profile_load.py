@@ -1,4 +1,4 @@
-"""Where a model's load goes: the stages a daemon runs before a model serves (forge.loading.load_served,
+"""Where a model's load goes: the stages a daemon runs before a model serves (forge.models.loading.load_served,
 forge.engine.build_engine, the gateway's grammar engine), timed over --repeat loads in one process, and with
 --profile the functions that take the most of one more load (cProfile, by own time).
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from forge.config import EngineConfig
 from forge.engine import build_engine
-from forge.hub import resolve_model
-from forge.loading import load_served
+from forge.models.hub import resolve_model
+from forge.models.loading import load_served
 from forge.sampling.structured import Grammars
 
 try:

@@ -33,20 +33,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import forge.llama.model as model_mod  # noqa: E402
-import forge.llama.rope as rope_mod  # noqa: E402
+import forge.models.llama.llama_model as model_mod  # noqa: E402
+import forge.models.llama.rope as rope_mod  # noqa: E402
 import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
-from forge.hub import default_model_path  # noqa: E402
-from forge.llama.kv_cache import KVCache  # noqa: E402
-from forge.llama.kv_dtype import to_storage  # noqa: E402
-from forge.llama.linear import matmul  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
+from forge.models.hub import default_model_path  # noqa: E402
+from forge.models.llama.kv_cache import KVCache  # noqa: E402
+from forge.models.llama.kv_dtype import to_storage  # noqa: E402
+from forge.models.llama.linear import matmul  # noqa: E402
 from forge.sampling.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = default_model_path()
 
-# Names in forge.llama.model timed as one part each; missing ones (older code) are skipped.
+# Names in forge.models.llama.llama_model timed as one part each; missing ones (older code) are skipped.
 FORWARD_PARTS = {
     "matmul": "matmul", "attend": "attention", "plan_attention": "attention", "write_kv": "attention",
     "rms_norm": "norm/rope/act", "apply_rope": "norm/rope/act", "swiglu": "norm/rope/act",
@@ -255,7 +255,7 @@ def row(label: str, step_s: float, parts: dict[str, float], num_tokens: int, mm_
 def main() -> None:
     # Time the column-split path on every step: a row-parallel step (256+ tokens) runs its matmuls and
     # norms inside the pool's parts, on two threads at once, where these per-function timers would
-    # count both threads' time (its step time alone is comparable: see forge.llama.model).
+    # count both threads' time (its step time alone is comparable: see forge.models.llama.llama_model).
     model_mod.MIN_ROW_SPLIT_TOKENS = 1 << 62
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)

@@ -30,8 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from forge.gguf_file import read_gguf  # noqa: E402
-from forge.hub import default_model_path, forge_home  # noqa: E402
+from forge.models.gguf_file import read_gguf  # noqa: E402
+from forge.models.hub import default_model_path, forge_home  # noqa: E402
 
 
 @dataclass(frozen=True)

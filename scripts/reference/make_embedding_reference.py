@@ -1,5 +1,5 @@
 """Produce tests/data/minilm_reference.json: sentence-transformers' vectors of all-MiniLM-L6-v2 for 50 texts,
-which forge's numpy BERT encoder (forge/bert/) is tested against (tests/unit/test_bert.py).
+which forge's numpy BERT encoder (forge/models/bert/) is tested against (tests/unit/test_bert.py).
 
 The texts cover ASCII, accents, CJK, emoji, whitespace and punctuation, single characters, and inputs past
 the model's max_seq_length (256 tokens), which sentence-transformers truncates. Each case records the token ids
@@ -31,7 +31,7 @@ from sentence_transformers import SentenceTransformer
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from forge.hub import CATALOG, forge_home  # noqa: E402  (the standard library alone: it runs in the reference venv)
+from forge.models.hub import CATALOG, forge_home  # noqa: E402  (the standard library alone: it runs in the reference venv)
 
 NAME = "all-minilm-l6-v2"
 LONG = " ".join(f"word{i} and another" for i in range(200))          # ~800 tokens: truncated at 256

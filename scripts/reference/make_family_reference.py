@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from forge.hub import model_path  # noqa: E402
+from forge.models.hub import model_path  # noqa: E402
 from scripts.reference.make_reference import COMPLETION_PROMPTS, LONG_PARAGRAPH, dump, sha256_of  # noqa: E402
 from scripts.reference.make_reference import TOKENIZER_TEXTS as SMOLLM_TOKENIZER_TEXTS  # noqa: E402
 from tests import tiny_families  # noqa: E402

@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from forge.hub import forge_home  # noqa: E402  (the standard library alone: it runs in the reference venv)
+from forge.models.hub import forge_home  # noqa: E402  (the standard library alone: it runs in the reference venv)
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

@@ -15,8 +15,8 @@ from actors.scheduler import SchedulerActor
 from actors.worker import ModelWorkerActor
 from forge.block_allocator import BlockAllocator
 from forge.engine_core import EngineCore
-from forge.llama.model import LlamaModel
 from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
+from forge.models.llama.llama_model import LlamaModel
 from forge.runner import ModelRunner
 from forge.sampling.sampling_params import SamplingParams
 from forge.scheduler import SchedulerConfig

@@ -11,8 +11,8 @@ import httpx
 from actors.gateway import GatewayConfig
 from actors.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from forge.llama.kv_cache import KVCache
 from forge.llm import LoadedModel
+from forge.models.llama.kv_cache import KVCache
 from tests.integration.harness import (
     HANG_GUARD_S,
     SERVED_MODEL,

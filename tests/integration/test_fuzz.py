@@ -23,8 +23,8 @@ import pytest
 
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from forge.llama import LlamaModel
 from forge.llm import LoadedModel
+from forge.models.llama import LlamaModel
 from tests.integration.harness import HANG_GUARD_S, engine_config, wait_idle
 from tests.tiny_gguf import write_tiny_llama
 

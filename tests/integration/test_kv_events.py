@@ -23,7 +23,7 @@ from actors.gateway import GatewayConfig
 from actors.kv_publisher import KvEventsConfig
 from actors.supervisor import DaemonConfig, running_daemon
 from forge.kv_events import BlockStored, decode_batch
-from forge.loading import LoadedModel
+from forge.models.loading import LoadedModel
 from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config, free_port, sample, wait_router
 from tests.integration.test_vllm_router import ROUTER, Recording
 

@@ -24,8 +24,8 @@ import pytest
 
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from forge.gguf_file import read_gguf
 from forge.llm import LoadedModel
+from forge.models.gguf_file import read_gguf
 from forge.text.chat_template import ChatTemplate
 from forge.text.tokenizer import Tokenizer
 from forge.text.tokenizer_models import TOKEN_TYPE_USER_DEFINED, Metadata

@@ -22,7 +22,7 @@ import pytest
 
 from actors.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from forge.loading import LoadedModel
+from forge.models.loading import LoadedModel
 from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config, free_port, wait_router
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")

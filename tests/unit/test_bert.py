@@ -1,4 +1,4 @@
-"""forge's numpy BERT encoder (forge/bert/) against sentence-transformers' own vectors of all-MiniLM-L6-v2
+"""forge's numpy BERT encoder (forge/models/bert/) against sentence-transformers' own vectors of all-MiniLM-L6-v2
 (tests/data/minilm_reference.json, made by scripts/reference/make_embedding_reference.py): the same WordPiece
 ids, truncated at max_seq_length, and vectors within cosine 0.9999 of the reference's, batched or alone."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from forge.bert.encoder import LoadedEncoder, is_encoder_dir
-from forge.bert.model import erf, gelu
 from forge.errors import InvalidRequest, ModelLoadError
-from forge.hub import CATALOG
 from forge.kernels import compiled
+from forge.models.bert.bert_model import erf, gelu
+from forge.models.bert.encoder import LoadedEncoder, is_encoder_dir
+from forge.models.hub import CATALOG
 
 DATA: dict[str, Any] = json.loads((Path(__file__).resolve().parent.parent / "data" / "minilm_reference.json")
                                   .read_text(encoding="utf-8"))

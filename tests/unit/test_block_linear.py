@@ -1,5 +1,5 @@
 """The blocks backend's product (forge/kernels/qmatmul.c) against the numpy reference
-(forge.kernels.blocks' dequantize(), then a float64 product), for every type it reads, at every
+(forge.kernels.quant_blocks' dequantize(), then a float64 product), for every type it reads, at every
 instruction-set level this host can run; and batch invariance: a row's result is the same bits
 whatever else the step holds."""
 
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.kernels import compiled, products
-from forge.kernels.block_linear import BlockMatrix, as_blocks
-from forge.kernels.blocks import affine_blocks
+from forge.kernels.quant_blocks import affine_blocks
+from forge.kernels.quant_linear import BlockMatrix, as_blocks
 
 Q = GGMLQuantizationType
 QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -220,7 +220,7 @@ def test_the_default_model_is_multiplied_from_its_files_pages(default_model_path
     """Weights once in memory: every matrix (and the tied head) reads the file's mapping in place,
     no copy; what the weights hold is at most the file's size."""
     from forge.kernels import choose_kernels
-    from forge.llama.model import LlamaModel
+    from forge.models.llama.llama_model import LlamaModel
 
     model = LlamaModel.load(default_model_path, choose_kernels("blocks"))
     w = model.weights
@@ -401,7 +401,7 @@ def test_the_default_model_in_fast_numerics_stays_close_to_the_reference(default
     numerics' rounding only: same top token, log-probabilities of the top 20 within a tenth
     (bfloat16) or a few tenths (int8)."""
     from forge.kernels import choose_kernels
-    from forge.llama.model import LlamaModel
+    from forge.models.llama.llama_model import LlamaModel
 
     if not FAST:
         with pytest.raises(ValueError, match="AVX-512 BF16"):

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from forge.errors import InvalidRequest, ModelLoadError
-from forge.hub import pull
+from forge.models.hub import pull
 from forge.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from forge.text.tokenizer import Tokenizer
 

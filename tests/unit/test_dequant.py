@@ -10,9 +10,9 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from forge.gguf_file import read_gguf
-from forge.llama import dequant
-from forge.llama.dequant import dequantize
+from forge.models.gguf_file import read_gguf
+from forge.models.llama import dequant
+from forge.models.llama.dequant import dequantize
 
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 
@@ -52,7 +52,7 @@ def test_every_tensor_of_the_default_model_matches_the_gguf_package(default_mode
 def test_checking_blocks_accepts_what_decoding_them_does(qtype: GGMLQuantizationType) -> None:
     """check_blocks (a load's check of a matrix it keeps in its blocks) refuses exactly what affine_blocks would,
     without decoding anything."""
-    from forge.kernels.blocks import affine_blocks, check_blocks
+    from forge.kernels.quant_blocks import affine_blocks, check_blocks
 
     elems, nbytes = GGML_QUANT_SIZES[qtype]
     rows, cols = 3, 2 * elems

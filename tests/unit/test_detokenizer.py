@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from forge.hub import pull
+from forge.models.hub import pull
 from forge.text.detokenizer import IncrementalDetokenizer
 from forge.text.tokenizer import Tokenizer
 

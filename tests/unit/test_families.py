@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forge.batch import ForwardBatch
 from forge.errors import ModelLoadError
 from forge.kernels import choose_kernels
-from forge.llama import LlamaModel
+from forge.models.forward_batch import ForwardBatch
+from forge.models.llama import LlamaModel
 from tests import tiny_families
 
 DATA = json.loads((Path(__file__).resolve().parent.parent / "data" / "tiny_families_reference.json").read_text())
@@ -29,7 +29,7 @@ ATOL = 2e-4       # float32 through a few layers: measured differences are ~1e-5
 
 
 def test_every_family_has_a_reference() -> None:
-    from forge.llama.arch import ARCHITECTURES
+    from forge.models.llama.arch import ARCHITECTURES
 
     assert set(CASES) == set(tiny_families.SPECS)
     assert {spec.architecture for spec in tiny_families.SPECS.values()} == set(ARCHITECTURES)
@@ -183,8 +183,8 @@ def test_rope_scaling_matters(tmp_path: Path) -> None:
 
 
 def test_yarn_is_refused_by_name(tmp_path: Path) -> None:
-    from forge.gguf_file import read_gguf
-    from forge.llama.config import config_from_reader
+    from forge.models.gguf_file import read_gguf
+    from forge.models.llama.llama_config import config_from_reader
 
     path = tiny_families.write_gguf("llama", tmp_path / "y.gguf")
     reader = read_gguf(path)

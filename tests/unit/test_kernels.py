@@ -1,6 +1,6 @@
 """The kernel layer against its numpy reference.
 
-forge.kernels.blocks must reproduce the gguf package's dequantization bit for bit for every block
+forge.kernels.quant_blocks must reproduce the gguf package's dequantization bit for bit for every block
 type; the onnxruntime kernel must multiply by exactly those values (float32 arithmetic: agreement
 to float32 rounding), fused parts of different types included; `fast` (int8 activations) must stay
 within its documented tolerance; a model loaded with the kernels must agree with the numpy model.
@@ -23,16 +23,16 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.batch import ForwardBatch
 from forge.config import KV_CACHE_DTYPES
 from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled, products
-from forge.kernels.blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
-from forge.llama import linear as linear_mod
-from forge.llama.attention import attend
-from forge.llama.attention_plan import AttentionPlan, plan_attention
-from forge.llama.kv_cache import KVCache
-from forge.llama.kv_dtype import (
+from forge.kernels.quant_blocks import SUPPORTED, AffineBlocks, affine_blocks
+from forge.models.forward_batch import ForwardBatch
+from forge.models.llama import linear as linear_mod
+from forge.models.llama.attention import attend
+from forge.models.llama.attention_plan import AttentionPlan, plan_attention
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.kv_dtype import (
     INT8_GROUP,
     dequantize_int8,
     hadamard32,
@@ -41,9 +41,9 @@ from forge.llama.kv_dtype import (
     to_float32,
     to_storage,
 )
-from forge.llama.linear import MatmulPool, Q8Matrix
-from forge.llama.model import LlamaModel
-from forge.llama.weights import QuantEmbedding
+from forge.models.llama.linear import MatmulPool, Q8Matrix
+from forge.models.llama.llama_model import LlamaModel
+from forge.models.llama.weights import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
 
 Q = GGMLQuantizationType
@@ -450,7 +450,7 @@ def test_float16_storage_is_numpys_rounding(values: list[float]) -> None:
        specials=st.lists(st.sampled_from([0.0, -0.0, 127.0, -1e-40, 2e5]), max_size=4))
 def test_the_int8_writer_is_the_numpy_quantiser_and_rounds_within_half_a_step(
         rows: int, groups: int, seed: int, magnitude: float, specials: list[float]) -> None:
-    """The compiled writer stores the same bits as forge.llama.kv_dtype.quantize_int8 at the given
+    """The compiled writer stores the same bits as forge.models.llama.kv_dtype.quantize_int8 at the given
     slots (and nothing elsewhere); reading back is within half a quantization step of every
     rotated value (scales rounded to float16, subnormal ones included; all-zero groups stay zero),
     and rotating back by H / 32 returns the values to within a step."""
@@ -543,8 +543,8 @@ def test_bytes_per_token_by_kv_dtype(tmp_path: Path, kv_dtype: str) -> None:
 COMMIT_PROBE = """
 import sys
 from types import SimpleNamespace
-from forge.llama.kv_cache import KVCache
-from forge.llama.linear import MatmulPool
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.linear import MatmulPool
 
 def rss_anon_kib():
     with open("/proc/self/status") as f:
@@ -708,7 +708,7 @@ def test_fused_prefill_attention_equals_the_numpy_reference(
     q = (rng.standard_normal((batch.num_tokens, kv_heads * group, head_dim)) / 2).astype(np.float32)
     want = attend(plan_attention(batch, config, block_size, num_parts, window=window), q, k, v, scales=scales)
     fused_plan = plan_attention(batch, config, block_size, num_parts, fused=True, window=window)
-    from forge.llama.attention_plan import MAX_DECODE_KERNEL_ROWS
+    from forge.models.llama.attention_plan import MAX_DECODE_KERNEL_ROWS
     long_rows = sum(n for n in query_lens if n > MAX_DECODE_KERNEL_ROWS)
     assert fused_plan.fused_prefill
     assert sum(t.hi - t.lo for part in fused_plan.prefill_parts for p in part for t in p.tiles) == long_rows
@@ -772,7 +772,7 @@ def test_prompt_chunks_the_prefill_kernel_does_not_take_stay_on_numpy() -> None:
 def test_the_compiled_norm_and_silu_equal_numpy(rows: int, width: int, stride: int, scale: float, seed: int) -> None:
     """RMSNorm (of a row range of a wider array too, as the forward passes views) and the gated
     SiLU agree with the numpy reference to float32 rounding."""
-    from forge.llama import model as model_mod
+    from forge.models.llama import llama_model as model_mod
     rng = np.random.default_rng(seed)
     wide = (rng.standard_normal((rows, width + stride)) * scale).astype(np.float32)
     x, weight = wide[:, :width], rng.standard_normal(width).astype(np.float32)
@@ -790,7 +790,7 @@ def test_without_the_compiled_kernels_forge_says_why_and_runs_numpy_attention(
     """No compiler (or one that fails): the model still loads, on the numpy attention, and the
     status says why (for the ready line). A fresh process: the library is built once per process."""
     model = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128)
-    code = ("import sys; from forge.kernels import choose_kernels, compiled; from forge.llama.model import LlamaModel;"
+    code = ("import sys; from forge.kernels import choose_kernels, compiled; from forge.models.llama.llama_model import LlamaModel;"
             f"m = LlamaModel.load({str(model)!r}, choose_kernels('onnxruntime'));"
             "print(m.compiled_ops, compiled.status()); m.forward_context([3, 4, 5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -14,11 +14,11 @@ import pytest
 from forge.config import EngineConfig
 from forge.engine import build_engine
 from forge.errors import ModelLoadError
-from forge.llama import LlamaModel
-from forge.llama.config import MAX_CONTEXT_LENGTH
-from forge.llama.rope import POSITIONS_AT_LOAD, RopeTables
 from forge.llm import LoadedModel
-from forge.loading import LoadedModel as Loaded
+from forge.models.llama import LlamaModel
+from forge.models.llama.llama_config import MAX_CONTEXT_LENGTH
+from forge.models.llama.rope import POSITIONS_AT_LOAD, RopeTables
+from forge.models.loading import LoadedModel as Loaded
 from tests.tiny_gguf import load_tiny, write_tiny_llama
 
 # (file, what the one line says)

@@ -6,8 +6,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from forge.llama import linear as linear_mod
-from forge.llama.linear import MatmulPool, _column_cuts
+from forge.models.llama import linear as linear_mod
+from forge.models.llama.linear import MatmulPool, _column_cuts
 
 
 @pytest.fixture

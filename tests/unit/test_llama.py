@@ -1,4 +1,4 @@
-"""Tests for forge.llama: the paged, batched forward against a dense reference, loading errors,
+"""Tests for forge.models.llama: the paged, batched forward against a dense reference, loading errors,
 and a smoke test on the real default model (tests/conftest.py's `default_model_path`)."""
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, ModelLoadError
-from forge.gguf_file import read_gguf
 from forge.kernels import choose_kernels
-from forge.llama import KVCache, LlamaConfig, LlamaModel, attention_plan, kv_cache
-from forge.llama import linear as linear_mod
-from forge.llama import model as model_mod
+from forge.models.forward_batch import ForwardBatch
+from forge.models.gguf_file import read_gguf
+from forge.models.llama import KVCache, LlamaConfig, LlamaModel, attention_plan, kv_cache
+from forge.models.llama import linear as linear_mod
+from forge.models.llama import llama_model as model_mod
 from tests.tiny_gguf import write_tiny_llama
 
 BLOCK_SIZE = 4
 PROMPT = [5, 17, 3, 42, 8, 8, 29, 60, 1, 33, 12]
 
 
-# -- a dense reference, independent of forge.llama --------------------------------------------
+# -- a dense reference, independent of forge.models.llama --------------------------------------------
 # Plain full causal attention in float64, np.repeat for GQA, and RoPE in the half-split form
 # after undoing the GGUF row permutation (forge rotates adjacent pairs on the stored rows).
 

@@ -16,9 +16,9 @@ import pytest
 
 from forge.config import EngineConfig
 from forge.errors import ConfigError, InvalidRequest, PromptTooLong
-from forge.llama import KVCache, LlamaModel
 from forge.llm import LLM, LLMEngine, LoadedModel
 from forge.messages import SampledToken
+from forge.models.llama import KVCache, LlamaModel
 from forge.sampling.sampling_params import SamplingParams
 from tests.tiny_gguf import load_tiny
 

@@ -20,11 +20,11 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
 
-from forge.gguf_file import read_gguf
 from forge.kernels import choose_kernels
-from forge.kernels.blocks import SUPPORTED, affine_blocks
-from forge.llama import LlamaModel
-from forge.llama.dequant import dequantize
+from forge.kernels.quant_blocks import SUPPORTED, affine_blocks
+from forge.models.gguf_file import read_gguf
+from forge.models.llama import LlamaModel
+from forge.models.llama.dequant import dequantize
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.

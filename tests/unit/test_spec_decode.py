@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from forge.config import EngineConfig
 from forge.errors import ConfigError
-from forge.llama import KVCache, LlamaModel
 from forge.llm import LLMEngine, LoadedModel
 from forge.messages import StepBatch, StepOutput
+from forge.models.llama import KVCache, LlamaModel
 from forge.sampling.sampling_params import SamplingParams
 from forge.spec_decode.speculation import Lookahead, SpeculativeConfig, ngram_proposal
 from tests.tiny_gguf import load_tiny

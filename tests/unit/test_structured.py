@@ -13,8 +13,8 @@ import pytest
 
 from forge.config import EngineConfig
 from forge.errors import InvalidRequest
-from forge.llama import KVCache
 from forge.llm import LLMEngine, LoadedModel
+from forge.models.llama import KVCache
 from forge.sampling.penalties import TokenHistory
 from forge.sampling.sampler import Sampler, SamplingBatch
 from forge.sampling.sampling_params import SamplingParams

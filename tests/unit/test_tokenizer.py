@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import read_gguf
-from forge.hub import pull
+from forge.models.gguf_file import read_gguf
+from forge.models.hub import pull
 from forge.text.tokenizer import Tokenizer
 
 TEXTS = [

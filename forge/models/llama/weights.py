@@ -2,12 +2,12 @@
 keep the file's quantized blocks (forge.kernels, chosen by the caller).
 
 Owns opening the file, the layout, and dequantizing what stays dense. Every dense matrix is an [in, out]
-array for forge.llama.linear: C-contiguous, except w_down, an F-ordered view of the file's [out, in]
+array for forge.models.llama.linear: C-contiguous, except w_down, an F-ordered view of the file's [out, in]
 (multiplied weight-first, measured faster at decode sizes); q/k/v fused into one matrix and gate/up into
 another per layer; a tied head is C-contiguous [H, V] and the embedding its transposed view (measured
 faster than the other way round). Keeps no copy of the file's bytes once loading is done. The q/k rows
 stay in the file's RoPE order for Llama files; a family that rotates halves has each head's q/k rows
-(and their biases and QK-norm weights) reordered into pairs here (forge.llama.arch).
+(and their biases and QK-norm weights) reordered into pairs here (forge.models.llama.arch).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import numpy.typing as npt
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile
 from forge.kernels import KernelChoice, compiled, products
-from forge.kernels.block_linear import BlockMatrix, as_blocks
-from forge.kernels.blocks import SUPPORTED, affine_blocks, check_blocks
-from forge.llama.config import LlamaConfig
-from forge.llama.dequant import dequantize
-from forge.llama.layout import check_layout
-from forge.llama.linear import Q8Matrix
-from forge.llama.weight_types import Weight
+from forge.kernels.quant_blocks import SUPPORTED, affine_blocks, check_blocks
+from forge.kernels.quant_linear import BlockMatrix, as_blocks
+from forge.models.gguf_file import GGUFFile
+from forge.models.llama.dequant import dequantize
+from forge.models.llama.layout import check_layout
+from forge.models.llama.linear import Q8Matrix
+from forge.models.llama.llama_config import LlamaConfig
+from forge.models.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -47,7 +47,7 @@ class QuantEmbedding:
         self.nbytes = self.data.nbytes
 
     def rows(self, token_ids: npt.NDArray[np.int64]) -> F32:
-        """[T, H] float32, exactly the file's values (forge.llama.dequant)."""
+        """[T, H] float32, exactly the file's values (forge.models.llama.dequant)."""
         out: F32 = dequantize(self.data[token_ids], self.qtype).astype(np.float32, copy=False)
         return out
 
@@ -251,7 +251,7 @@ def halves_to_pairs(num_heads: int, head_dim: int, rope_dim: int) -> I64:
 def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
     """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
     dequantized once); raises ModelLoadError on a missing or odd one, before allocating anything when a
-    tensor's shape is not the metadata's (forge.llama.layout)."""
+    tensor's shape is not the metadata's (forge.models.llama.layout)."""
     check_layout(reader, config)
     src = _TensorSource(reader, config.name, kernels)
     c, arch = config, config.arch

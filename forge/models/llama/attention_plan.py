@@ -7,7 +7,7 @@
     prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores; the
                                   tiles dealt into one part per thread too, balanced by cost
 
-Pure arithmetic on the batch's shapes and positions; forge.llama.attention runs the plan.
+Pure arithmetic on the batch's shapes and positions; forge.models.llama.attention runs the plan.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from forge.batch import ForwardBatch
 from forge.kernels import compiled
-from forge.llama.config import LlamaConfig
-from forge.llama.linear import active_pool
+from forge.models.forward_batch import ForwardBatch
+from forge.models.llama.linear import active_pool
+from forge.models.llama.llama_config import LlamaConfig
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile
-from forge.llama.config import LlamaConfig
+from forge.models.gguf_file import GGUFFile
+from forge.models.llama.llama_config import LlamaConfig
 
 Shape = tuple[int, ...]
 
@@ -40,7 +40,7 @@ def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
 
 
 def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[str, Shape]:
-    """Every tensor forge.llama.weights reads, with its shape in numpy order ([out, in] for matrices).
+    """Every tensor forge.models.llama.weights reads, with its shape in numpy order ([out, in] for matrices).
     `has(name)`: whether the file holds an optional tensor (rope_freqs)."""
     c, arch = config, config.arch
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim

@@ -4,7 +4,7 @@ A BlockMatrix holds views of the file's mapping (or, for rows a family reorders,
 made instead of the original), nothing else: its weights are resident once, as the file's pages.
 The product is qmatmul.c: every weight widened to float32 in registers exactly as the file means
 it, float32 accumulation (or, in the fast numerics, x and the weights rounded to bfloat16 and
-multiplied in pairs), on the compiled kernels' own threads. forge.kernels.blocks' dequantize()
+multiplied in pairs), on the compiled kernels' own threads. forge.kernels.quant_blocks' dequantize()
 is the reference it is tested against.
 """
 

@@ -1,7 +1,7 @@
 """The K/V storage of the paged cache, and the scratch buffers attention reuses.
 
 Owns the K/V arrays ([num_layers, num_blocks, block_size, num_kv_heads, head_dim], preallocated
-once, in float32, float16, bfloat16 or int8 with float16 scales beside them: forge.llama.kv_dtype)
+once, in float32, float16, bfloat16 or int8 with float16 scales beside them: forge.models.llama.kv_dtype)
 and writing a step's new K/V into their slots. Which blocks a sequence owns is the allocator's
 business.
 """
@@ -14,8 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.kernels import compiled
-from forge.llama.config import LlamaConfig
-from forge.llama.kv_dtype import (
+from forge.models.llama.kv_dtype import (
     INT8_GROUP,
     check_head_dim,
     dequantize_int8,
@@ -25,10 +24,11 @@ from forge.llama.kv_dtype import (
     to_float32,
     to_storage,
 )
+from forge.models.llama.llama_config import LlamaConfig
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
-KV = npt.NDArray[np.generic]   # a K or V array in its storage dtype (forge.llama.kv_dtype)
+KV = npt.NDArray[np.generic]   # a K or V array in its storage dtype (forge.models.llama.kv_dtype)
 Scales = npt.NDArray[np.float16]  # an int8 cache's scales, [..., head_dim / INT8_GROUP]
 
 
@@ -84,7 +84,7 @@ class Scratch:
 
 class KVCache:
     """The K and V arrays of every layer; a flat slot is block_id * block_size + offset. Stored in
-    `dtype` (forge.llama.kv_dtype: float32, float16, bfloat16 as uint16 bits, or int8 with its
+    `dtype` (forge.models.llama.kv_dtype: float32, float16, bfloat16 as uint16 bits, or int8 with its
     float16 scales in k_scales / v_scales, None for the other types); attention widens what it
     reads to float32 and computes in float32."""
 
@@ -143,7 +143,7 @@ class KVCache:
         (a 512-token prefill step writes ~200 per layer), which on some virtual machines costs tens
         of microseconds each (scripts/ab/ab_engine.py kv-commit). Committing at start moves that to
         start-up, and the memory the cache will use is taken (or refused) then, not under load.
-        With `run_parts` (forge.llama.linear's MatmulPool.run_parts) the layers are dealt into
+        With `run_parts` (forge.models.llama.linear's MatmulPool.run_parts) the layers are dealt into
         `num_parts` parts that run at once; the values stay zero."""
         arrays = [a for a in (self.k, self.v, self.k_scales, self.v_scales) if a is not None]
 

@@ -1,7 +1,7 @@
 """LlamaModel: one batched forward per engine step over the paged KV cache, in numpy float32.
 
 Owns the transformer arithmetic (RMSNorm, RoPE, grouped-query attention, SwiGLU, and the optional
-parts of the families in forge.llama.arch) and the one-sequence Model protocol on top of it. Does
+parts of the families in forge.models.llama.arch) and the one-sequence Model protocol on top of it. Does
 no scheduling and no sampling; the only I/O is reading the model file in load().
 """
 
@@ -17,17 +17,17 @@ from typing import NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from forge.batch import ForwardBatch
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
-from forge.gguf_file import GGUFFile, read_gguf
 from forge.kernels import KernelChoice, compiled, products
-from forge.llama.attention import attend, softcap_
-from forge.llama.attention_plan import plan_attention
-from forge.llama.config import LlamaConfig, config_from_reader
-from forge.llama.kv_cache import KVCache
-from forge.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
-from forge.llama.rope import RopeTables, apply_rope
-from forge.llama.weights import LayerWeights, LlamaWeights, load_weights
+from forge.models.forward_batch import ForwardBatch
+from forge.models.gguf_file import GGUFFile, read_gguf
+from forge.models.llama.attention import attend, softcap_
+from forge.models.llama.attention_plan import plan_attention
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
+from forge.models.llama.llama_config import LlamaConfig, config_from_reader
+from forge.models.llama.rope import RopeTables, apply_rope
+from forge.models.llama.weights import LayerWeights, LlamaWeights, load_weights
 
 F32 = npt.NDArray[np.float32]
 C64 = npt.NDArray[np.complex64]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from forge.llama.config import LlamaConfig
+from forge.models.llama.llama_config import LlamaConfig
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

@@ -1,7 +1,7 @@
 """LlamaConfig: the hyperparameters of a Llama-family model, read from GGUF metadata.
 
 Owns the metadata keys and their validation; never hard-codes a model's numbers. Which family a
-file is, and how its block differs, comes from forge.llama.arch; reading the tensors belongs to
+file is, and how its block differs, comes from forge.models.llama.arch; reading the tensors belongs to
 weights.py.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from forge.errors import ModelLoadError
-from forge.gguf_file import GGUFFile
-from forge.llama.arch import ARCHITECTURES, Architecture
+from forge.models.gguf_file import GGUFFile
+from forge.models.llama.arch import ARCHITECTURES, Architecture
 
 ARCHITECTURE = "llama"
 # The longest context_length a file may claim: past every model's trained context (the longest published,

@@ -2,7 +2,7 @@
 
 The gguf library's reader builds a numpy view for every part of every field, 100,000 of them for a
 49k-token vocabulary, and takes seconds; forge reads the header in one pass with struct instead and
-maps the tensor data with numpy. Dequantizing stays with the gguf library (forge.llama.weights).
+maps the tensor data with numpy. Dequantizing stays with the gguf library (forge.models.llama.weights).
 Only little-endian files (all that llama.cpp writes today) are read; anything malformed is a
 ModelLoadError with a one-line message.
 """

@@ -1,5 +1,5 @@
 """What the forward multiplies by: a dense float32 matrix, or a kernel that holds one in its own
-form (forge.kernels). The loader (forge.llama.weights) makes them; forge.llama.linear multiplies
+form (forge.kernels). The loader (forge.models.llama.weights) makes them; forge.models.llama.linear multiplies
 by them; neither needs the other to say what a weight is."""
 
 from __future__ import annotations
@@ -34,4 +34,4 @@ class PoolKernel(LinearKernel, Protocol):
     def dense_into(self, xs: Any, out: F32, cut: tuple[int, int]) -> None: ...
 
 
-Weight = F32 | LinearKernel     # what forge.llama.linear.matmul(x, w) multiplies by
+Weight = F32 | LinearKernel     # what forge.models.llama.linear.matmul(x, w) multiplies by

@@ -5,8 +5,8 @@ Import LlamaModel, LlamaConfig and KVCache from here.
 
 from __future__ import annotations
 
-from forge.llama.config import LlamaConfig
-from forge.llama.kv_cache import KVCache
-from forge.llama.model import LlamaModel
+from forge.models.llama.kv_cache import KVCache
+from forge.models.llama.llama_config import LlamaConfig
+from forge.models.llama.llama_model import LlamaModel
 
 __all__ = ["KVCache", "LlamaConfig", "LlamaModel"]

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from forge.bert.model import BertModel
 from forge.errors import InvalidRequest, ModelLoadError
+from forge.models.bert.bert_model import BertModel
 
 F32 = npt.NDArray[np.float32]
 # Tokens (batch x longest input) in one forward: bounds the [B, heads, T, T] scores' memory.

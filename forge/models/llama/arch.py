@@ -1,6 +1,6 @@
 """The model families forge runs, each as the few ways its transformer block differs from Llama's.
 
-One forward (forge.llama.model) serves every family here; an Architecture says which of its
+One forward (forge.models.llama.llama_model) serves every family here; an Architecture says which of its
 optional parts a family's block has, and where its GGUF file keeps what. Adding a family is a new
 entry in ARCHITECTURES (and a reference test: docs/models.md), not a new model class.
 

@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from forge.config import MATMUL_STRATEGIES
 from forge.kernels import products
-from forge.llama.weight_types import PoolKernel, Weight
+from forge.models.llama.weight_types import PoolKernel, Weight
 
 F32 = npt.NDArray[np.float32]
 T = TypeVar("T")

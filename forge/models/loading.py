@@ -9,15 +9,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from forge.bert.encoder import LoadedEncoder, is_encoder_dir
 from forge.config import EngineConfig
 from forge.errors import ConfigError
-from forge.gguf_file import read_gguf
-from forge.hub import resolve_model
 from forge.kernels import KernelChoice, choose_kernels
-from forge.llama.config import architecture_of, config_from_reader
-from forge.llama.layout import check_layout
-from forge.llama.model import LlamaModel
+from forge.models.bert.encoder import LoadedEncoder, is_encoder_dir
+from forge.models.gguf_file import read_gguf
+from forge.models.hub import resolve_model
+from forge.models.llama.layout import check_layout
+from forge.models.llama.llama_config import architecture_of, config_from_reader
+from forge.models.llama.llama_model import LlamaModel
 from forge.text.chat_template import ChatTemplate
 from forge.text.tokenizer import Tokenizer
 

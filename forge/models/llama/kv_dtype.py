@@ -13,7 +13,7 @@ sit in an int8 array shaped like the float cache, the scales in a float16 array 
 divided by INT8_GROUP (rotated magnitudes up to 127 x 65504, about 8.3e6, beyond which they
 saturate). Reading widens q * d (exact in float32): H x, not x. Attention over such a
 cache rotates the queries by H / 32 first (their scores are then q . x) and its outputs by H / 32
-after (forge.llama.attention). 34 bytes per 32 values: 3.76x the tokens of float32 in the same
+after (forge.models.llama.attention). 34 bytes per 32 values: 3.76x the tokens of float32 in the same
 memory.
 """
 

@@ -1,6 +1,6 @@
-"""Paged attention over the K/V arrays, by one step's attention plan (forge.llama.attention_plan).
+"""Paged attention over the K/V arrays, by one step's attention plan (forge.models.llama.attention_plan).
 
-Reads the K/V arrays (forge.llama.kv_cache) through block tables. Which blocks a sequence owns
+Reads the K/V arrays (forge.models.llama.kv_cache) through block tables. Which blocks a sequence owns
 is the allocator's business; this module trusts the block tables it is given.
 
     decode rows (query length 1): split into one part per thread of the process's matmul pool;
@@ -18,10 +18,10 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.kernels import compiled, products
-from forge.llama.attention_plan import AttentionPlan, DecodeGroup, FusedDecode, FusedPrefill, PrefillSeq
-from forge.llama.kv_cache import KV, Scales, Scratch
-from forge.llama.kv_dtype import INT8_GROUP, hadamard32
-from forge.llama.linear import active_pool
+from forge.models.llama.attention_plan import AttentionPlan, DecodeGroup, FusedDecode, FusedPrefill, PrefillSeq
+from forge.models.llama.kv_cache import KV, Scales, Scratch
+from forge.models.llama.kv_dtype import INT8_GROUP, hadamard32
+from forge.models.llama.linear import active_pool
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -90,7 +90,7 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
 
 
 def _rotated(x: F32, in_place: bool = False) -> F32:
-    """x [T, nh, hd] with each run of 32 values multiplied by H / 32 (forge.llama.kv_dtype's
+    """x [T, nh, hd] with each run of 32 values multiplied by H / 32 (forge.models.llama.kv_dtype's
     hadamard32; compiled where the kernels are): H / 32 takes queries to an int8 cache's rotated
     keys, and outputs back from its rotated values."""
     if compiled.library() is None:

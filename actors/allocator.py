@@ -13,7 +13,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.kv_publisher import KvEventPublisher
-from forge.block_allocator import BlockAllocator
+from forge.engine.block_allocator import BlockAllocator
 from forge.messages import AllocateStep, CacheStats, StepAllocation
 
 

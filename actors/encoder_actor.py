@@ -18,10 +18,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.metrics import ModelMetrics
 from actors.router import Router
+from forge.engine.pooling import vector_bytes
 from forge.errors import RequestError
 from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit, TextDelta, TokenCounts
 from forge.models.bert.encoder import LoadedEncoder
-from forge.pooling import vector_bytes
 
 EncoderInbox = Submit | Abort | FlushCache
 # Most inputs taken into one round of forwards: a burst beyond it waits for the next round.

@@ -1,4 +1,4 @@
-"""Publishes the prefix cache's KV events (forge.kv_events) on a ZMQ PUB socket, as vLLM's publisher does:
+"""Publishes the prefix cache's KV events (forge.engine.kv_events) on a ZMQ PUB socket, as vLLM's publisher does:
 each batch is one message of three frames, (topic, sequence number as 8 bytes big-endian, msgpack batch).
 
 The engine never waits on a subscriber: publish_nowait puts the batch on a bounded queue that one thread
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from forge.kv_events import KVEvent, KVEventBatch, encode_batch
+from forge.engine.kv_events import KVEvent, KVEventBatch, encode_batch
 
 MAX_QUEUED_BATCHES = 10_000
 

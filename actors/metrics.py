@@ -17,11 +17,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from actors.metric_aliases import VllmAliases
-from forge.block_allocator import MISS_REASONS
+from forge.engine.block_allocator import MISS_REASONS
 
 if TYPE_CHECKING:
     from actors.kv_publisher import KvEventPublisherStats
-    from forge.engine_core import CoreStats
+    from forge.engine.core import CoreStats
     from forge.messages import CacheStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)

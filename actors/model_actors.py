@@ -23,7 +23,7 @@ from actors.scheduler import SchedulerActor, SchedulerInbox
 from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
-from forge.engine import EngineParts, Serving, serving
+from forge.engine.assembly import EngineParts, Serving, serving
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
 from forge.models.loading import LoadedModel
 from forge.sampling.reasoning import CLOSING_TEXT
@@ -66,7 +66,7 @@ class ModelActors:
 def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metrics: Metrics, *,
                 served_model_name: str, edge_grammars: Grammars, draft: LoadedModel | None,
                 publisher: KvEventPublisher | None = None, cores: anyio.CapacityLimiter | None = None) -> ModelActors:
-    """The channels and actors of one model over its engine parts (forge.engine.build_engine); `publisher`:
+    """The channels and actors of one model over its engine parts (forge.engine.assembly.build_engine); `publisher`:
     where the allocator sends its KV events (--kv-events); `cores`: the turn its worker's steps take with
     the other models' (actors.worker)."""
     served = serving(loaded, cfg, parts, served_model_name=served_model_name, draft=draft)

@@ -15,7 +15,7 @@ from actors.admission import LoadStats
 from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
 from actors.router import Router
-from forge.engine import Serving
+from forge.engine.assembly import Serving
 from forge.errors import RequestError
 from forge.messages import Abort, FlushCache, Submit
 from forge.prepare import PreparedChat, template_messages
@@ -36,7 +36,7 @@ class Pipeline:
     to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache]   # the tokeniser's inbox (or the encoder's)
     max_model_len: int
     load_stats: LoadStats
-    serving: Serving                                # what is served (forge.engine)
+    serving: Serving                                # what is served (forge.engine.assembly)
     metrics: ModelMetrics                           # its series (the responses' latencies are observed there)
     text_tokenizer: Tokenizer | None = None
     chat_template: ChatTemplate | None = None

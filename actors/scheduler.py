@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.metrics import ModelMetrics
-from forge.engine_core import CoreStats, EngineCore
+from forge.engine.core import CoreStats, EngineCore
 from forge.errors import RequestError
 from forge.messages import (
     Abort,

@@ -19,7 +19,7 @@ import anyio
 from prometheus_client import Counter
 
 from actors.metrics import Metrics
-from forge.engine_core import CoreStats
+from forge.engine.core import CoreStats
 from forge.messages import CacheStats
 
 SAMPLE_INTERVAL_S = 1.0

@@ -38,7 +38,7 @@ from actors.stats import Sources
 from actors.tokeniser_actor import TokeniserActor
 from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
-from forge.engine import EngineParts, build_engine, encoder_serving
+from forge.engine.assembly import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError
 from forge.models.bert.encoder import LoadedEncoder
 from forge.models.llama.linear import configure_matmul

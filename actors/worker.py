@@ -14,8 +14,8 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from forge.engine.model_runner import ModelRunner
 from forge.messages import StepBatch, StepOutput
-from forge.runner import ModelRunner
 
 
 class ModelWorkerActor:

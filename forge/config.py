@@ -14,7 +14,7 @@ from forge.spec_decode.speculation import SpeculativeConfig
 # BLAS and its thread pool; "split" cuts each product's output columns over a pool of Python threads,
 # each on 1-thread BLAS, whose idle threads sleep instead of spinning.
 MATMUL_STRATEGIES = ("blas", "split")
-# The order in which a step's token budget is handed out (forge.scheduler): "shortest-first"
+# The order in which a step's token budget is handed out (forge.engine.scheduler): "shortest-first"
 # (decode rows, then the prefills and prompts with the fewest tokens left, with aging) or "fcfs".
 SCHEDULING_POLICIES = ("fcfs", "shortest-first")
 # How the K/V cache stores values (forge.models.llama.kv_dtype); bfloat16 as the raw upper 16 bits.
@@ -50,7 +50,7 @@ class EngineConfig:
     blas_threads: int | None = None
     matmul_strategy: str = "split"
     # "shortest-first" lowers time to first token under load: a short prompt is not queued behind
-    # long ones (a sequence that has waited forge.scheduler.AGING_STEPS steps goes first anyway).
+    # long ones (a sequence that has waited forge.engine.scheduler.AGING_STEPS steps goes first anyway).
     scheduling_policy: str = "shortest-first"
     # Who holds and multiplies the weight matrices (forge.kernels.KERNELS): "auto" picks by the CPU;
     # "numpy" is the float32 reference.
@@ -66,7 +66,7 @@ class EngineConfig:
     # Write every page of the K/V arrays at start (KVCache.commit_memory): the cache's memory is
     # taken then, and no step pays its first-write page faults. `forge serve` does by default.
     kv_cache_commit: bool = False
-    # While sequences decode, size a step to about this many milliseconds (forge.scheduler: the
+    # While sequences decode, size a step to about this many milliseconds (forge.engine.scheduler: the
     # measured cost of recent steps decides how much prompt fits); None: the token budget alone.
     max_step_ms: float | None = None
     # Speculative decoding (forge.spec_decode.speculation): "ngram" lets decoding sequences carry up to
@@ -83,14 +83,14 @@ class EngineConfig:
     draft_layers: int | None = None
     # A sequence stops guessing at the first guess the draft gives less than this probability.
     draft_p_min: float = 0.75
-    # How POST /v1/embeddings pools the final normed hidden states of a decoder (forge.pooling):
+    # How POST /v1/embeddings pools the final normed hidden states of a decoder (forge.engine.pooling):
     # "last" by default, the only token that has seen the whole input under causal attention.
     pooling: str = "last"
     # How chat reads a reasoning model's thinking section (forge.sampling.reasoning): "auto" from the chat template
     # (it mentions <think>: "deepseek_r1" when its generation prompt ends inside an open section, else
     # "qwen3"), "none" (the text is all content), or a format by name.
     reasoning_parser: str = "auto"
-    # Write down every change to the prefix cache's set of blocks as a KV event (forge.kv_events),
+    # Write down every change to the prefix cache's set of blocks as a KV event (forge.engine.kv_events),
     # which the daemon publishes to routers with --kv-events.
     record_kv_events: bool = False
 

@@ -19,8 +19,8 @@ import numpy as np
 from msgspec import Meta
 
 from forge.api import TokenId
+from forge.engine.pooling import l2_normalised
 from forge.errors import InvalidRequest
-from forge.pooling import l2_normalised
 from forge.prepare import check_model
 from forge.sampling.sampling_params import SamplingParams
 from forge.wire_decode import decode_body

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from forge.config import EngineConfig
-from forge.engine import build_engine
+from forge.engine.assembly import build_engine
 from forge.errors import InvalidRequest
 from forge.messages import SampledToken, StepBatch, StepOutput, TokensEmitted
 from forge.models.loading import LoadedModel, Progress, load_draft, to_stderr

@@ -62,7 +62,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     close_within: int = 0               # a JSON grammar's last tokens of max_tokens spent closing it; 0: none
     cache_salt: str | None = None       # prefix-cache isolation: blocks are shared only within a salt
     # An embedding request: no token is sampled; the prompt's final normed hidden states are pooled
-    # ("mean", "last" or "cls", forge.pooling) into one L2-normalised vector. None: generation.
+    # ("mean", "last" or "cls", forge.engine.pooling) into one L2-normalised vector. None: generation.
     pooling: str | None = None
     # A reasoning model's request: the runner follows its thinking section, counts its tokens and closes
     # it at the budget. None: the output is not read for a section.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from forge.engine.sequence import Sequence, TokenId
 from forge.errors import EngineError
 from forge.seed.model import Model
 from forge.seed.paged_cache import PagedKVCache
 from forge.seed.scheduler import Scheduler, SchedulerConfig
-from forge.sequence import Sequence, TokenId
 
 MAX_ITERATIONS = 1_000_000
 

@@ -1,9 +1,9 @@
-"""forge-infer's PagedKVCache: the block allocator (forge.block_allocator) with the seed's own
+"""forge-infer's PagedKVCache: the block allocator (forge.engine.block_allocator) with the seed's own
 surface on top. The daemon never calls these; they are the seed's API, kept to its names."""
 
 from __future__ import annotations
 
-from forge.block_allocator import BlockAllocator, BlockTable, CacheError, OutOfBlocks, SeqId, UnknownSequence
+from forge.engine.block_allocator import BlockAllocator, BlockTable, CacheError, OutOfBlocks, SeqId, UnknownSequence
 
 __all__ = ["BlockTable", "CacheError", "OutOfBlocks", "PagedKVCache", "UnknownSequence"]
 

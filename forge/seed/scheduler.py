@@ -1,5 +1,5 @@
 """forge-infer's Scheduler: `Scheduler(SchedulerConfig(max_batch_size=...), cache)` owning its
-cache and planning a step in one call, over the daemon's scheduler (forge.scheduler), which knows
+cache and planning a step in one call, over the daemon's scheduler (forge.engine.scheduler), which knows
 the cache only by its layout and leaves allocation to the block allocator.
 
 It also takes the daemon's own SchedulerConfig (policies, token budgets, speculation), so that
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from forge import scheduler as core
-from forge.block_allocator import SeqId
+from forge.engine import scheduler as core
+from forge.engine.block_allocator import SeqId
+from forge.engine.sequence import SeqState, Sequence, TokenId
 from forge.seed.paged_cache import PagedKVCache
-from forge.sequence import SeqState, Sequence, TokenId
 
 __all__ = ["Scheduler", "SchedulerConfig", "SeqState", "Sequence", "StepPlan"]
 

@@ -7,7 +7,7 @@ forge.spec_decode.speculation (n-gram lookup) or, as placeholders, from the mode
 
 from __future__ import annotations
 
-from forge.sequence import Sequence, TokenId
+from forge.engine.sequence import Sequence, TokenId
 from forge.spec_decode.speculation import (
     CROWD,
     CROWDED_TOKENS,

@@ -2,7 +2,7 @@
 
 The scheduler decides how many guesses a decoding sequence carries into a step (its chunk ends in
 that many DRAFT_PLACEHOLDER tokens); the model runner asks this proposer to fill them in before the
-target's forward, which verifies them exactly as it verifies n-gram guesses (forge.runner). The draft
+target's forward, which verifies them exactly as it verifies n-gram guesses (forge.engine.model_runner). The draft
 proposes greedily (its most likely token), a deterministic proposer: the target's verification then
 keeps each guess with probability p(guess) and the output is token for token what plain decoding
 gives, seeded sampling included (up to float rounding), whatever else shares the step.

@@ -2,7 +2,7 @@
 
 A sequence that is decoding may carry draft tokens into its step: the target model computes them
 with its last token in one chunk, the runner samples every position as it would have without
-drafts, and the drafts are kept up to the first one that differs (forge.runner). With a
+drafts, and the drafts are kept up to the first one that differs (forge.engine.model_runner). With a
 deterministic proposer that rule is exactly the rejection rule of Leviathan et al. and Chen et al.
 (a draft is kept with probability p(draft); a rejected position's token is drawn from p without the
 draft, renormalised), and with each row's own uniform it gives the very tokens plain decoding gives.

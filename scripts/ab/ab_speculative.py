@@ -100,7 +100,7 @@ def rows(loaded: LoadedModel) -> None:
 
 
 def lookahead(loaded: LoadedModel, rounds: int) -> None:
-    from forge import scheduler
+    from forge.engine import scheduler
     from forge_bench import loadgen
 
     prompts = [w.prompt for w in loadgen.build_workload(loaded.tokenizer, num_requests=32, max_tokens=128,

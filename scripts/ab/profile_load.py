@@ -1,5 +1,5 @@
 """Where a model's load goes: the stages a daemon runs before a model serves (forge.models.loading.load_served,
-forge.engine.build_engine, the gateway's grammar engine), timed over --repeat loads in one process, and with
+forge.engine.assembly.build_engine, the gateway's grammar engine), timed over --repeat loads in one process, and with
 --profile the functions that take the most of one more load (cProfile, by own time).
 
     .venv/bin/python scripts/ab/profile_load.py --model gemma-3-270m --repeat 2 --profile 14
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from forge.config import EngineConfig
-from forge.engine import build_engine
+from forge.engine.assembly import build_engine
 from forge.models.hub import resolve_model
 from forge.models.loading import load_served
 from forge.sampling.structured import Grammars

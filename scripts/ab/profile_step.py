@@ -33,9 +33,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import forge.engine.model_runner as runner_mod  # noqa: E402
 import forge.models.llama.llama_model as model_mod  # noqa: E402
 import forge.models.llama.rope as rope_mod  # noqa: E402
-import forge.runner as runner_mod  # noqa: E402
 from forge.config import EngineConfig  # noqa: E402
 from forge.llm import LLMEngine, LoadedModel  # noqa: E402
 from forge.models.hub import default_model_path  # noqa: E402

@@ -13,13 +13,13 @@ from actors.allocator import AllocatorActor
 from actors.metrics import Metrics
 from actors.scheduler import SchedulerActor
 from actors.worker import ModelWorkerActor
-from forge.block_allocator import BlockAllocator
-from forge.engine_core import EngineCore
+from forge.engine.block_allocator import BlockAllocator
+from forge.engine.core import EngineCore
+from forge.engine.model_runner import ModelRunner
+from forge.engine.scheduler import SchedulerConfig
 from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
 from forge.models.llama.llama_model import LlamaModel
-from forge.runner import ModelRunner
 from forge.sampling.sampling_params import SamplingParams
-from forge.scheduler import SchedulerConfig
 from tests.tiny_gguf import EOS_ID, write_tiny_llama
 
 

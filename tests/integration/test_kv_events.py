@@ -22,7 +22,7 @@ import zmq
 from actors.gateway import GatewayConfig
 from actors.kv_publisher import KvEventsConfig
 from actors.supervisor import DaemonConfig, running_daemon
-from forge.kv_events import BlockStored, decode_batch
+from forge.engine.kv_events import BlockStored, decode_batch
 from forge.models.loading import LoadedModel
 from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, engine_config, free_port, sample, wait_router
 from tests.integration.test_vllm_router import ROUTER, Recording

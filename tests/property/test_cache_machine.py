@@ -2,7 +2,7 @@
 prefix cache hands out only blocks that hold the tokens asked for.
 
 The machine drives the cache's whole surface against a shadow model: admit/append/free/evict on bare
-sequences, and allocate_step (asks built the way forge/scheduler.py builds them), free and
+sequences, and allocate_step (asks built the way forge/engine/scheduler.py builds them), free and
 admit_with_prefix on prompt sequences, with the prefix cache on or off (drawn per run). The shadow
 records which token each block slot holds as grants compute them, so a prefix hit is checked against
 what was written into its blocks, not against the cache's own bookkeeping.

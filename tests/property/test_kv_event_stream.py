@@ -10,8 +10,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from forge.block_allocator import BlockAllocator
-from forge.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch
+from forge.engine.block_allocator import BlockAllocator
+from forge.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch
 from forge.messages import BlockAsk
 
 NUM_BLOCKS = 10

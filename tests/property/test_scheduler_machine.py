@@ -6,10 +6,10 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from forge.scheduler import SchedulerConfig
+from forge.engine.scheduler import SchedulerConfig
+from forge.engine.sequence import SeqState, Sequence
 from forge.seed.paged_cache import PagedKVCache
 from forge.seed.scheduler import Scheduler
-from forge.sequence import SeqState, Sequence
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 10          # 40 tokens: far too small for all sequences, enough for each alone

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from forge.config import EngineConfig
-from forge.engine import build_engine
+from forge.engine.assembly import build_engine
 from forge.errors import ModelLoadError
 from forge.llm import LoadedModel
 from forge.models.llama import LlamaModel

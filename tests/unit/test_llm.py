@@ -426,7 +426,7 @@ def test_every_end_token_ends_a_request(real: LoadedModel, mixed_ids: list[list[
 def test_the_default_kv_budget_is_sized_to_the_model(tiny: LoadedModel) -> None:
     """Unset, the budget holds max_num_seqs sequences of TYPICAL_SEQ_TOKENS (or one whole context,
     if more) in the cache's dtype; int8 takes fewer bytes for the same tokens."""
-    from forge.cache_plan import TYPICAL_SEQ_TOKENS, plan_cache
+    from forge.engine.cache_plan import TYPICAL_SEQ_TOKENS, plan_cache
 
     model = tiny.model
     context = model.config.max_position
@@ -443,7 +443,7 @@ def test_the_default_kv_budget_is_sized_to_the_model(tiny: LoadedModel) -> None:
 
 
 def test_a_budget_capped_by_memory_says_why_the_context_shrank(tiny: LoadedModel) -> None:
-    from forge.cache_plan import KV_MEMORY_SHARE, plan_cache
+    from forge.engine.cache_plan import KV_MEMORY_SHARE, plan_cache
 
     model = tiny.model
     per_block = KVCache.bytes_per_block(model.config, 4, "float16")
@@ -459,7 +459,7 @@ def test_a_budget_capped_by_memory_says_why_the_context_shrank(tiny: LoadedModel
 
 
 def test_the_machine_memory_is_read_here() -> None:
-    from forge.cache_plan import machine_memory
+    from forge.engine.cache_plan import machine_memory
 
     memory = machine_memory()
     assert memory is not None and memory > 2**28
@@ -471,7 +471,7 @@ def test_a_1_7b_model_serves_32_streams_of_1024_tokens_in_24_gib_by_default() ->
     int8 (float32 would not: 384 KiB a token)."""
     from types import SimpleNamespace
 
-    from forge.cache_plan import plan_cache
+    from forge.engine.cache_plan import plan_cache
 
     model = SimpleNamespace(config=SimpleNamespace(num_layers=24, num_kv_heads=32, head_dim=64, max_position=8192))
     for dtype in ("float16", "int8"):

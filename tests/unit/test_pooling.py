@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from forge.config import EngineConfig
+from forge.engine.pooling import PoolState, l2_normalised
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.llm import LLMEngine, LoadedModel
-from forge.pooling import PoolState, l2_normalised
 from forge.sampling.sampling_params import SamplingParams
 from tests.unit.test_llama import reference_hidden
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.config import EngineConfig
-from forge.engine import reasoning_format
+from forge.engine.assembly import reasoning_format
 from forge.llm import LLM, LoadedModel
 from forge.sampling.reasoning import (
     CLOSING_TEXT,

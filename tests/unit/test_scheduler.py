@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
+from forge.engine.schedule_policy import AGING_STEPS
+from forge.engine.scheduler import SchedulerConfig
+from forge.engine.sequence import SeqState, Sequence
 from forge.errors import CapacityError
-from forge.schedule_policy import AGING_STEPS
-from forge.scheduler import SchedulerConfig
 from forge.seed.paged_cache import PagedKVCache
 from forge.seed.scheduler import Scheduler
-from forge.sequence import SeqState, Sequence
 from forge.spec_decode.speculation import Lookahead, SpeculativeConfig
 
 

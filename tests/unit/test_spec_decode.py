@@ -366,7 +366,7 @@ def test_the_real_model_as_its_own_draft(real: LoadedModel) -> None:
 def test_a_draft_shares_the_cache_budget_and_bounds_the_context(tmp_path: Path, tiny: LoadedModel) -> None:
     """A separate draft keeps its K/V in the same blocks: a block costs both models' bytes, and the
     draft's shorter context bounds the sequences (the target's is 256 here, the draft's 128)."""
-    from forge.cache_plan import plan_cache
+    from forge.engine.cache_plan import plan_cache
     from tests.tiny_gguf import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "long.gguf", vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn=48,

@@ -21,7 +21,7 @@ from forge.models.llama.arch import ARCHITECTURES, Architecture
 ARCHITECTURE = "llama"
 # The longest context_length a file may claim: past every model's trained context (the longest published,
 # 10M tokens), so a larger claim is a broken file. Nothing is sized by it (the RoPE tables and the KV cache
-# follow the context served, forge.cache_plan), but the served context is at most it.
+# follow the context served, forge.engine.cache_plan), but the served context is at most it.
 MAX_CONTEXT_LENGTH = 2**24
 
 

@@ -12,7 +12,9 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from forge.block_allocator import CacheLayout
+from forge.engine.block_allocator import CacheLayout
+from forge.engine.scheduler import Scheduler, SchedulerConfig
+from forge.engine.sequence import Sequence
 from forge.errors import InvalidRequest, PromptTooLong
 from forge.messages import (
     AllocateStep,
@@ -27,8 +29,6 @@ from forge.messages import (
     TokensEmitted,
 )
 from forge.sampling.sampling_params import SamplingParams
-from forge.scheduler import Scheduler, SchedulerConfig
-from forge.sequence import Sequence
 from forge.spec_decode.speculation import Lookahead
 
 

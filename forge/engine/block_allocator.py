@@ -13,7 +13,7 @@ Prefix caching: a full block is identified by the chain of its tokens and all to
 When a sequence frees a full block, the block keeps its contents and identity on an LRU list of
 evictable blocks; a later sequence with the same prefix takes it back instead of recomputing.
 Evictable blocks count as free: they are reused (and forgotten) only when the free list is empty.
-With `record_events`, each change to the cached set is also a KV event (forge.kv_events) for routers.
+With `record_events`, each change to the cached set is also a KV event (forge.engine.kv_events) for routers.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from forge.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, wire_hash
 from forge.errors import ForgeError
-from forge.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, wire_hash
 from forge.messages import BlockAsk, Grant, StepAllocation
 
 SeqId = int

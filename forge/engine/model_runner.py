@@ -17,13 +17,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from forge.engine.pooling import PoolState, vector_bytes
 from forge.errors import ConfigError, EngineError
 from forge.messages import Embedding, SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.models.forward_batch import ForwardBatch, build_forward_batch
 from forge.models.llama.kv_cache import KVCache
 from forge.models.llama.linear import active_pool
 from forge.models.llama.llama_model import LlamaModel
-from forge.pooling import PoolState, vector_bytes
 from forge.sampling.penalties import TokenHistory
 from forge.sampling.reasoning import Section, SectionFollower
 from forge.sampling.sampler import Sampler, SamplingBatch

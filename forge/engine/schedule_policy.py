@@ -7,7 +7,7 @@ budget is handed out.
                     estimate); a sequence AGING_STEPS steps after its arrival (and any preempted
                     one) goes before all other prefill work, oldest first.
 
-Pure functions of the queues: the scheduler (forge.scheduler) owns the state.
+Pure functions of the queues: the scheduler (forge.engine.scheduler) owns the state.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import islice
 
-from forge.prefix_estimate import PrefixEstimate
-from forge.sequence import SeqState, Sequence
+from forge.engine.prefix_estimate import PrefixEstimate
+from forge.engine.sequence import SeqState, Sequence
 
 # Steps after its arrival from which a sequence is served in arrival order, whatever its length:
 # the bound on how long shorter arrivals can keep overtaking it.

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import msgspec
 
-from forge.block_allocator import BlockAllocator
-from forge.cache_plan import CachePlan, plan_cache
 from forge.config import EngineConfig
-from forge.engine_core import EngineCore
+from forge.engine.block_allocator import BlockAllocator
+from forge.engine.cache_plan import CachePlan, plan_cache
+from forge.engine.core import EngineCore
+from forge.engine.model_runner import ModelRunner
+from forge.engine.scheduler import SchedulerConfig
 from forge.kernels import compiled
 from forge.models.bert.encoder import LoadedEncoder
 from forge.models.llama.linear import configure_matmul
 from forge.models.loading import LoadedModel, check_draft
-from forge.runner import ModelRunner
 from forge.sampling.reasoning import detect_format
 from forge.sampling.structured import Grammars
-from forge.scheduler import SchedulerConfig
 from forge.text.chat_template import ChatTemplate
 
 

@@ -5,8 +5,8 @@ has `num_computed_tokens`, which catches up with its token count (prompt + outpu
 step's token budget. There are no phases. The scheduler never calls a model and never touches
 the KV cache: it knows the cache only by its layout (block size, block count), proposes
 (`propose`), the cache allocator grants (`BlockAllocator.allocate_step`), and the scheduler
-records the outcome (`commit`). The order of the budget is the policy's (forge.schedule_policy),
-the prefix estimate ranks waiting prompts (forge.prefix_estimate), and speculation takes only
+records the outcome (`commit`). The order of the budget is the policy's (forge.engine.schedule_policy),
+the prefix estimate ranks waiting prompts (forge.engine.prefix_estimate), and speculation takes only
 what is left (forge.spec_decode.draft_budget).
 """
 
@@ -15,16 +15,16 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from forge.block_allocator import CacheLayout, SeqId
 from forge.config import SCHEDULING_POLICIES, EngineConfig
+from forge.engine.block_allocator import CacheLayout, SeqId
+from forge.engine.prefix_estimate import PrefixEstimate
+from forge.engine.schedule_policy import admission_order, budget_order
+from forge.engine.sequence import SeqState, Sequence, TokenId
+from forge.engine.step_cost import StepCostModel
 from forge.errors import CapacityError
 from forge.messages import AllocateStep, BlockAsk, StepAllocation
-from forge.prefix_estimate import PrefixEstimate
-from forge.schedule_policy import admission_order, budget_order
-from forge.sequence import SeqState, Sequence, TokenId
 from forge.spec_decode import draft_budget
 from forge.spec_decode.speculation import SpeculativeConfig
-from forge.step_cost import StepCostModel
 
 # At most this many waiting sequences are offered to the allocator per step (it admits them in
 # order while the step's budget and the free blocks last).

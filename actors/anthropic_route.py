@@ -5,10 +5,10 @@
                                       message_stop (an engine fault mid-stream: an `error` event)
     POST /v1/messages/count_tokens    {"input_tokens": N}: the prompt a message would run, tools included
 
-A message is a chat request in another wire format (forge/anthropic_api.py turns it into one): it runs
+A message is a chat request in another wire format (forge/api/anthropic/anthropic_schema.py turns it into one): it runs
 through the same preparation, admission, tokeniser and engine as a chat completion, through the same
 response lifetime (actors/lifetime.py), and is read back with the same tool-call reader; only the
-shapes written here differ (forge/anthropic_responses.py). The errors of these routes are written in
+shapes written here differ (forge/api/anthropic/anthropic_output.py). The errors of these routes are written in
 the Messages API's envelope (actors/http_edge.py), and their key may come as `x-api-key`.
 """
 
@@ -26,10 +26,10 @@ from actors.http_edge import json_response, messages_error_response
 from actors.lifetime import ResponseLifetime
 from actors.pipeline import Pipeline
 from actors.responses import Choice, ChoiceReader
-from forge import anthropic_responses as wire
-from forge.anthropic_api import prepare_count_tokens, prepare_messages
+from forge.api.anthropic import anthropic_output as wire
+from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages
+from forge.api.openai.openai_prepare import template_messages
 from forge.messages import Submit
-from forge.prepare import template_messages
 from forge.text.tool_calls import ToolCallReader
 
 

@@ -29,8 +29,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from actors.gateway import GatewayConfig
     from actors.logs import configure_logging
     from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
+    from forge.api.responses.responses_store import ResponseStore
     from forge.config import parse_size
-    from forge.responses_store import ResponseStore
 
     try:
         configure_logging(args.log_level, args.log_format)

@@ -5,7 +5,7 @@ Each input is one request in the engine, a prompt-only sequence that returns its
 scheduler and batch as a completion, through the same response lifetime (actors/lifetime.py), and
 its vector comes back on its last TextDelta. A batch of inputs is admitted as one unit and fed to the
 engine a window at a time (actors/feed.py), up to the API's 2,048 inputs whatever --max-waiting is.
-The wire shapes are forge/embeddings_api.py's.
+The wire shapes are forge/api/embeddings/embeddings_schema.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from actors.lifetime import ResponseLifetime
 from actors.pipeline import Pipeline
-from forge.embeddings_api import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
+from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
 from forge.messages import Submit
 
 

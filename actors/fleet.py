@@ -28,8 +28,8 @@ from starlette.routing import Route
 from actors.http_edge import json_response
 from actors.kv_publisher import KvEventPublisher
 from actors.pipeline import Pipeline
+from forge.api.openai.openai_prepare import prepare_chat, prepare_completion
 from forge.messages import FlushCache, Rejected
-from forge.prepare import prepare_chat, prepare_completion
 
 
 class FleetRoutes:

@@ -1,6 +1,6 @@
 """The HTTP gateway: starlette routes, checks at the edge, and disconnect -> Abort.
 
-Requests are validated at the edge (forge.api) and admitted against explicit bounds before any
+Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds before any
 tokenising work (actors/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
 the router (actors.responses assembles the body or the SSE frames; actors.lifetime admits, submits
 and reads them); a client that goes away, in any phase, aborts its requests through the same path,
@@ -49,17 +49,17 @@ from actors.responses import (
 from actors.responses_route import ResponsesRoutes
 from actors.stats import Stats
 from actors.text_routes import TextRoutes
-from forge import api_responses as wire
-from forge.api_responses import ResponseHeader
-from forge.errors import CapacityError, RequestError
-from forge.messages import Submit
-from forge.prepare import (
+from forge.api.openai import openai_output as wire
+from forge.api.openai.openai_output import ResponseHeader
+from forge.api.openai.openai_prepare import (
     prepare_chat,
     prepare_completion,
     prepare_generate,
     template_messages,
 )
-from forge.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
+from forge.api.responses.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
+from forge.errors import CapacityError, RequestError
+from forge.messages import Submit
 from forge.sampling.sampling_params import SamplingParams
 
 log = structlog.get_logger("forge.gateway")

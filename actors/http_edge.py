@@ -14,8 +14,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from forge import anthropic_responses as anthropic
-from forge import api_responses as wire
+from forge.api.anthropic import anthropic_output as anthropic
+from forge.api.openai import openai_output as wire
 from forge.errors import PromptTooLong, RequestError
 
 _json = msgspec.json.Encoder()

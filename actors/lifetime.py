@@ -26,10 +26,10 @@ from actors.http_edge import error_response, json_response
 from actors.pipeline import Pipeline, only_embeds
 from actors.responses import ChoiceReader
 from actors.sse import SSEResponse
-from forge import api_responses as wire
+from forge.api.openai import openai_output as wire
+from forge.api.openai.openai_prepare import Constraint
 from forge.errors import RequestError
 from forge.messages import Accepted, Submit
-from forge.prepare import Constraint
 
 # Tokens a response may have generated and not yet written to its client, all its choices together, before
 # the daemon ends it (--max-unsent-tokens): its writer is stuck on a client that stopped reading, past what

@@ -1,7 +1,7 @@
 """The gateway's OpenAPI document (GET /openapi.json), generated from the request types themselves.
 
 The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
-(forge/api.py, forge/anthropic_api.py, forge/responses_api.py), constraints included, so the document
+(forge/api/openai/openai_schema.py, forge/api/anthropic/anthropic_schema.py, forge/api/responses/responses_schema.py), constraints included, so the document
 cannot drift from what is accepted. Every error is declared as OpenAI's envelope, but on the Messages
 API's routes as that API's. Success bodies are described loosely (an object, or an SSE stream): their
 exact shapes are OpenAI's, or the Messages API's (docs/api.md).
@@ -14,7 +14,10 @@ from typing import Any
 
 import msgspec
 
-from forge import anthropic_api, api, embeddings_api, responses_api
+from forge.api.anthropic import anthropic_schema as anthropic_api
+from forge.api.embeddings import embeddings_schema as embeddings_api
+from forge.api.openai import openai_schema as api
+from forge.api.responses import responses_schema as responses_api
 
 _REF = "#/components/schemas/{name}"
 

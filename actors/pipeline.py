@@ -15,10 +15,10 @@ from actors.admission import LoadStats
 from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
 from actors.router import Router
+from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.engine.assembly import Serving
 from forge.errors import RequestError
 from forge.messages import Abort, FlushCache, Submit
-from forge.prepare import PreparedChat, template_messages
 from forge.sampling.sampling_params import SamplingParams, Thinking
 from forge.sampling.structured import Grammars
 from forge.text.chat_template import ChatTemplate
@@ -79,7 +79,7 @@ class Pipeline:
 
     def chat_prompt_ids(self, entries: list[dict[str, Any]], functions: list[Function], *,
                         add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> list[int]:
-        """The ids a chat request's messages (forge.prepare.chat_template_messages) and tools run as."""
+        """The ids a chat request's messages (forge.api.openai.openai_prepare.chat_template_messages) and tools run as."""
         messages, tools = template_messages(self.template.supports_tools, entries, functions)
         text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt, tools=tools,
                                     kwargs=kwargs)

@@ -2,7 +2,7 @@
 
 A ChoiceReader accumulates each choice's text, logprobs, token counts and timing as deltas arrive
 (observing the latency metrics on the way); the functions below turn what it read into the OpenAI
-wire shapes (forge.api). Nothing here admits, routes or aborts: the gateway does that.
+wire shapes (forge.api.openai.openai_schema). Nothing here admits, routes or aborts: the gateway does that.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from starlette.requests import Request
 from actors.feed import ChoiceFeed
 from actors.metrics import ModelMetrics
 from actors.router import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
-from forge import api_responses as wire
-from forge.api_responses import FinishReason, ResponseHeader, TokenLogprob, Usage
+from forge.api.openai import openai_output as wire
+from forge.api.openai.openai_output import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
 from forge.sampling.reasoning import ReasoningParts, ReasoningReader

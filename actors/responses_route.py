@@ -7,11 +7,11 @@
     GET    /v1/responses/{id}     a stored response
     DELETE /v1/responses/{id}     forget it
 
-A response is a chat request in another wire format (forge/responses_api.py turns it into one, after
+A response is a chat request in another wire format (forge/api/responses/responses_schema.py turns it into one, after
 the stored conversation it continues): it runs through the same preparation, admission, tokeniser and
 engine as a chat completion, through the same response lifetime (actors/lifetime.py), and is read back
-with the same tool-call reader; only the shapes written here differ (forge/responses_wire.py). Errors
-are OpenAI's envelope, as on chat. The store is this gateway's memory (forge/responses_store.py).
+with the same tool-call reader; only the shapes written here differ (forge/api/responses/responses_output.py). Errors
+are OpenAI's envelope, as on chat. The store is this gateway's memory (forge/api/responses/responses_store.py).
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ from actors.http_edge import json_response
 from actors.lifetime import ResponseLifetime
 from actors.pipeline import Pipeline
 from actors.responses import Choice, ChoiceReader
-from forge import responses_wire as wire
-from forge.anthropic_responses import text_events
-from forge.api_responses import SSE_PING
-from forge.errors import RequestError
-from forge.messages import Submit
-from forge.prepare import template_messages
-from forge.responses_api import (
+from forge.api.anthropic.anthropic_output import text_events
+from forge.api.openai.openai_output import SSE_PING
+from forge.api.openai.openai_prepare import template_messages
+from forge.api.responses import responses_output as wire
+from forge.api.responses.responses_schema import (
     Conversation,
     Item,
     ResponsesRequest,
@@ -46,7 +44,9 @@ from forge.responses_api import (
     prepare_response,
     wire_param,
 )
-from forge.responses_store import ResponseStore
+from forge.api.responses.responses_store import ResponseStore
+from forge.errors import RequestError
+from forge.messages import Submit
 from forge.text.tool_calls import ToolCallReader
 
 

@@ -12,9 +12,9 @@ from starlette.routing import Route
 
 from actors.http_edge import json_response
 from actors.pipeline import Pipeline
-from forge import api
+from forge.api.openai import openai_schema as api
+from forge.api.openai.openai_prepare import chat_template_messages, check_model, functions
 from forge.errors import RequestError
-from forge.prepare import chat_template_messages, check_model, functions
 
 
 class TextRoutes:

@@ -18,7 +18,7 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 4096
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 100.0
-# The ranges a request may ask for: the wire schema (forge.api) declares them from these, and
+# The ranges a request may ask for: the wire schema (forge.api.openai.openai_schema) declares them from these, and
 # validate() holds every other caller (LLM, the offline engine) to them.
 MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0              # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]

@@ -13,11 +13,17 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import example, given, settings
 
-from forge.anthropic_api import prepare_messages
+from forge.api.anthropic.anthropic_schema import prepare_messages
+from forge.api.openai.openai_prepare import (
+    PreparedChat,
+    PreparedCompletion,
+    prepare_chat,
+    prepare_completion,
+    template_messages,
+)
+from forge.api.responses.responses_schema import decode_responses, prepare_response
 from forge.errors import RequestError
 from forge.llm import LoadedModel
-from forge.prepare import PreparedChat, PreparedCompletion, prepare_chat, prepare_completion, template_messages
-from forge.responses_api import decode_responses, prepare_response
 from forge.sampling.nesting import MAX_GRAMMAR_DEPTH, MAX_SCHEMA_DEPTH, schema_depth
 from forge.sampling.structured import Grammars, lark_grammar, regex_grammar
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from forge import anthropic_responses as wire
-from forge.anthropic_api import chat_request, decode_count_tokens, decode_messages, prepare_messages
-from forge.api import NamedToolChoice
+from forge.api.anthropic import anthropic_output as wire
+from forge.api.anthropic.anthropic_schema import chat_request, decode_count_tokens, decode_messages, prepare_messages
+from forge.api.openai.openai_prepare import prepare_chat
+from forge.api.openai.openai_schema import NamedToolChoice
 from forge.errors import InvalidRequest
-from forge.prepare import prepare_chat
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",

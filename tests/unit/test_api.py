@@ -1,4 +1,4 @@
-"""forge.api: request decoding (every bad input is an InvalidRequest naming its param), conversion to
+"""forge.api.openai.openai_schema: request decoding (every bad input is an InvalidRequest naming its param), conversion to
 SamplingParams, and the exact JSON shapes of responses, chunks, logprobs, errors and the model list."""
 
 from __future__ import annotations
@@ -12,24 +12,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge import api
-from forge import api_responses as wire
-from forge.api import (
-    decode_chat,
-    decode_completion,
-    decode_detokenize,
-    decode_generate,
-    decode_tokenize,
-)
-from forge.api_responses import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
-from forge.errors import InvalidRequest
-from forge.prepare import (
+from forge.api.openai import openai_output as wire
+from forge.api.openai import openai_schema as api
+from forge.api.openai.openai_output import SSE_DONE, SSE_PING, ResponseHeader, TokenLogprob, Usage
+from forge.api.openai.openai_prepare import (
     chat_template_messages,
     completion_prompts,
     prepare_generate,
     request_constraint,
     to_sampling_params,
 )
+from forge.api.openai.openai_schema import (
+    decode_chat,
+    decode_completion,
+    decode_detokenize,
+    decode_generate,
+    decode_tokenize,
+)
+from forge.errors import InvalidRequest
 from forge.sampling.sampling_params import SamplingParams
 from forge.sampling.structured import CLOSE_WITHIN
 
@@ -545,7 +545,7 @@ def test_decoded_requests_give_valid_sampling_params(obj: dict[str, Any]) -> Non
 
 
 def test_reasoning_fields_give_a_thinking_budget() -> None:
-    from forge.prepare import prepare_chat
+    from forge.api.openai.openai_prepare import prepare_chat
 
     def budget(**fields: object) -> int | None:
         body = {"messages": [{"role": "user", "content": "Hi"}], **fields}

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from actors.cli import register
-from forge.api import ChatCompletionRequest, CompletionRequest
+from forge.api.openai.openai_schema import ChatCompletionRequest, CompletionRequest
 from forge.cli import build_parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

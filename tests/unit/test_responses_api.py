@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from forge import responses_wire as wire
-from forge.api import ContentPart, NamedToolChoice
-from forge.errors import InvalidRequest
-from forge.prepare import prepare_chat
-from forge.responses_api import (
+from forge.api.openai.openai_prepare import prepare_chat
+from forge.api.openai.openai_schema import ContentPart, NamedToolChoice
+from forge.api.responses import responses_output as wire
+from forge.api.responses.responses_schema import (
     FunctionCallItem,
     Item,
     MessageItem,
@@ -25,7 +24,8 @@ from forge.responses_api import (
     prepare_response,
     wire_param,
 )
-from forge.responses_store import ResponseStore
+from forge.api.responses.responses_store import ResponseStore
+from forge.errors import InvalidRequest
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",

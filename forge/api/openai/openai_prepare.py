@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from forge.api import (
+from forge.api.openai.openai_schema import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

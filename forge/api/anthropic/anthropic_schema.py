@@ -1,7 +1,7 @@
 """The wire schema of forge's Anthropic-compatible Messages API (POST /v1/messages and
 /v1/messages/count_tokens): request Structs, their decoders, and the one converter to the chat request
 the same pipeline runs. A Messages request is another wire format over a chat request: its sampling,
-chat template, tools and constraints are chat's (forge/prepare.py), so the two give the same output.
+chat template, tools and constraints are chat's (forge/api/openai/openai_prepare.py), so the two give the same output.
 Unknown fields are ignored and a null field counts as absent, as on every forge route. Pure: no I/O.
 """
 
@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from forge.api import (
+from forge.api.openai.openai_prepare import PreparedChat, prepare_chat_request
+from forge.api.openai.openai_schema import (
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
@@ -26,10 +27,9 @@ from forge.api import (
     ToolCallFunction,
     TopP,
 )
+from forge.api.wire_decode import decode_body
 from forge.errors import InvalidRequest
-from forge.prepare import PreparedChat, prepare_chat_request
 from forge.sampling.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
-from forge.wire_decode import decode_body
 
 _MAX_INT32 = 2**31 - 1
 Temperature = Annotated[float, Meta(ge=0.0, le=1.0)]       # the Messages API's range (chat's is 0-2)

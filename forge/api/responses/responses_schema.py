@@ -1,7 +1,7 @@
 """The wire schema of forge's Responses API (POST /v1/responses): the request Struct, its input items,
 their decoder, and the one converter to the chat request the same pipeline runs. A response is another
-wire format over a chat request, as a message is (forge/anthropic_api.py): its sampling, chat template,
-tools and constraints are chat's (forge/prepare.py), so a response and the equivalent chat completion
+wire format over a chat request, as a message is (forge/api/anthropic/anthropic_schema.py): its sampling, chat template,
+tools and constraints are chat's (forge/api/openai/openai_prepare.py), so a response and the equivalent chat completion
 give the same output. A stored conversation (previous_response_id) is a tuple of the same input items,
 so a continued response renders exactly the prompt its client would have sent whole. Pure: no I/O.
 """
@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from forge.api import (
+from forge.api.openai.openai_prepare import PreparedChat, prepare_chat_request
+from forge.api.openai.openai_schema import (
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
@@ -36,10 +37,9 @@ from forge.api import (
     TopK,
     TopP,
 )
+from forge.api.wire_decode import decode_body
 from forge.errors import InvalidRequest
-from forge.prepare import PreparedChat, prepare_chat_request
 from forge.sampling.reasoning import Effort
-from forge.wire_decode import decode_body
 
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
 

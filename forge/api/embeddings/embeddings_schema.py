@@ -18,12 +18,12 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
-from forge.api import TokenId
+from forge.api.openai.openai_prepare import check_model
+from forge.api.openai.openai_schema import TokenId
+from forge.api.wire_decode import decode_body
 from forge.engine.pooling import l2_normalised
 from forge.errors import InvalidRequest
-from forge.prepare import check_model
 from forge.sampling.sampling_params import SamplingParams
-from forge.wire_decode import decode_body
 
 # OpenAI's bound on the inputs of one request; each input is one sequence in the engine.
 MAX_INPUTS = 2048

@@ -1,7 +1,7 @@
 """Response shapes of forge's Responses API: the response object, its output items, usage, the typed
 stream events and their SSE framing (`event: <type>` then its JSON, numbered by `sequence_number`).
 Pure builders of plain dicts ready for msgspec.json.encode; errors are OpenAI's envelope
-(forge/api_responses.py), as on chat.
+(forge/api/openai/openai_output.py), as on chat.
 
 The output items are built from the tool-call reader's events (forge.text.tool_calls) in order, one way for
 both shapes: a stream sends the item events as each delta adds them, a body is the items they make,
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from forge.responses_api import FormatText, ResponsesRequest
+from forge.api.responses.responses_schema import FormatText, ResponsesRequest
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]

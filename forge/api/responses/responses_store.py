@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from forge.responses_api import Conversation
+from forge.api.responses.responses_schema import Conversation
 
 DEFAULT_MAX_RESPONSES = 1024
 DEFAULT_TTL_S = 3600.0

@@ -1,7 +1,7 @@
 """The HTTP wire schema of forge's OpenAI-compatible API: request Structs and their decoders. No I/O and no web
 framework here: a decoder takes the body bytes and gives back a typed request or an InvalidRequest that names
-the bad field (through forge/wire_decode.py). What a request becomes for the engine (sampling params,
-constraint, prompts) is forge/prepare.py's; response shapes are forge/api_responses.py's.
+the bad field (through forge/api/wire_decode.py). What a request becomes for the engine (sampling params,
+constraint, prompts) is forge/api/openai/openai_prepare.py's; response shapes are forge/api/openai/openai_output.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from forge.api.wire_decode import decode_body
 from forge.errors import InvalidRequest
 from forge.sampling.reasoning import Effort
 from forge.sampling.sampling_params import (
@@ -24,7 +25,6 @@ from forge.sampling.sampling_params import (
     MAX_TEMPERATURE,
     MIN_REPETITION_PENALTY,
 )
-from forge.wire_decode import decode_body
 
 _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]

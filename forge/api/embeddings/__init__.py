@@ -1,0 +1,1 @@
+"""OpenAI's embeddings API: the request, its preparation and its output."""

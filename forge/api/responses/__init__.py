@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its schema and the chat request it means, its output, the store."""

@@ -1,7 +1,7 @@
 """The `forge` command as installed: the core's commands plus `serve` and the HTTP benchmarks.
 
 `forge serve` runs the daemon; `forge bench serve|compare` drive servers over HTTP. Everything
-else (pull, generate, the offline bench) is the core's own command line, forge.cli.
+else (pull, generate, the offline bench) is the core's own command line, forge.core_cli.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from forge import cli as core_cli
-from forge.cli import add_engine_flags, engine_config, env
+from forge import core_cli
+from forge.core_cli import add_engine_flags, engine_config, env
 from forge.errors import ForgeError, RequestError
 
 if TYPE_CHECKING:

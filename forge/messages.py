@@ -15,7 +15,7 @@ from forge.errors import RequestError
 from forge.sampling.sampling_params import SamplingParams
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+class ActorMessage(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Immutable, keyword-only, tagged by class name.
 
     Subclasses repeat frozen=True: msgspec inherits it, but type checkers would see them mutable.
@@ -24,7 +24,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 # ---- scheduler <-> cache allocator ----------------------------------------------------------
 
-class BlockAsk(Message, frozen=True):
+class BlockAsk(ActorMessage, frozen=True):
     """One sequence's wish for this step, in priority order (running first, then waiting)."""
     seq_id: int
     new_token_ids: tuple[int, ...]   # tokens the allocator has not seen yet for this sequence
@@ -37,7 +37,7 @@ class BlockAsk(Message, frozen=True):
     use_prefix_cache: bool = True    # waiting: False to compute every token (a pooling that reads them all)
 
 
-class Grant(Message, frozen=True):
+class Grant(ActorMessage, frozen=True):
     seq_id: int
     num_cached: int                  # leading tokens found in the prefix cache (new sequences)
     start: int                       # first position computed this step
@@ -46,7 +46,7 @@ class Grant(Message, frozen=True):
     num_lookahead: int = 0           # draft slots granted after those tokens
 
 
-class AllocateStep(Message, frozen=True):
+class AllocateStep(ActorMessage, frozen=True):
     frees: tuple[int, ...]           # sequences that finished or were aborted since the last step
     asks: tuple[BlockAsk, ...]
     admit_budget: int | None = None  # tokens the waiting asks may compute in all, counted after
@@ -54,7 +54,7 @@ class AllocateStep(Message, frozen=True):
     flush_prefix_cache: bool = False  # drop every cached block first (POST /flush_cache)
 
 
-class StepAllocation(Message, frozen=True):
+class StepAllocation(ActorMessage, frozen=True):
     grants: tuple[Grant, ...]
     preempted: tuple[int, ...]       # running sequences whose blocks were taken back, in order
     num_free_blocks: int
@@ -62,7 +62,7 @@ class StepAllocation(Message, frozen=True):
     num_flushed: int = 0             # cached blocks the flush dropped
 
 
-class CacheStats(Message, frozen=True):
+class CacheStats(ActorMessage, frozen=True):
     num_free_blocks: int
     num_total_blocks: int
     prefix_hit_rate: float
@@ -76,7 +76,7 @@ FinishReason = Literal["stop", "length"]   # an aborted request ends without one
 
 # ---- scheduler <-> model worker -------------------------------------------------------------
 
-class SeqChunk(Message, frozen=True):
+class SeqChunk(ActorMessage, frozen=True):
     """Tokens of one sequence to compute this step."""
     seq_id: int
     token_ids: tuple[int, ...]
@@ -88,34 +88,34 @@ class SeqChunk(Message, frozen=True):
                                      # the last num_draft + 1 positions, keep drafts up to a mismatch
 
 
-class NewSeq(Message, frozen=True):
+class NewSeq(ActorMessage, frozen=True):
     """Sampling state the worker keeps for a sequence from its first step until it is dropped."""
     seq_id: int
     prompt_ids: tuple[int, ...]
     params: SamplingParams
 
 
-class StepBatch(Message, frozen=True):
+class StepBatch(ActorMessage, frozen=True):
     step_id: int
     chunks: tuple[SeqChunk, ...]
     new_seqs: tuple[NewSeq, ...] = ()
     dropped: tuple[int, ...] = ()    # sequences that ended: forget their sampling state
 
 
-class SampledToken(Message, frozen=True):
+class SampledToken(ActorMessage, frozen=True):
     seq_id: int
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
-class Embedding(Message, frozen=True):
+class Embedding(ActorMessage, frozen=True):
     """A pooling sequence's vector, once its prompt has run: L2-normalised float32, little-endian."""
     seq_id: int
     vector: bytes
 
 
-class StepOutput(Message, frozen=True):
+class StepOutput(ActorMessage, frozen=True):
     step_id: int
     sampled: tuple[SampledToken, ...]
     num_tokens: int = 0              # tokens computed in the step
@@ -133,7 +133,7 @@ class StepOutput(Message, frozen=True):
 
 # ---- scheduler -> tokeniser ------------------------------------------------------------------
 
-class TokenCounts(Message, frozen=True):
+class TokenCounts(ActorMessage, frozen=True):
     """One request's token counts so far, as usage reports them. Every count is cumulative, so a
     later one replaces an earlier; 0 means not counted where this was made (the engine does not
     count completion tokens: the tokeniser does, after stop strings)."""
@@ -151,7 +151,7 @@ class TokenCounts(Message, frozen=True):
                            accepted=later.accepted or self.accepted, reasoning=later.reasoning or self.reasoning)
 
 
-class TokensEmitted(Message, frozen=True):
+class TokensEmitted(ActorMessage, frozen=True):
     """New tokens of one request, and its end when finish_reason is set."""
     request_id: str
     token_ids: tuple[int, ...]
@@ -164,7 +164,7 @@ class TokensEmitted(Message, frozen=True):
 
 # ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
 
-class Submit(Message, frozen=True):
+class Submit(ActorMessage, frozen=True):
     """A request as the gateway accepted it; exactly one of text, token_ids, messages is set."""
     request_id: str
     params: SamplingParams
@@ -176,19 +176,19 @@ class Submit(Message, frozen=True):
     add_special_tokens: bool = True
 
 
-class FlushCache(Message, frozen=True):
+class FlushCache(ActorMessage, frozen=True):
     """Drop the prefix cache (gateway -> tokeniser -> scheduler -> allocator, on the requests' path);
     answered with Accepted for `request_id` when done."""
     request_id: str
 
 
-class Tokenised(Message, frozen=True):
+class Tokenised(ActorMessage, frozen=True):
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
 
 
-class Abort(Message, frozen=True):
+class Abort(ActorMessage, frozen=True):
     """Drop a request: its client went away (gateway -> tokeniser -> scheduler), or a stop string
     ended it (tokeniser -> scheduler). Never answered: whoever sends it has already let go."""
     request_id: str
@@ -198,13 +198,13 @@ class Abort(Message, frozen=True):
 # ---- to the router (the gateway's per-request streams), all through the tokeniser -------------
 #      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokeniser's own text.
 
-class Accepted(Message, frozen=True):
+class Accepted(ActorMessage, frozen=True):
     """The scheduler queued the request: from here the response is a success."""
     request_id: str
     num_prompt_tokens: int
 
 
-class Rejected(Message, frozen=True):
+class Rejected(ActorMessage, frozen=True):
     """The request will not run: a RequestError, as data (it crosses actors; exceptions do not)."""
     request_id: str
     status: int
@@ -223,7 +223,7 @@ class Rejected(Message, frozen=True):
                             code=self.code)
 
 
-class TokenLogprobInfo(Message, frozen=True):
+class TokenLogprobInfo(ActorMessage, frozen=True):
     token_id: int
     text: str
     token_bytes: bytes
@@ -231,7 +231,7 @@ class TokenLogprobInfo(Message, frozen=True):
     top: tuple[tuple[str, bytes, float], ...] = ()
 
 
-class TextDelta(Message, frozen=True):
+class TextDelta(ActorMessage, frozen=True):
     """New text of one request; the last one carries finish_reason and the token counts."""
     request_id: str
     text: str

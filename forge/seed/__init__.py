@@ -7,12 +7,12 @@ loop and its benchmark. The serving engine does not use them: real models, token
 batched engine live in forge.models.llama, forge.text.tokenizer and forge.llm.
 """
 
-from forge.seed import tokeniser
-from forge.seed.engine import Engine, GenerationOutput
-from forge.seed.model import Model, StepLogits, TinyTransformer
+from forge.seed import byte_tokenizer as tokeniser
 from forge.seed.paged_cache import BlockTable, CacheError, OutOfBlocks, PagedKVCache, UnknownSequence
-from forge.seed.scheduler import Scheduler, SchedulerConfig, SeqState, Sequence, StepPlan
-from forge.seed.speculative import SpeculationResult, SpeculativeDecoder
+from forge.seed.toy_engine import Engine, GenerationOutput
+from forge.seed.toy_model import Model, StepLogits, TinyTransformer
+from forge.seed.toy_scheduler import Scheduler, SchedulerConfig, SeqState, Sequence, StepPlan
+from forge.seed.toy_speculative import SpeculationResult, SpeculativeDecoder
 
 __all__ = ["BlockTable", "CacheError", "Engine", "GenerationOutput", "Model", "OutOfBlocks", "PagedKVCache",
            "Scheduler", "SchedulerConfig", "SeqState", "Sequence", "SpeculationResult", "SpeculativeDecoder",

@@ -50,7 +50,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from forge.bench import matmul_seconds
 from forge.kernels import compiled, products
 from forge.kernels.onnx_linear import OnnxLinear
 from forge.kernels.quant_blocks import affine_blocks
@@ -62,6 +61,7 @@ from forge.models.llama.attention import attend
 from forge.models.llama.attention_plan import plan_attention
 from forge.models.llama.kv_dtype import quantize_int8, row_bytes, storage_dtype, to_storage
 from forge.models.llama.linear import Q8Matrix, active_pool, configure_matmul
+from forge.offline_bench import matmul_seconds
 
 
 def rss_mib() -> float:

@@ -7,7 +7,7 @@
 `rss`: rounds of LLM.generate over random batches (4-24 prompts of 5-400 words, 8-64 greedy tokens
 each, a 512 MiB KV cache), printing the process's RSS after each round: a step's row count changes
 nearly every step, so a per-shape cache shows up as RSS that keeps climbing. `speed`: the offline
-model benchmark (forge.bench.model_bench) at 1, 8 and 32 sequences. forge runs with patterns off;
+model benchmark (forge.offline_bench.model_bench) at 1, 8 and 32 sequences. forge runs with patterns off;
 `--mem-pattern on` puts them back for the comparison.
 """
 
@@ -21,7 +21,7 @@ import time
 import onnxruntime as ort
 
 import forge.kernels.onnx_linear as onnx_linear
-from forge import bench
+from forge import offline_bench as bench
 from forge.config import EngineConfig
 from forge.llm import LLM
 from forge.sampling.sampling_params import SamplingParams

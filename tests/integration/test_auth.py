@@ -71,7 +71,7 @@ def test_the_help_and_every_doc_name_the_same_open_routes_as_the_gateway_keeps()
     """--help, docs/configuration.md, docs/reliability.md, docs/operations.md and the environment file's
     example each say which routes need no key: exactly OPEN, the ones the test above finds open."""
     from actors.cli import register
-    from forge.cli import build_parser
+    from forge.core_cli import build_parser
 
     root = Path(__file__).resolve().parents[2]
     parser = build_parser(register)

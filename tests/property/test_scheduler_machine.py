@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from forge.engine.scheduler import SchedulerConfig
 from forge.engine.sequence import SeqState, Sequence
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import Scheduler
+from forge.seed.toy_scheduler import Scheduler
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 10          # 40 tokens: far too small for all sequences, enough for each alone

@@ -15,7 +15,7 @@ import pytest
 
 from actors.cli import register
 from forge.api.openai.openai_schema import ChatCompletionRequest, CompletionRequest
-from forge.cli import build_parser
+from forge.core_cli import build_parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 # "[FORGE_X; default]" or "[FORGE_X]" or "[FORGE_X=0]" at the end of a flag's help

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-import forge.seed.engine
+import forge.seed.toy_engine
 from forge.errors import EngineError
-from forge.seed.engine import Engine
-from forge.seed.model import TinyTransformer
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import SchedulerConfig
+from forge.seed.toy_engine import Engine
+from forge.seed.toy_model import TinyTransformer
+from forge.seed.toy_scheduler import SchedulerConfig
 
 
 def greedy(model: TinyTransformer, prompt: list[int], max_new: int) -> list[int]:
@@ -44,7 +44,7 @@ def test_step_reports_eos() -> None:
 
 
 def test_iteration_guard_raises_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forge.seed.engine, "MAX_ITERATIONS", 5)
+    monkeypatch.setattr(forge.seed.toy_engine, "MAX_ITERATIONS", 5)
     engine = Engine(TinyTransformer(320, 1), SchedulerConfig(), PagedKVCache(64, 4))
     engine.submit(1, [1, 2], 100)
     with pytest.raises(EngineError, match="5 iterations"):

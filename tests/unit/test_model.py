@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from forge.seed.model import Model, StepLogits, TinyTransformer
+from forge.seed.toy_model import Model, StepLogits, TinyTransformer
 
 
 def random_contexts(num: int, seed: int, vocab: int = 320) -> list[list[int]]:

@@ -7,7 +7,7 @@ from forge.engine.scheduler import SchedulerConfig
 from forge.engine.sequence import SeqState, Sequence
 from forge.errors import CapacityError
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import Scheduler
+from forge.seed.toy_scheduler import Scheduler
 from forge.spec_decode.speculation import Lookahead, SpeculativeConfig
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from forge.seed.tokeniser import EOS_TOKEN, VOCAB_SIZE, decode, decode_one, encode
+from forge.seed.byte_tokenizer import EOS_TOKEN, VOCAB_SIZE, decode, decode_one, encode
 
 
 def test_constants() -> None:

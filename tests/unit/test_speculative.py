@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.seed.model import Model, TinyTransformer
-from forge.seed.speculative import SpeculationResult, SpeculativeDecoder
-from forge.seed.tokeniser import VOCAB_SIZE
+from forge.seed.byte_tokenizer import VOCAB_SIZE
+from forge.seed.toy_model import Model, TinyTransformer
+from forge.seed.toy_speculative import SpeculationResult, SpeculativeDecoder
 
 TARGET = TinyTransformer(VOCAB_SIZE, 2)
 DRAFT = TinyTransformer.draft(VOCAB_SIZE, 2)

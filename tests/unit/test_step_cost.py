@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from actors.cli import register
-from forge.cli import build_parser, engine_config
+from forge.core_cli import build_parser, engine_config
 from forge.engine.scheduler import MIN_PREFILL_TOKENS, SchedulerConfig
 from forge.engine.sequence import Sequence
 from forge.engine.step_cost import MIN_STEPS, StepCostModel
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import Scheduler
+from forge.seed.toy_scheduler import Scheduler
 
 
 def test_the_model_recovers_a_linear_cost_and_follows_a_change() -> None:

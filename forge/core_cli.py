@@ -201,7 +201,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.model is None:
-        from forge.seed import bench as toy
+        from forge.seed import toy_bench as toy
 
         result = toy.toy_bench(num_requests=args.requests, prompt_len=args.prompt_len or 32,
                                max_new=args.max_new or 64, max_batch_size=args.max_batch_size,
@@ -209,7 +209,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                                lookahead=args.lookahead, seed=args.seed)
         print(json.dumps(result) if args.json else toy.format_toy(result))
         return 0
-    from forge import bench
+    from forge import offline_bench as bench
 
     try:
         concurrency = [int(n) for n in args.concurrency.split(",")]

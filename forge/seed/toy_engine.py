@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from forge.engine.sequence import Sequence, TokenId
 from forge.errors import EngineError
-from forge.seed.model import Model
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import Scheduler, SchedulerConfig
+from forge.seed.toy_model import Model
+from forge.seed.toy_scheduler import Scheduler, SchedulerConfig
 
 MAX_ITERATIONS = 1_000_000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from forge.seed.model import TokenId
+from forge.seed.toy_model import TokenId
 
 VOCAB_SIZE = 320
 EOS_TOKEN: TokenId = 0

@@ -1,4 +1,4 @@
-"""Offline benchmark of the core with a real model (the toy engine's is forge.seed.bench).
+"""Offline benchmark of the core with a real model (the toy engine's is forge.seed.toy_bench).
 
 Figures only; nothing here asserts speed. The CLI prints them human-readable or as JSON. The
 model bench also times the model's matmuls alone, the ceiling that the engine's rate is set against.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from forge.seed.model import Model, TokenId
+from forge.seed.toy_model import Model, TokenId
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """The seed's forge-bench: the toy Engine and the one-sequence SpeculativeDecoder on TinyTransformer.
 
-Figures only; nothing here asserts speed. The real model's offline bench is forge.bench.
+Figures only; nothing here asserts speed. The real model's offline bench is forge.offline_bench.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import random
 import time
 from typing import Any
 
-from forge.seed.engine import Engine
-from forge.seed.model import TinyTransformer
 from forge.seed.paged_cache import PagedKVCache
-from forge.seed.scheduler import SchedulerConfig
-from forge.seed.speculative import SpeculativeDecoder
+from forge.seed.toy_engine import Engine
+from forge.seed.toy_model import TinyTransformer
+from forge.seed.toy_scheduler import SchedulerConfig
+from forge.seed.toy_speculative import SpeculativeDecoder
 
 
 def toy_bench(*, num_requests: int = 64, prompt_len: int = 32, max_new: int = 64,

@@ -24,8 +24,8 @@ from starlette.routing import Route
 
 from actors.http_edge import json_response, messages_error_response
 from actors.lifetime import ResponseLifetime
-from actors.pipeline import Pipeline
 from actors.responses import Choice, ChoiceReader
+from actors.runtime.model_handle import Pipeline
 from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages
 from forge.api.openai.openai_prepare import template_messages

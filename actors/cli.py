@@ -18,8 +18,8 @@ from forge.core_cli import add_engine_flags, engine_config, env
 from forge.errors import ForgeError, RequestError
 
 if TYPE_CHECKING:
-    from actors.kv_publisher import KvEventsConfig
-    from actors.model_set import ModelEntry
+    from actors.runtime.kv_publisher import KvEventsConfig
+    from actors.runtime.model_set import ModelEntry
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -107,7 +107,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]:
     """Each model's id: ID=MODEL's ID, a catalog name, or the file's name without .gguf; and its
     keep_alive (--keep-alive DURATION for all, ID=DURATION for one)."""
-    from actors.model_set import ModelEntry, parse_keep_alive
+    from actors.runtime.model_set import ModelEntry, parse_keep_alive
 
     entries: list[ModelEntry] = []
     for source in sources:
@@ -241,7 +241,7 @@ def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
     (or malformed) is a one-line error before the model loads."""
     if not args.kv_events:
         return None
-    from actors.kv_publisher import KvEventPublisher, KvEventsConfig
+    from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
 
     config = KvEventsConfig(endpoint=args.kv_events_endpoint, topic=args.kv_events_topic)
     KvEventPublisher(config).close()

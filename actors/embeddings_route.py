@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.lifetime import ResponseLifetime
-from actors.pipeline import Pipeline
+from actors.runtime.model_handle import Pipeline
 from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
 from forge.messages import Submit
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from actors.router import ResponseGroup
+from actors.runtime.stream_demux import ResponseGroup
 from forge.messages import Abort, FlushCache, Submit
 
 

@@ -7,7 +7,7 @@ Gateway API Inference Extension's endpoint pickers share. Served beside the Open
                                      instance id (kv_aware's cache identity), forge's version
     GET  /get_model_info             the model's path, name and kind
     POST /flush_cache                forget the prefix cache
-    GET  /kv_event_sources           where this replica publishes its KV events (actors.kv_publisher), as vLLM
+    GET  /kv_event_sources           where this replica publishes its KV events (actors.runtime.kv_publisher), as vLLM
                                      lists them: {"sources": [{data_parallel_rank, endpoint, replay_endpoint,
                                      topic}]}; no sources when --kv-events is off. vllm-router 0.1.17 does not
                                      read this shape yet: it takes the sources from --kv-event-source
@@ -26,8 +26,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
-from actors.kv_publisher import KvEventPublisher
-from actors.pipeline import Pipeline
+from actors.runtime.kv_publisher import KvEventPublisher
+from actors.runtime.model_handle import Pipeline
 from forge.api.openai.openai_prepare import prepare_chat, prepare_completion
 from forge.messages import FlushCache, Rejected
 

@@ -34,10 +34,8 @@ from actors.fleet import FleetRoutes
 from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
 from actors.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
 from actors.metrics import Metrics
-from actors.model_set import ModelSet, parse_keep_alive
 from actors.models_route import ModelRoutes, peek
 from actors.openapi import openapi_document
-from actors.pipeline import Pipeline
 from actors.responses import (
     CompletionShape,
     ToolReading,
@@ -47,6 +45,8 @@ from actors.responses import (
     completion_frames,
 )
 from actors.responses_route import ResponsesRoutes
+from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_set import ModelSet, parse_keep_alive
 from actors.stats import Stats
 from actors.text_routes import TextRoutes
 from forge.api.openai import openai_output as wire

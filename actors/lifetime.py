@@ -23,8 +23,8 @@ from starlette.responses import Response
 from actors.admission import Admission
 from actors.feed import ChoiceFeed
 from actors.http_edge import error_response, json_response
-from actors.pipeline import Pipeline, only_embeds
 from actors.responses import ChoiceReader
+from actors.runtime.model_handle import Pipeline, only_embeds
 from actors.sse import SSEResponse
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_prepare import Constraint

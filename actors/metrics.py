@@ -20,7 +20,7 @@ from actors.metric_aliases import VllmAliases
 from forge.engine.block_allocator import MISS_REASONS
 
 if TYPE_CHECKING:
-    from actors.kv_publisher import KvEventPublisherStats
+    from actors.runtime.kv_publisher import KvEventPublisherStats
     from forge.engine.core import CoreStats
     from forge.messages import CacheStats
 

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
-from actors.model_set import ModelSet
+from actors.runtime.model_set import ModelSet
 from forge.errors import RequestError
 
 

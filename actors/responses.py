@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from actors.feed import ChoiceFeed
 from actors.metrics import ModelMetrics
-from actors.router import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
+from actors.runtime.stream_demux import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import FinishReason, ResponseHeader, TokenLogprob, Usage
 from forge.errors import RequestError

@@ -29,8 +29,8 @@ from starlette.routing import Route
 
 from actors.http_edge import json_response
 from actors.lifetime import ResponseLifetime
-from actors.pipeline import Pipeline
 from actors.responses import Choice, ChoiceReader
+from actors.runtime.model_handle import Pipeline
 from forge.api.anthropic.anthropic_output import text_events
 from forge.api.openai.openai_output import SSE_PING
 from forge.api.openai.openai_prepare import template_messages

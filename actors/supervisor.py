@@ -24,19 +24,19 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
 from actors.access import AccessLog
-from actors.allocator import AllocatorActor
-from actors.encoder_actor import EncoderActor, EncoderInbox
 from actors.gateway import Gateway, GatewayConfig
-from actors.kv_publisher import KvEventPublisher, KvEventsConfig
 from actors.metrics import Metrics
-from actors.model_actors import ModelActors, wire_actors
-from actors.model_set import ModelEntry, ModelSet
-from actors.pipeline import Pipeline
-from actors.router import Router
-from actors.scheduler import SchedulerActor
+from actors.runtime.allocator_actor import AllocatorActor
+from actors.runtime.encoder_actor import EncoderActor, EncoderInbox
+from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
+from actors.runtime.model_actors import ModelActors, wire_actors
+from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_set import ModelEntry, ModelSet
+from actors.runtime.scheduler_actor import SchedulerActor
+from actors.runtime.stream_demux import Router
+from actors.runtime.tokenizer_actor import TokeniserActor
+from actors.runtime.worker_actor import ModelWorkerActor
 from actors.stats import Sources
-from actors.tokeniser_actor import TokeniserActor
-from actors.worker import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError
@@ -63,7 +63,7 @@ class DaemonConfig:
     max_loaded_models: int | None = None
     models_memory: int | None = None          # bytes of weights + K/V the loaded models may hold
     preload: list[str] = field(default_factory=list)
-    kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.kv_publisher)
+    kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.runtime.kv_publisher)
 
 
 class Daemon:
@@ -171,7 +171,7 @@ class Daemon:
                           max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
-        self._cores = anyio.CapacityLimiter(1)    # the models' steps take turns on the cores (actors.worker)
+        self._cores = anyio.CapacityLimiter(1)    # the models' steps take turns on the cores (actors.runtime.worker_actor)
 
         def refresh() -> None:                    # each loaded model's gauges and cache counters
             for entry in models.loaded():

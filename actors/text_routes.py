@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
-from actors.pipeline import Pipeline
+from actors.runtime.model_handle import Pipeline
 from forge.api.openai import openai_schema as api
 from forge.api.openai.openai_prepare import chat_template_messages, check_model, functions
 from forge.errors import RequestError

@@ -1,6 +1,6 @@
 """KV-cache events in the wire format of vLLM's KV-event publisher, which LLM routers (vllm-router's
 kv_aware policy) subscribe to: which full blocks of the prefix cache a replica holds. Pure data and the
-encoder; the ZMQ socket that sends them is the shell's (actors/kv_publisher.py).
+encoder; the ZMQ socket that sends them is the shell's (actors/runtime/kv_publisher.py).
 
     batch  [ts, [event, ...], data_parallel_rank]           a positional array (array_like)
     event  {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": p | nil,

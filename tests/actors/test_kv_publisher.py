@@ -9,7 +9,7 @@ import socket
 import pytest
 import zmq
 
-from actors.kv_publisher import KvEventPublisher, KvEventsConfig
+from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
 from forge.engine.kv_events import AllBlocksCleared, BlockStored, decode_batch
 
 STORED = BlockStored(block_hashes=(5,), parent_block_hash=None, token_ids=(1, 2, 3, 4), block_size=4)

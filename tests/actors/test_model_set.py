@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from actors.gateway import GatewayConfig
-from actors.model_set import ModelEntry, ModelSet, parse_keep_alive
+from actors.runtime.model_set import ModelEntry, ModelSet, parse_keep_alive
 from actors.supervisor import Daemon, DaemonConfig
 from forge.config import EngineConfig
 from forge.errors import CapacityError, RequestError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from actors.router import SLOW_READER, Router
+from actors.runtime.stream_demux import SLOW_READER, Router
 from forge.messages import Accepted, Rejected, TextDelta, TokenCounts
 
 

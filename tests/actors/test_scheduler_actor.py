@@ -9,10 +9,10 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.allocator import AllocatorActor
 from actors.metrics import Metrics
-from actors.scheduler import SchedulerActor
-from actors.worker import ModelWorkerActor
+from actors.runtime.allocator_actor import AllocatorActor
+from actors.runtime.scheduler_actor import SchedulerActor
+from actors.runtime.worker_actor import ModelWorkerActor
 from forge.engine.block_allocator import BlockAllocator
 from forge.engine.core import EngineCore
 from forge.engine.model_runner import ModelRunner

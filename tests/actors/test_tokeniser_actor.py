@@ -19,8 +19,8 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.metrics import Metrics
-from actors.router import Router
-from actors.tokeniser_actor import TokeniserActor
+from actors.runtime.stream_demux import Router
+from actors.runtime.tokenizer_actor import TokeniserActor
 from forge.messages import (
     Abort,
     Accepted,

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from actors.worker import ModelWorkerActor
+from actors.runtime.worker_actor import ModelWorkerActor
 
 STEPS = 6
 

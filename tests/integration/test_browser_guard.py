@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from actors.browser_guard import BrowserPolicy
 from actors.gateway import GatewayConfig
-from actors.model_set import ModelEntry
+from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from tests.integration.harness import (
     HANG_GUARD_S,

@@ -9,7 +9,7 @@ import anyio
 import httpx
 
 from actors.gateway import GatewayConfig
-from actors.model_set import ModelEntry
+from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel
 from forge.models.llama.kv_cache import KVCache

@@ -20,7 +20,7 @@ import openai
 import zmq
 
 from actors.gateway import GatewayConfig
-from actors.kv_publisher import KvEventsConfig
+from actors.runtime.kv_publisher import KvEventsConfig
 from actors.supervisor import DaemonConfig, running_daemon
 from forge.engine.kv_events import BlockStored, decode_batch
 from forge.models.loading import LoadedModel

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from actors.gateway import GatewayConfig
-from actors.model_set import ModelEntry
+from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel
 from tests.integration.harness import (

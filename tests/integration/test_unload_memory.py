@@ -20,7 +20,7 @@ PROBE = r'''
 import json, sys
 import anyio
 from actors.gateway import GatewayConfig
-from actors.model_set import ModelEntry, ModelSet
+from actors.runtime.model_set import ModelEntry, ModelSet
 from actors.supervisor import Daemon, DaemonConfig
 from forge.config import EngineConfig
 

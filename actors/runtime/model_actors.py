@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskStatus
 
-from actors.allocator import AllocatorActor
-from actors.kv_publisher import KvEventPublisher
 from actors.metrics import Metrics, ModelMetrics
-from actors.pipeline import Pipeline
-from actors.router import Router
-from actors.scheduler import SchedulerActor, SchedulerInbox
-from actors.tokeniser_actor import TokeniserActor, TokeniserInbox
-from actors.worker import ModelWorkerActor
+from actors.runtime.allocator_actor import AllocatorActor
+from actors.runtime.kv_publisher import KvEventPublisher
+from actors.runtime.model_handle import Pipeline
+from actors.runtime.scheduler_actor import SchedulerActor, SchedulerInbox
+from actors.runtime.stream_demux import Router
+from actors.runtime.tokenizer_actor import TokeniserActor, TokeniserInbox
+from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, Serving, serving
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
@@ -68,7 +68,7 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
                 publisher: KvEventPublisher | None = None, cores: anyio.CapacityLimiter | None = None) -> ModelActors:
     """The channels and actors of one model over its engine parts (forge.engine.assembly.build_engine); `publisher`:
     where the allocator sends its KV events (--kv-events); `cores`: the turn its worker's steps take with
-    the other models' (actors.worker)."""
+    the other models' (actors.runtime.worker_actor)."""
     served = serving(loaded, cfg, parts, served_model_name=served_model_name, draft=draft)
     own = metrics.model(served_model_name,
                         num_spec_positions=cfg.num_speculative_tokens if cfg.speculative != "off" else 0)

@@ -28,8 +28,8 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.metrics import ModelMetrics
-from actors.router import Router
-from actors.scheduler import SchedulerInbox
+from actors.runtime.scheduler_actor import SchedulerInbox
+from actors.runtime.stream_demux import Router
 from forge.errors import InvalidRequest, PromptTooLong, RequestError
 from forge.messages import (
     Abort,

@@ -14,7 +14,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from actors.admission import LoadStats
 from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
-from actors.router import Router
+from actors.runtime.stream_demux import Router
 from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.engine.assembly import Serving
 from forge.errors import RequestError

@@ -20,7 +20,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from actors.model_actors import ModelActors
+from actors.runtime.model_actors import ModelActors
 from forge.errors import CapacityError, RequestError
 from forge.models.loading import release_free_memory
 

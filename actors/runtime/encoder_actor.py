@@ -17,7 +17,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.metrics import ModelMetrics
-from actors.router import Router
+from actors.runtime.stream_demux import Router
 from forge.engine.pooling import vector_bytes
 from forge.errors import RequestError
 from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit, TextDelta, TokenCounts

@@ -12,7 +12,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.kv_publisher import KvEventPublisher
+from actors.runtime.kv_publisher import KvEventPublisher
 from forge.engine.block_allocator import BlockAllocator
 from forge.messages import AllocateStep, CacheStats, StepAllocation
 

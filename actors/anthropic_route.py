@@ -25,7 +25,7 @@ from starlette.routing import Route
 from actors.http_edge import json_response, messages_error_response
 from actors.lifetime import ResponseLifetime
 from actors.responses import Choice, ChoiceReader
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages
 from forge.api.openai.openai_prepare import template_messages
@@ -46,7 +46,7 @@ class MessageShape:
 
 
 class MessagesRoutes:
-    def __init__(self, life: ResponseLifetime, *, ready: Callable[[Request], Pipeline],
+    def __init__(self, life: ResponseLifetime, *, ready: Callable[[Request], ModelHandle],
                  body: Callable[[Request], Awaitable[bytes]], served_model_name: str) -> None:
         """`life`: the gateway's response lifetime; `ready`: its check (key, draining, loaded) giving its
         pipeline; `body`: its reader of a request body within limits."""
@@ -60,7 +60,7 @@ class MessagesRoutes:
     async def create(self, request: Request) -> Response:
         return await self._life.run(request, self._create)
 
-    async def _create(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         req, prep = prepare_messages(body, served_model_name=self._name, max_model_len=pipe.max_model_len)
         await self._life.check_constraint(pipe, prep.constraint)
         messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)

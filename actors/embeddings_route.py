@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.lifetime import ResponseLifetime
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
 from forge.messages import Submit
 
@@ -32,7 +32,7 @@ class EmbeddingsRoutes:
     async def create(self, request: Request) -> Response:
         return await self._life.run(request, self._create, embeds=True)
 
-    async def _create(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         served = pipe.serving
         prep = prepare_embeddings(body, served_model_name=self._name, embedding_size=served.embedding_size,
                                   vocab_size=pipe.vocab_size, pooling=served.pooling,

@@ -27,13 +27,13 @@ from starlette.routing import Route
 
 from actors.http_edge import json_response
 from actors.runtime.kv_publisher import KvEventPublisher
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from forge.api.openai.openai_prepare import prepare_chat, prepare_completion
 from forge.messages import FlushCache, Rejected
 
 
 class FleetRoutes:
-    def __init__(self, *, ready: Callable[[Request], Pipeline], body: Callable[[Request], Awaitable[bytes]],
+    def __init__(self, *, ready: Callable[[Request], ModelHandle], body: Callable[[Request], Awaitable[bytes]],
                  healthz: Callable[[Request], Awaitable[Response]], total_load: Callable[[Request], int],
                  served_model_name: str) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
@@ -92,12 +92,12 @@ class FleetRoutes:
         later prompts find nothing cached. Sent down the requests' own path, so it lands between steps."""
         pipe = self._ready(request)
         rid = f"flush-{uuid.uuid4().hex}"
-        group = pipe.router.open([rid])
+        group = pipe.demux.open([rid])
         try:
             pipe.to_tokeniser.send_nowait(FlushCache(request_id=rid))
             [verdict] = await group.wait_statuses()
         finally:
-            pipe.router.close(group)
+            pipe.demux.close(group)
         if isinstance(verdict, Rejected):
             raise verdict.error()
         return json_response({"status": "flushed"})

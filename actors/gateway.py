@@ -45,7 +45,7 @@ from actors.responses import (
     completion_frames,
 )
 from actors.responses_route import ResponsesRoutes
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet, parse_keep_alive
 from actors.stats import Stats
 from actors.text_routes import TextRoutes
@@ -86,7 +86,7 @@ class Gateway:
     def __init__(self, config: GatewayConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.pipeline: Pipeline | None = None
+        self.handle: ModelHandle | None = None
         self.model_set: ModelSet | None = None    # several models: routed by each request's `model`
         self.is_draining = False
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
@@ -172,17 +172,17 @@ class Gateway:
             raise CapacityError("the server is shutting down", code="draining",
                                 retry_after_s=self.config.retry_after_s)
 
-    def _ready(self, request: Request) -> Pipeline:
+    def _ready(self, request: Request) -> ModelHandle:
         self._check_open(request)
         if self.model_set is not None:            # a route that names no model: the one used last
             recent = self.model_set.most_recent()
             if recent is not None and recent.actors is not None:
-                return recent.actors.pipeline
-        if self.pipeline is None:
+                return recent.actors.handle
+        if self.handle is None:
             raise CapacityError("the model is loading", code="loading", retry_after_s=self.config.retry_after_s)
-        return self.pipeline
+        return self.handle
 
-    async def _route(self, request: Request, body: bytes) -> Pipeline | None:
+    async def _route(self, request: Request, body: bytes) -> ModelHandle | None:
         """With several models: the pipeline of the model the body names (loaded first if need be),
         counted in use until `_release`; None with one model (the route's `_ready` pipeline serves)."""
         models = self.model_set
@@ -202,14 +202,14 @@ class Gateway:
         with self.admission.admitting(lambda: (0, 0), 1, len(body) // 4):
             wired = await models.acquire(model_id)
         request.state.model_lease = model_id         # held until _release
-        return wired.pipeline
+        return wired.handle
 
     def _total_load(self, request: Request) -> int:
         """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""
         if self.model_set is None:
             return self._ready(request).load()
         self._check_open(request)
-        return sum(e.actors.pipeline.load() for e in self.model_set.loaded() if e.actors is not None)
+        return sum(e.actors.handle.load() for e in self.model_set.loaded() if e.actors is not None)
 
     def _release(self, request: Request) -> None:
         model_id = getattr(request.state, "model_lease", None)
@@ -227,12 +227,12 @@ class Gateway:
         if self.is_draining:
             return {"status": "draining"}
         if self.model_set is not None:         # several models: up while any step is alive, none loaded included
-            ages = [e.actors.pipeline.step_age() for e in self.model_set.loaded() if e.actors is not None]
+            ages = [e.actors.handle.step_age() for e in self.model_set.loaded() if e.actors is not None]
             age = max(ages, default=0.0)
-        elif self.pipeline is None:
+        elif self.handle is None:
             return {"status": "loading"}
         else:
-            age = self.pipeline.step_age()
+            age = self.handle.step_age()
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
@@ -294,7 +294,7 @@ class Gateway:
     async def chat_completions(self, request: Request) -> Response:
         return await self.life.run(request, self._chat)
 
-    async def _generate(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _generate(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         req, params = prepare_generate(body)
         rid = f"{wire.new_request_id('cmpl')}-0"
         request.state.response_id = rid.removesuffix("-0")
@@ -304,7 +304,7 @@ class Gateway:
             "text": reader.choices[0].text, "prompt_tokens": reader.choices[0].counts.prompt,
             "completion_tokens": reader.choices[0].counts.completion})
 
-    async def _completions(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _completions(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         prep = prepare_completion(body, served_model_name=pipe.serving.served_model_name)
         await self.life.check_constraint(pipe, prep.constraint)
         req, params, prompts = prep.request, prep.params, prep.prompts
@@ -328,7 +328,7 @@ class Gateway:
             return self.life.sse(request, pipe, reader, completion_frames(reader, shape))
         return await self.life.respond(request, pipe, reader, lambda: completion_body(reader, shape))
 
-    async def _chat(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _chat(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name, max_model_len=pipe.max_model_len)
         await self.life.check_constraint(pipe, prep.constraint)
         req, functions = prep.request, prep.functions
@@ -349,7 +349,7 @@ class Gateway:
         return await self.life.respond(request, pipe, reader,
                                    lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
 
-    def _header(self, pipe: Pipeline, base: str, include_usage: bool) -> ResponseHeader:
+    def _header(self, pipe: ModelHandle, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,
                               include_usage=include_usage)
 
@@ -372,5 +372,5 @@ def _params_for(params: SamplingParams, j: int) -> SamplingParams:
     return msgspec.structs.replace(params, seed=(params.seed + j + 2**63) % 2**64 - 2**63)
 
 
-def _echo_text(pipe: Pipeline, prompt: str | list[int]) -> str:
+def _echo_text(pipe: ModelHandle, prompt: str | list[int]) -> str:
     return prompt if isinstance(prompt, str) else pipe.tokenizer.decode(prompt)

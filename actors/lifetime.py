@@ -24,7 +24,7 @@ from actors.admission import Admission
 from actors.feed import ChoiceFeed
 from actors.http_edge import error_response, json_response
 from actors.responses import ChoiceReader
-from actors.runtime.model_handle import Pipeline, only_embeds
+from actors.runtime.model_handle import ModelHandle, only_embeds
 from actors.sse import SSEResponse
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_prepare import Constraint
@@ -38,12 +38,12 @@ DEFAULT_MAX_UNSENT_TOKENS = 4096
 
 log = structlog.get_logger("forge.gateway")
 
-Handler = Callable[[Request, Pipeline, bytes, float], Awaitable[Response]]
-Route = Callable[[Request, bytes], Awaitable["Pipeline | None"]]
+Handler = Callable[[Request, ModelHandle, bytes, float], Awaitable[Response]]
+Route = Callable[[Request, bytes], Awaitable["ModelHandle | None"]]
 
 
 class ResponseLifetime:
-    def __init__(self, admission: Admission, *, ready: Callable[[Request], Pipeline],
+    def __init__(self, admission: Admission, *, ready: Callable[[Request], ModelHandle],
                  body: Callable[[Request], Awaitable[bytes]], ping_interval: float,
                  route: Route | None = None, release: Callable[[Request], None] = lambda _request: None,
                  is_routed: Callable[[], bool] = lambda: False,
@@ -99,14 +99,14 @@ class ResponseLifetime:
         self.admission.leave()
         self._release(request)
 
-    async def check_constraint(self, pipe: Pipeline, constraint: Constraint | None) -> None:
+    async def check_constraint(self, pipe: ModelHandle, constraint: Constraint | None) -> None:
         """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
         loop: a large schema may take a while to compile."""
         if constraint is not None:
             await anyio.to_thread.run_sync(functools.partial(pipe.grammars.check, constraint.grammar,
                                                              param=constraint.param))
 
-    async def start(self, request: Request, pipe: Pipeline, submits: list[Submit], num_bytes: int,
+    async def start(self, request: Request, pipe: ModelHandle, submits: list[Submit], num_bytes: int,
                     arrival: float, *, max_choices: int | None = None) -> ChoiceReader:
         """Admit the response as one unit (503 past the bounds; 400 if it never could be: more choices than
         `max_choices`, by default --max-waiting), open its streams, submit its first window of choices,
@@ -114,7 +114,7 @@ class ResponseLifetime:
         window = self.admission.window(len(submits), num_bytes // 4, max_choices=max_choices,
                                        engine_slots=pipe.serving.max_num_seqs)
         with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
-            group = pipe.router.open([s.request_id for s in submits])
+            group = pipe.demux.open([s.request_id for s in submits])
             feed = ChoiceFeed(group, submits, pipe.to_tokeniser, window=window.num_choices)
             group.bound(self._max_unsent_tokens, functools.partial(self._cut_off, pipe, feed))
             try:
@@ -131,7 +131,7 @@ class ResponseLifetime:
         return ChoiceReader(group, pipe.metrics, arrival=arrival, ping_interval=self._ping_interval,
                             num_prompt_tokens=num_prompt_tokens, feed=feed)
 
-    async def respond(self, request: Request, pipe: Pipeline, reader: ChoiceReader, build: Callable[[], Any], *,
+    async def respond(self, request: Request, pipe: ModelHandle, reader: ChoiceReader, build: Callable[[], Any], *,
                       render_error: Callable[[RequestError], Response] = error_response) -> Response:
         """One JSON body once every choice has ended, or the engine's failure as `render_error` writes
         it. (If this raises, `run` counts the request out.)"""
@@ -146,7 +146,7 @@ class ResponseLifetime:
         self.leave(request)
         return response
 
-    def sse(self, request: Request, pipe: Pipeline, reader: ChoiceReader, frames: AsyncIterator[bytes], *,
+    def sse(self, request: Request, pipe: ModelHandle, reader: ChoiceReader, frames: AsyncIterator[bytes], *,
             done: bytes | None = wire.SSE_DONE) -> SSEResponse:
         """The frames as an event stream, then `done` (OpenAI's [DONE]; None for none)."""
         async def body() -> AsyncIterator[bytes]:
@@ -161,7 +161,7 @@ class ResponseLifetime:
 
         return SSEResponse(body(), cleanup)
 
-    def end(self, request: Request, pipe: Pipeline, reader: ChoiceReader) -> None:
+    def end(self, request: Request, pipe: ModelHandle, reader: ChoiceReader) -> None:
         """Stop reading the response (its choices in the engine dropped, those never sent forgotten); its
         token counts go to the access log."""
         assert reader.feed is not None
@@ -169,7 +169,7 @@ class ResponseLifetime:
         request.state.prompt_tokens = reader.group.num_prompt_tokens()
         request.state.completion_tokens = reader.num_completion_tokens
 
-    def _cut_off(self, pipe: Pipeline, feed: ChoiceFeed, num_unsent_tokens: int) -> None:
+    def _cut_off(self, pipe: ModelHandle, feed: ChoiceFeed, num_unsent_tokens: int) -> None:
         """Its client stopped reading (ResponseGroup.bound): its choices leave the engine now, their blocks
         freed, and none is sent after them; the response ends when the client reads again or leaves."""
         feed.abort()
@@ -178,7 +178,7 @@ class ResponseLifetime:
                     num_choices=len(feed.group.request_ids), num_unsent_tokens=num_unsent_tokens,
                     max_unsent_tokens=self._max_unsent_tokens)
 
-    def _abort(self, pipe: Pipeline, feed: ChoiceFeed) -> None:
+    def _abort(self, pipe: ModelHandle, feed: ChoiceFeed) -> None:
         """Stop reading the group; its choices in the engine are dropped behind their Submits."""
-        pipe.router.close(feed.group)
+        pipe.demux.close(feed.group)
         feed.abort()

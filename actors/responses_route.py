@@ -30,7 +30,7 @@ from starlette.routing import Route
 from actors.http_edge import json_response
 from actors.lifetime import ResponseLifetime
 from actors.responses import Choice, ChoiceReader
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic.anthropic_output import text_events
 from forge.api.openai.openai_output import SSE_PING
 from forge.api.openai.openai_prepare import template_messages
@@ -109,7 +109,7 @@ class ResponsesRoutes:
     async def create(self, request: Request) -> Response:
         return await self._life.run(request, self._create)
 
-    async def _create(self, request: Request, pipe: Pipeline, body: bytes, arrival: float) -> Response:
+    async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         try:
             req = decode_responses(body)
             return await self._start(request, pipe, req, len(body), arrival)
@@ -117,7 +117,7 @@ class ResponsesRoutes:
             exc.param = wire_param(exc.param)
             raise
 
-    async def _start(self, request: Request, pipe: Pipeline, req: ResponsesRequest, num_bytes: int,
+    async def _start(self, request: Request, pipe: ModelHandle, req: ResponsesRequest, num_bytes: int,
                      arrival: float) -> Response:
         history = self._history(req)
         conversation, prep = prepare_response(req, history, served_model_name=self._name,

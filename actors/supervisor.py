@@ -30,10 +30,10 @@ from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor, EncoderInbox
 from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
 from actors.runtime.model_actors import ModelActors, wire_actors
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelEntry, ModelSet
 from actors.runtime.scheduler_actor import SchedulerActor
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokeniserActor
 from actors.runtime.worker_actor import ModelWorkerActor
 from actors.stats import Sources
@@ -94,8 +94,8 @@ class Daemon:
         A daemon that runs for weeks must keep nothing for a request after it ends.
         """
         sizes = {"gateway.inflight": self.gateway.admission.num_inflight}
-        if self.gateway.pipeline is not None:
-            sizes["router.requests"] = len(self.gateway.pipeline.router)
+        if self.gateway.handle is not None:
+            sizes["demux.requests"] = len(self.gateway.handle.demux)
         for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker, self.encoder):
             if actor is not None:
                 sizes.update(actor.tracked())
@@ -155,7 +155,7 @@ class Daemon:
         async with anyio.create_task_group() as tg:
             await tg.start(wired.run, stop)
             scheduler, allocator = wired.scheduler, wired.allocator
-            self.gateway.pipeline = wired.pipeline
+            self.gateway.handle = wired.handle
             self.gateway.stats.sources = Sources(
                 scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
                 serving=msgspec.to_builtins(served))
@@ -214,14 +214,14 @@ class Daemon:
         await anyio.to_thread.run_sync(lambda: configure_matmul(cfg.matmul_strategy, cfg.blas_threads))
         served = encoder_serving(encoder, served_model_name=self.config.gateway.served_model_name)
         to_enc, enc_in = anyio.create_memory_object_stream[EncoderInbox](math.inf)
-        router = Router()
+        demux = StreamDemux()
         own = self.metrics.model(served.served_model_name)
-        self.encoder = actor = EncoderActor(encoder, router, own, inbox=enc_in)
+        self.encoder = actor = EncoderActor(encoder, demux, own, inbox=enc_in)
         with to_enc:
             async with anyio.create_task_group() as tg:
                 await tg.start(actor.run)
-                self.gateway.pipeline = Pipeline(
-                    router=router, to_tokeniser=to_enc, max_model_len=served.max_model_len,
+                self.gateway.handle = ModelHandle(
+                    demux=demux, to_tokeniser=to_enc, max_model_len=served.max_model_len,
                     load_stats=lambda: (actor.num_waiting(), 0), serving=served, metrics=own, step_age=actor.step_age,
                     load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
                 await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
@@ -233,7 +233,7 @@ class Daemon:
         self.is_started.set()
         await self._stop.wait()
         await self._drain()
-        self.gateway.pipeline = None
+        self.gateway.handle = None
         self.gateway.model_set = None
         log.info("stopped", inflight=self.gateway.admission.num_inflight)
 
@@ -243,10 +243,10 @@ class Daemon:
         if scope.cancelled_caught:
             # Responses still running end properly, never cut off: a stream with an error event and
             # [DONE], a body not yet sent with a 503 (code "shutdown": send it again).
-            pipes = [self.gateway.pipeline] if self.gateway.pipeline is not None else []
+            pipes = [self.gateway.handle] if self.gateway.handle is not None else []
             if self.models is not None:
-                pipes += [e.actors.pipeline for e in self.models.loaded() if e.actors is not None]
-            ended = sum(pipe.router.fail_all() for pipe in pipes)
+                pipes += [e.actors.handle for e in self.models.loaded() if e.actors is not None]
+            ended = sum(pipe.demux.fail_all() for pipe in pipes)
             log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
             with anyio.move_on_after(FINAL_WRITE_S):
                 await self.gateway.admission.wait_idle()

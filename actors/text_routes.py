@@ -1,6 +1,6 @@
 """POST /tokenize and /detokenize (vLLM's): a prompt or chat messages to the ids the model would run, and ids
 back to text, served beside the generation routes by the gateway. The encoding runs off the event loop
-(Pipeline.off_loop), so a megabyte posted here stalls no stream."""
+(ModelHandle.off_loop), so a megabyte posted here stalls no stream."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http_edge import json_response
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from forge.api.openai import openai_schema as api
 from forge.api.openai.openai_prepare import chat_template_messages, check_model, functions
 from forge.errors import RequestError
 
 
 class TextRoutes:
-    def __init__(self, *, ready: Callable[[Request], Pipeline], body: Callable[[Request], Awaitable[bytes]]) -> None:
+    def __init__(self, *, ready: Callable[[Request], ModelHandle], body: Callable[[Request], Awaitable[bytes]]) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
         request body within limits."""
         self._ready, self._body = ready, body

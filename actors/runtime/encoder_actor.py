@@ -17,7 +17,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.metrics import ModelMetrics
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from forge.engine.pooling import vector_bytes
 from forge.errors import RequestError
 from forge.messages import Abort, Accepted, FlushCache, Rejected, Submit, TextDelta, TokenCounts
@@ -29,10 +29,10 @@ MAX_ROUND_INPUTS = 256
 
 
 class EncoderActor:
-    def __init__(self, encoder: LoadedEncoder, router: Router, metrics: ModelMetrics, *,
+    def __init__(self, encoder: LoadedEncoder, demux: StreamDemux, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[EncoderInbox]) -> None:
         self._encoder = encoder
-        self._router = router
+        self._demux = demux
         self._metrics = metrics
         self._inbox = inbox
         self._limiter = anyio.CapacityLimiter(1)
@@ -73,14 +73,14 @@ class EncoderActor:
                 try:
                     ids = self._ids(msg)
                 except RequestError as exc:
-                    self._router.deliver(Rejected.of(msg.request_id, exc))
+                    self._demux.deliver(Rejected.of(msg.request_id, exc))
                     return
                 self._pending[msg.request_id] = ids
-                self._router.deliver(Accepted(request_id=msg.request_id, num_prompt_tokens=len(ids)))
+                self._demux.deliver(Accepted(request_id=msg.request_id, num_prompt_tokens=len(ids)))
             case Abort(request_id=rid):
                 self._pending.pop(rid, None)
             case FlushCache(request_id=rid):                          # no prefix cache to forget
-                self._router.deliver(Accepted(request_id=rid, num_prompt_tokens=0))
+                self._demux.deliver(Accepted(request_id=rid, num_prompt_tokens=0))
 
     def _ids(self, msg: Submit) -> list[int]:
         if msg.token_ids is not None:
@@ -96,7 +96,7 @@ class EncoderActor:
         except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the daemon
             for rid, ids in round_ids.items():
                 self._metrics.request_failed.inc()
-                self._router.deliver(TextDelta(request_id=rid, text="", num_tokens=0,
+                self._demux.deliver(TextDelta(request_id=rid, text="", num_tokens=0,
                                                error=f"{type(exc).__name__}: {exc}",
                                                counts=TokenCounts(prompt=len(ids))))
             return
@@ -104,5 +104,5 @@ class EncoderActor:
             self._started_at = None
         for (rid, ids), vector in zip(round_ids.items(), vectors, strict=True):
             self._metrics.request_success.labels(finished_reason="stop").inc()
-            self._router.deliver(TextDelta(request_id=rid, text="", num_tokens=0, finish_reason="stop",
+            self._demux.deliver(TextDelta(request_id=rid, text="", num_tokens=0, finish_reason="stop",
                                            counts=TokenCounts(prompt=len(ids)), embedding=vector_bytes(vector)))

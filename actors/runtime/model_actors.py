@@ -1,5 +1,5 @@
 """One loaded generation model's actors: its tokeniser, scheduler, cache allocator and model worker,
-wired by channels, and the Pipeline the gateway talks to them through.
+wired by channels, and the ModelHandle the gateway talks to them through.
 
 The supervisor builds one set per loaded model and runs it in its own task group; stopping the set
 (closing the gateway's end of the tokeniser's inbox and cancelling the group) drops every reference
@@ -17,9 +17,9 @@ from anyio.abc import TaskStatus
 from actors.metrics import Metrics, ModelMetrics
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.kv_publisher import KvEventPublisher
-from actors.runtime.model_handle import Pipeline
+from actors.runtime.model_handle import ModelHandle
 from actors.runtime.scheduler_actor import SchedulerActor, SchedulerInbox
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokeniserActor, TokeniserInbox
 from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
@@ -34,7 +34,7 @@ from forge.sampling.structured import Grammars
 class ModelActors:
     """The four actors of one model and the pipeline over them; `run` serves until `stop`."""
     served: Serving
-    pipeline: Pipeline
+    handle: ModelHandle
     tokeniser: TokeniserActor
     scheduler: SchedulerActor
     allocator: AllocatorActor
@@ -47,14 +47,14 @@ class ModelActors:
                              publisher.statistics() if publisher is not None else None)
 
     def tracked(self) -> dict[str, int]:
-        sizes = {"router.requests": len(self.pipeline.router)}
+        sizes = {"demux.requests": len(self.handle.demux)}
         for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
             sizes.update(actor.tracked())
         return sizes
 
     async def run(self, stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the four actors, report started, serve until `stop` is set, then stop them."""
-        with self.pipeline.to_tokeniser:          # the gateway's end: closed when the set stops
+        with self.handle.to_tokeniser:          # the gateway's end: closed when the set stops
             async with anyio.create_task_group() as tg:
                 for actor in (self.allocator, self.worker, self.scheduler, self.tokeniser):
                     await tg.start(actor.run)
@@ -84,21 +84,21 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
     to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
     worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
-    router = Router()
+    demux = StreamDemux()
     allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
     worker = ModelWorkerActor(parts.runner, worker_in, worker_out, cores=cores)
     scheduler = SchedulerActor(parts.core, own, inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker,
                                from_worker=from_worker, to_tokeniser=to_tok.clone())
-    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, router, own,
+    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, demux, own,
                                inbox=tok_in, to_scheduler=to_sched, max_model_len=served.max_model_len)
-    pipeline = Pipeline(
-        router=router, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
+    handle = ModelHandle(
+        demux=demux, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
         chat_template=loaded.chat_template, max_model_len=served.max_model_len,
         load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
         grammar_engine=edge_grammars, serving=served, metrics=own, step_age=scheduler.step_age,
         vocab_size=loaded.tokenizer.vocab_size,
         load=scheduler.load, reasoning_parser=served.reasoning_parser,
         thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
-    return ModelActors(served=served, pipeline=pipeline, tokeniser=tokeniser, scheduler=scheduler,
+    return ModelActors(served=served, handle=handle, tokeniser=tokeniser, scheduler=scheduler,
                        allocator=allocator, worker=worker, metrics=own)

@@ -14,7 +14,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from actors.admission import LoadStats
 from actors.metrics import ModelMetrics
 from actors.responses import ReasoningReading
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.engine.assembly import Serving
 from forge.errors import RequestError
@@ -29,10 +29,10 @@ T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class Pipeline:
+class ModelHandle:
     """What the gateway talks to once the model is loaded. An embedding model (embeds_only) has no
     text tokenizer, chat template or grammars: the routes that need one answer 400."""
-    router: Router
+    demux: StreamDemux
     to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache]   # the tokeniser's inbox (or the encoder's)
     max_model_len: int
     load_stats: LoadStats

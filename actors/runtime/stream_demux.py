@@ -138,7 +138,7 @@ class ResponseGroup:
             await self._wait()
 
 
-class Router:
+class StreamDemux:
     """request id -> the group that reads it. Events nobody listens to any more are dropped."""
 
     def __init__(self) -> None:

@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from actors.metrics import ModelMetrics
 from actors.runtime.scheduler_actor import SchedulerInbox
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from forge.errors import InvalidRequest, PromptTooLong, RequestError
 from forge.messages import (
     Abort,
@@ -58,7 +58,7 @@ class _Stream:
 
 
 class TokeniserActor:
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, router: Router, metrics: ModelMetrics, *,
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, demux: StreamDemux, metrics: ModelMetrics, *,
                  inbox: MemoryObjectReceiveStream[TokeniserInbox],
                  to_scheduler: MemoryObjectSendStream[SchedulerInbox], max_model_len: int | None = None) -> None:
         """`max_model_len`: the context served; a prompt that cannot fit is refused before it is encoded
@@ -66,7 +66,7 @@ class TokeniserActor:
         self._tok = tokenizer
         self._max_model_len = max_model_len
         self._template = template
-        self._router = router
+        self._demux = demux
         self._metrics = metrics
         self._inbox = inbox
         self._to_scheduler = to_scheduler
@@ -99,10 +99,10 @@ class TokeniserActor:
                             elif self._streams.pop(rid, None) is not None:
                                 await self._to_scheduler.send(msg)
                         case Accepted():
-                            self._router.deliver(msg)
+                            self._demux.deliver(msg)
                         case Rejected():
                             self._streams.pop(msg.request_id, None)
-                            self._router.deliver(msg)
+                            self._demux.deliver(msg)
                         case TokensEmitted():
                             await self._emitted(msg)
 
@@ -154,7 +154,7 @@ class TokeniserActor:
                     continue
                 if isinstance(prepared, RequestError):
                     del self._preparing[rid]
-                    self._router.deliver(Rejected.of(rid, prepared))
+                    self._demux.deliver(Rejected.of(rid, prepared))
                     continue
                 ids, detok = prepared
                 self._streams[rid] = _Stream(detok, len(ids))
@@ -169,7 +169,7 @@ class TokeniserActor:
         if msg.error is not None:                # the engine failed it: whatever text was held back is lost
             del self._streams[msg.request_id]
             self._metrics.request_failed.inc()
-            self._router.deliver(TextDelta(request_id=msg.request_id, text="", num_tokens=0, error=msg.error,
+            self._demux.deliver(TextDelta(request_id=msg.request_id, text="", num_tokens=0, error=msg.error,
                                            counts=msg.counts.merge(TokenCounts(prompt=stream.num_prompt_tokens,
                                                                                completion=stream.num_tokens))))
             return
@@ -184,7 +184,7 @@ class TokeniserActor:
         if reason is not None:
             del self._streams[msg.request_id]
             self._metrics.request_success.labels(finished_reason=reason).inc()
-        self._router.deliver(TextDelta(
+        self._demux.deliver(TextDelta(
             request_id=msg.request_id, text=text, num_tokens=len(ids),
             logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in logprobs),
             finish_reason=reason, stop_string=stream.detok.stop_reason, embedding=msg.embedding,

@@ -19,7 +19,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.metrics import Metrics
-from actors.runtime.stream_demux import Router
+from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokeniserActor
 from forge.messages import (
     Abort,
@@ -44,7 +44,7 @@ def tokenizer(default_model_path: Path) -> Tokenizer:
 @dataclass
 class Rig:
     actor: TokeniserActor
-    router: Router
+    demux: StreamDemux
     inbox: MemoryObjectSendStream[Any]
     to_scheduler: MemoryObjectReceiveStream[Any]
 
@@ -76,13 +76,13 @@ async def running(tokenizer: Tokenizer, *, max_model_len: int | None = None) -> 
     """The actor in its own task group (entered in the test's own task: none may straddle a fixture)."""
     inbox, actor_in = anyio.create_memory_object_stream[Any](math.inf)
     actor_out, to_scheduler = anyio.create_memory_object_stream[Any](math.inf)
-    router = Router()
-    actor = TokeniserActor(tokenizer, ChatTemplate(None), router, Metrics().model("test"), inbox=actor_in,
+    demux = StreamDemux()
+    actor = TokeniserActor(tokenizer, ChatTemplate(None), demux, Metrics().model("test"), inbox=actor_in,
                            to_scheduler=actor_out, max_model_len=max_model_len)
     with anyio.fail_after(10), to_scheduler:
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
-            yield Rig(actor, router, inbox, to_scheduler)
+            yield Rig(actor, demux, inbox, to_scheduler)
             await inbox.aclose()
 
 
@@ -92,7 +92,7 @@ def ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
 
 async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
-        group = rig.router.open(["r"])
+        group = rig.demux.open(["r"])
         await rig.submit(Submit(request_id="r", params=SamplingParams(stop=("Paris",)), text="The capital is"))
         await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
         for tok in ids(tokenizer, " Paris, of course"):
@@ -112,7 +112,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
     """A speculative step hands over several tokens at once: the output (text, token count and
     logprobs) is what it would be had they come one by one."""
     async with running(tokenizer) as rig:
-        group = rig.router.open(["r"])
+        group = rig.demux.open(["r"])
         params = SamplingParams(stop=("Paris",), logprobs=0)
         await rig.submit(Submit(request_id="r", params=params, text="The capital is"))
         await rig.inbox.send(Accepted(request_id="r", num_prompt_tokens=3))
@@ -129,7 +129,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
 
 async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
-        group = rig.router.open(["a"])
+        group = rig.demux.open(["a"])
         await rig.submit(Submit(request_id="a", params=SamplingParams(), text="Hello"))
         await rig.inbox.send(Abort(request_id="a"))
         await rig.inbox.send(Abort(request_id="a"))              # a second abort: the request already ended
@@ -137,13 +137,13 @@ async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Toke
         await rig.inbox.send(TokensEmitted(request_id="a", token_ids=ids(tokenizer, " world")))  # in flight
         await rig.settle()
         assert [(type(m), m.request_id) for m in rig.scheduler_got()] == [(Tokenised, "a"), (Abort, "a")]
-        rig.router.close(group)
-        assert set(rig.actor.tracked().values()) == {0} and len(rig.router) == 0
+        rig.demux.close(group)
+        assert set(rig.actor.tracked().values()) == {0} and len(rig.demux) == 0
 
 
 async def test_a_prompt_that_cannot_be_encoded_is_rejected_before_the_scheduler(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
-        group = rig.router.open(["bad"])
+        group = rig.demux.open(["bad"])
         await rig.inbox.send(Submit(request_id="bad", params=SamplingParams(), token_ids=(1, 10**9)))
         [status] = await group.wait_statuses()
         assert isinstance(status, Rejected) and status.status == 400 and status.param == "prompt"
@@ -154,7 +154,7 @@ async def test_a_prompt_that_cannot_be_encoded_is_rejected_before_the_scheduler(
 async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_delta(
         tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
-        group = rig.router.open(["slow", "fast"])
+        group = rig.demux.open(["slow", "fast"])
         for rid in ("slow", "fast"):
             await rig.submit(Submit(request_id=rid, params=SamplingParams(max_tokens=500), text="Count"))
             await rig.inbox.send(Accepted(request_id=rid, num_prompt_tokens=1))
@@ -177,7 +177,7 @@ async def test_a_stalled_reader_never_holds_up_the_actor_and_reads_one_merged_de
 
 async def test_a_request_aborted_while_it_is_prepared_never_reaches_the_scheduler(tokenizer: Tokenizer) -> None:
     async with running(tokenizer) as rig:
-        group = rig.router.open(["a"])
+        group = rig.demux.open(["a"])
         async with rig.actor._thread:                          # the preparing thread is busy meanwhile
             await rig.inbox.send(Submit(request_id="a", params=SamplingParams(), text="Hello"))
             await anyio.sleep(0)
@@ -186,15 +186,15 @@ async def test_a_request_aborted_while_it_is_prepared_never_reaches_the_schedule
             await anyio.sleep(0)
         await rig.settle()
         assert rig.scheduler_got() == []
-        rig.router.close(group)
-        assert set(rig.actor.tracked().values()) == {0} and len(rig.router) == 0
+        rig.demux.close(group)
+        assert set(rig.actor.tracked().values()) == {0} and len(rig.demux) == 0
 
 
 async def test_other_streams_flow_while_a_prompt_is_prepared(tokenizer: Tokenizer) -> None:
     """Preparing a request (template, encoding, stop strings) holds up neither the actor nor the text
     of the requests already running."""
     async with running(tokenizer) as rig:
-        group = rig.router.open(["running", "big"])
+        group = rig.demux.open(["running", "big"])
         await rig.submit(Submit(request_id="running", params=SamplingParams(), text="Count"))
         await rig.inbox.send(Accepted(request_id="running", num_prompt_tokens=1))
         async with rig.actor._thread:                          # "big" is being prepared all along
@@ -214,7 +214,7 @@ async def test_other_streams_flow_while_a_prompt_is_prepared(tokenizer: Tokenize
 async def test_a_prompt_its_size_shows_too_long_is_refused_without_encoding_it(tokenizer: Tokenizer) -> None:
     """A megabyte of digits (a token each) against a 1,024-token context: refused from its byte count."""
     async with running(tokenizer, max_model_len=1024) as rig:
-        group = rig.router.open(["big"])
+        group = rig.demux.open(["big"])
         await rig.inbox.send(Submit(request_id="big", params=SamplingParams(), text="1" * 2**20))
         await rig.inbox.send(Submit(request_id="fits", params=SamplingParams(), text="1" * 1000))
         [status] = await group.wait_statuses()

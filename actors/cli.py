@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from actors.browser_guard import policy_for
-    from actors.gateway import GatewayConfig
+    from actors.http.browser_guard import policy_for
+    from actors.http.gateway import GatewayConfig
     from actors.logs import configure_logging
     from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.api.responses.responses_store import ResponseStore

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.http_edge import json_response
+from actors.http.edge import json_response
 from actors.runtime.kv_publisher import KvEventPublisher
 from actors.runtime.model_handle import ModelHandle
 from forge.api.openai.openai_prepare import prepare_chat, prepare_completion

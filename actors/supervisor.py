@@ -23,8 +23,8 @@ from anyio.abc import TaskStatus
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from actors.access import AccessLog
-from actors.gateway import Gateway, GatewayConfig
+from actors.http.access_log import AccessLog
+from actors.http.gateway import Gateway, GatewayConfig
 from actors.metrics import Metrics
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor, EncoderInbox

@@ -11,9 +11,9 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from actors.admission import LoadStats
+from actors.http.admission import LoadStats
+from actors.http.choice_reader import ReasoningReading
 from actors.metrics import ModelMetrics
-from actors.responses import ReasoningReading
 from actors.runtime.stream_demux import StreamDemux
 from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.engine.assembly import Serving

@@ -1,4 +1,4 @@
-"""actors.browser_guard's checks as pure functions: which Host, Origin and Content-Type a request may
+"""actors.http.browser_guard's checks as pure functions: which Host, Origin and Content-Type a request may
 carry, and the policy `forge serve`'s flags make."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from actors.browser_guard import (
+from actors.http.browser_guard import (
     BrowserPolicy,
     normalize_host,
     normalize_origin,

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry, ModelSet, parse_keep_alive
 from actors.supervisor import Daemon, DaemonConfig
 from forge.config import EngineConfig

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig
 from forge.llm import LoadedModel
 from tests.integration.harness import SERVED_MODEL, MakeDaemon, engine_config

@@ -15,8 +15,8 @@ import anyio
 import httpx
 from starlette.routing import Route
 
-from actors.browser_guard import BrowserPolicy
-from actors.gateway import GatewayConfig
+from actors.http.browser_guard import BrowserPolicy
+from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from tests.integration.harness import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel

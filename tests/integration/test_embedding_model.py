@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.models.bert.encoder import LoadedEncoder
 from tests.integration.harness import HANG_GUARD_S, assert_error, engine_config, is_idle, wait_until

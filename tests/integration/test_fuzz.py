@@ -21,7 +21,7 @@ import anyio
 import httpx
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel
 from forge.models.llama import LlamaModel

@@ -19,7 +19,7 @@ import httpx
 import openai
 import zmq
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.runtime.kv_publisher import KvEventsConfig
 from actors.supervisor import DaemonConfig, running_daemon
 from forge.engine.kv_events import BlockStored, decode_batch

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel
 from forge.models.gguf_file import read_gguf

@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.llm import LoadedModel

@@ -19,7 +19,7 @@ from pathlib import Path
 PROBE = r'''
 import json, sys
 import anyio
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry, ModelSet
 from actors.supervisor import Daemon, DaemonConfig
 from forge.config import EngineConfig

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from actors.gateway import GatewayConfig
+from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.models.loading import LoadedModel
 from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config, free_port, wait_router

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from actors.cli import register
-from actors.gateway import Gateway, GatewayConfig
+from actors.http.gateway import Gateway, GatewayConfig
 from actors.metrics import Metrics
 from forge.core_cli import build_parser
 

@@ -11,7 +11,7 @@ runs, three checks keep such a page from driving the daemon or reading its repli
 - Content-Type: what a page may send cross-site without asking first (a form, text) is refused (415);
   the JSON routes take `application/json`, or no Content-Type at all (no browser sends a body so).
 
-Refusals are RequestErrors in the envelope of the route asked for (actors.http_edge).
+Refusals are RequestErrors in the envelope of the route asked for (actors.http.edge).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from actors.http_edge import error_response_for
+from actors.http.edge import error_response_for
 from forge.errors import RequestError
 
 DEFAULT_PORTS = {"http": 80, "https": 443}

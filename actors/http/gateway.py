@@ -1,8 +1,8 @@
 """The HTTP gateway: starlette routes, checks at the edge, and disconnect -> Abort.
 
 Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds before any
-tokenising work (actors/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
-the router (actors.responses assembles the body or the SSE frames; actors.lifetime admits, submits
+tokenising work (actors/http/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
+the router (actors.http.choice_reader assembles the body or the SSE frames; actors.http.lifetime admits, submits
 and reads them); a client that goes away, in any phase, aborts its requests through the same path,
 so their blocks are freed at the next step.
 Every error a request meets is a RequestError, rendered as OpenAI's error envelope.
@@ -25,18 +25,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from actors.admission import Admission
-from actors.anthropic_route import MessagesRoutes
-from actors.browser_guard import BrowserGuard, BrowserPolicy
 from actors.dashboard import dashboard_page
-from actors.embeddings_route import EmbeddingsRoutes
 from actors.fleet import FleetRoutes
-from actors.http_edge import check_key, error_response_for, json_response, read_body, rejection_reason
-from actors.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
-from actors.metrics import Metrics
-from actors.models_route import ModelRoutes, peek
-from actors.openapi import openapi_document
-from actors.responses import (
+from actors.http.admission import Admission
+from actors.http.browser_guard import BrowserGuard, BrowserPolicy
+from actors.http.choice_reader import (
     CompletionShape,
     ToolReading,
     chat_body,
@@ -44,11 +37,18 @@ from actors.responses import (
     completion_body,
     completion_frames,
 )
-from actors.responses_route import ResponsesRoutes
+from actors.http.edge import check_key, error_response_for, json_response, read_body, rejection_reason
+from actors.http.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
+from actors.http.openapi import openapi_document
+from actors.http.routes.anthropic_route import MessagesRoutes
+from actors.http.routes.embeddings_route import EmbeddingsRoutes
+from actors.http.routes.models_route import ModelRoutes, peek
+from actors.http.routes.responses_route import ResponsesRoutes
+from actors.http.routes.text_routes import TextRoutes
+from actors.metrics import Metrics
 from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet, parse_keep_alive
 from actors.stats import Stats
-from actors.text_routes import TextRoutes
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import ResponseHeader
 from forge.api.openai.openai_prepare import (

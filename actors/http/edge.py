@@ -91,7 +91,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 def rejection_reason(exc: RequestError) -> str:
     """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, cross_site
-    (a foreign Host or Origin: actors.browser_guard), invalid."""
+    (a foreign Host or Origin: actors.http.browser_guard), invalid."""
     if exc.status == 401:
         return "auth"
     if exc.status in (403, 421):

@@ -2,9 +2,9 @@
 
 Each input is one request in the engine, a prompt-only sequence that returns its pooled vector
 (forge/engine/pooling.py) instead of a sampled token: it goes through the same admission, tokeniser,
-scheduler and batch as a completion, through the same response lifetime (actors/lifetime.py), and
+scheduler and batch as a completion, through the same response lifetime (actors/http/lifetime.py), and
 its vector comes back on its last TextDelta. A batch of inputs is admitted as one unit and fed to the
-engine a window at a time (actors/feed.py), up to the API's 2,048 inputs whatever --max-waiting is.
+engine a window at a time (actors/http/choice_feed.py), up to the API's 2,048 inputs whatever --max-waiting is.
 The wire shapes are forge/api/embeddings/embeddings_schema.py's.
 """
 
@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.lifetime import ResponseLifetime
+from actors.http.lifetime import ResponseLifetime
 from actors.runtime.model_handle import ModelHandle
 from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embeddings_body, new_embedding_id, prepare_embeddings
 from forge.messages import Submit

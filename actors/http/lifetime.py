@@ -3,7 +3,7 @@
 Count it in flight from its body on, admit it as one unit (503 past the bounds, 400 if it never could
 be admitted), open its group in the router and submit its first window of choices, wait for their
 verdicts; then read the choices to one JSON body or an SSE stream, the rest of them fed to the engine
-as the first end (actors/feed.py). On every way out (done, client gone, an error) the choices in the
+as the first end (actors/http/choice_feed.py). On every way out (done, client gone, an error) the choices in the
 engine are aborted behind their Submits, those never sent are forgotten, and the request is counted
 out of admission exactly once. Routes build bodies and frames; this owns nothing of their shapes.
 """
@@ -20,12 +20,12 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.admission import Admission
-from actors.feed import ChoiceFeed
-from actors.http_edge import error_response, json_response
-from actors.responses import ChoiceReader
+from actors.http.admission import Admission
+from actors.http.choice_feed import ChoiceFeed
+from actors.http.choice_reader import ChoiceReader
+from actors.http.edge import error_response, json_response
+from actors.http.sse_response import SSEResponse
 from actors.runtime.model_handle import ModelHandle, only_embeds
-from actors.sse import SSEResponse
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_prepare import Constraint
 from forge.errors import RequestError

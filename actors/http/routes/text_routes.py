@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.http_edge import json_response
+from actors.http.edge import json_response
 from actors.runtime.model_handle import ModelHandle
 from forge.api.openai import openai_schema as api
 from forge.api.openai.openai_prepare import chat_template_messages, check_model, functions

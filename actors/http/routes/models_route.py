@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.http_edge import json_response
+from actors.http.edge import json_response
 from actors.runtime.model_set import ModelSet
 from forge.errors import RequestError
 

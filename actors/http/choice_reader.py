@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from actors.feed import ChoiceFeed
+from actors.http.choice_feed import ChoiceFeed
 from actors.metrics import ModelMetrics
 from actors.runtime.stream_demux import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
 from forge.api.openai import openai_output as wire

@@ -9,7 +9,7 @@
 
 A response is a chat request in another wire format (forge/api/responses/responses_schema.py turns it into one, after
 the stored conversation it continues): it runs through the same preparation, admission, tokeniser and
-engine as a chat completion, through the same response lifetime (actors/lifetime.py), and is read back
+engine as a chat completion, through the same response lifetime (actors/http/lifetime.py), and is read back
 with the same tool-call reader; only the shapes written here differ (forge/api/responses/responses_output.py). Errors
 are OpenAI's envelope, as on chat. The store is this gateway's memory (forge/api/responses/responses_store.py).
 """
@@ -27,9 +27,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.http_edge import json_response
-from actors.lifetime import ResponseLifetime
-from actors.responses import Choice, ChoiceReader
+from actors.http.choice_reader import Choice, ChoiceReader
+from actors.http.edge import json_response
+from actors.http.lifetime import ResponseLifetime
 from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic.anthropic_output import text_events
 from forge.api.openai.openai_output import SSE_PING

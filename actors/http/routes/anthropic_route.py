@@ -7,9 +7,9 @@
 
 A message is a chat request in another wire format (forge/api/anthropic/anthropic_schema.py turns it into one): it runs
 through the same preparation, admission, tokeniser and engine as a chat completion, through the same
-response lifetime (actors/lifetime.py), and is read back with the same tool-call reader; only the
+response lifetime (actors/http/lifetime.py), and is read back with the same tool-call reader; only the
 shapes written here differ (forge/api/anthropic/anthropic_output.py). The errors of these routes are written in
-the Messages API's envelope (actors/http_edge.py), and their key may come as `x-api-key`.
+the Messages API's envelope (actors/http/edge.py), and their key may come as `x-api-key`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from actors.http_edge import json_response, messages_error_response
-from actors.lifetime import ResponseLifetime
-from actors.responses import Choice, ChoiceReader
+from actors.http.choice_reader import Choice, ChoiceReader
+from actors.http.edge import json_response, messages_error_response
+from actors.http.lifetime import ResponseLifetime
 from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages

@@ -1,0 +1,1 @@
+"""The routes served beside the gateway's own: the Messages, Responses, embeddings and model-management APIs."""

@@ -27,7 +27,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from actors.http.browser_guard import policy_for
     from actors.http.gateway import GatewayConfig
-    from actors.logs import configure_logging
+    from actors.ops.logs import configure_logging
     from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.api.responses.responses_store import ResponseStore
     from forge.config import parse_size

@@ -25,7 +25,8 @@ from hypercorn.config import Config as HypercornConfig
 
 from actors.http.access_log import AccessLog
 from actors.http.gateway import Gateway, GatewayConfig
-from actors.metrics import Metrics
+from actors.ops.metrics import Metrics
+from actors.ops.stats import Sources
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor, EncoderInbox
 from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
@@ -36,7 +37,6 @@ from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokeniserActor
 from actors.runtime.worker_actor import ModelWorkerActor
-from actors.stats import Sources
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, build_engine, encoder_serving
 from forge.errors import ForgeError, RequestError

@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 
 from actors.http.choice_feed import ChoiceFeed
-from actors.metrics import ModelMetrics
+from actors.ops.metrics import ModelMetrics
 from actors.runtime.stream_demux import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import FinishReason, ResponseHeader, TokenLogprob, Usage

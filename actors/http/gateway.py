@@ -25,8 +25,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from actors.dashboard import dashboard_page
-from actors.fleet import FleetRoutes
 from actors.http.admission import Admission
 from actors.http.browser_guard import BrowserGuard, BrowserPolicy
 from actors.http.choice_reader import (
@@ -45,10 +43,12 @@ from actors.http.routes.embeddings_route import EmbeddingsRoutes
 from actors.http.routes.models_route import ModelRoutes, peek
 from actors.http.routes.responses_route import ResponsesRoutes
 from actors.http.routes.text_routes import TextRoutes
-from actors.metrics import Metrics
+from actors.ops.dashboard import dashboard_page
+from actors.ops.fleet import FleetRoutes
+from actors.ops.metrics import Metrics
+from actors.ops.stats import Stats
 from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet, parse_keep_alive
-from actors.stats import Stats
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import ResponseHeader
 from forge.api.openai.openai_prepare import (

@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from actors.metrics import ModelMetrics
+from actors.ops.metrics import ModelMetrics
 from actors.runtime.stream_demux import StreamDemux
 from forge.engine.pooling import vector_bytes
 from forge.errors import RequestError

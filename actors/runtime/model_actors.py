@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskStatus
 
-from actors.metrics import Metrics, ModelMetrics
+from actors.ops.metrics import Metrics, ModelMetrics
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.kv_publisher import KvEventPublisher
 from actors.runtime.model_handle import ModelHandle

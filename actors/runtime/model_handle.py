@@ -13,7 +13,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from actors.http.admission import LoadStats
 from actors.http.choice_reader import ReasoningReading
-from actors.metrics import ModelMetrics
+from actors.ops.metrics import ModelMetrics
 from actors.runtime.stream_demux import StreamDemux
 from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.engine.assembly import Serving

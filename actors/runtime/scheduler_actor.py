@@ -15,7 +15,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.metrics import ModelMetrics
+from actors.ops.metrics import ModelMetrics
 from forge.engine.core import CoreStats, EngineCore
 from forge.errors import RequestError
 from forge.messages import (

@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.metrics import ModelMetrics
+from actors.ops.metrics import ModelMetrics
 from actors.runtime.scheduler_actor import SchedulerInbox
 from actors.runtime.stream_demux import StreamDemux
 from forge.errors import InvalidRequest, PromptTooLong, RequestError

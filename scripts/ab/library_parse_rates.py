@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 
 from actors.http.gateway import GatewayConfig
-from actors.logs import configure_logging
+from actors.ops.logs import configure_logging
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
 from forge.config import EngineConfig
 from forge.models.loading import LoadedModel

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.metrics import Metrics
+from actors.ops.metrics import Metrics
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.worker_actor import ModelWorkerActor

@@ -18,7 +18,7 @@ import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.metrics import Metrics
+from actors.ops.metrics import Metrics
 from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokeniserActor
 from forge.messages import (

@@ -13,7 +13,7 @@ import yaml
 
 from actors.cli import register
 from actors.http.gateway import Gateway, GatewayConfig
-from actors.metrics import Metrics
+from actors.ops.metrics import Metrics
 from forge.core_cli import build_parser
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "forge.yaml"

@@ -3,7 +3,7 @@
 The numbers come from where /metrics reads them, the Prometheus registry's counters and the actors'
 statistics(), so the page and a scrape agree. A sampler task records the counters once a second
 into a bounded ring (HISTORY_SAMPLES); recent latencies are bounded windows of samples
-(actors.metrics.LatencyWindow). Nothing here touches the model or waits on an actor: a snapshot
+(actors.ops.metrics.LatencyWindow). Nothing here touches the model or waits on an actor: a snapshot
 is a read of plain counters on the event loop, between the engine's steps.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from prometheus_client import Counter
 
-from actors.metrics import Metrics
+from actors.ops.metrics import Metrics
 from forge.engine.core import CoreStats
 from forge.messages import CacheStats
 

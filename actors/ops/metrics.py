@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from actors.metric_aliases import VllmAliases
+from actors.ops.metric_aliases import VllmAliases
 from forge.engine.block_allocator import MISS_REASONS
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ def _digest(text: str) -> str:
 
 @cache
 def dashboard_page() -> Page:
-    html = resources.files("actors").joinpath("dashboard.html").read_text(encoding="utf-8")
+    html = resources.files("actors.ops").joinpath("dashboard.html").read_text(encoding="utf-8")
     scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
     styles = re.findall(r"<style>(.*?)</style>", html, flags=re.S)
     policy = "; ".join([

@@ -1,5 +1,5 @@
 import sys
 
-from actors.cli import main
+from actors.daemon_cli import main
 
 sys.exit(main())

@@ -36,7 +36,7 @@ import httpx
 from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
-from forge_bench.cli import _free_port, _stop, _wait_healthy
+from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
 
 WORDS = ("river stone lantern orchard copper meadow signal harbor violet engine quiet summit ledger "
          "thistle canyon marble ember willow fabric comet").split()

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
-from forge_bench.cli import _free_port, _stop, _wait_healthy
+from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
 
 
 def run_arm(label: str, flags: str, workload: loadgen.Workload, args: argparse.Namespace) -> dict[str, Any]:

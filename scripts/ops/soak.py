@@ -31,7 +31,7 @@ import anyio
 import httpx
 import numpy as np
 
-from forge_bench.cli import _free_port, _stop, _wait_healthy
+from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
 
 KINDS = ("stream", "plain", "chat-stream", "chat", "leaves", "too-long")
 # What each kind may get. 503 is right for any of them while a burst holds the admission queue full.

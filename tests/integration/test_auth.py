@@ -70,7 +70,7 @@ async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never
 def test_the_help_and_every_doc_name_the_same_open_routes_as_the_gateway_keeps() -> None:
     """--help, docs/configuration.md, docs/reliability.md, docs/operations.md and the environment file's
     example each say which routes need no key: exactly OPEN, the ones the test above finds open."""
-    from actors.cli import register
+    from actors.daemon_cli import register
     from forge.core_cli import build_parser
 
     root = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from forge_bench import loadgen
-from forge_bench.cli import (
+from forge_bench.bench_cli import (
     _group_peak_rss_mib,
     _peak_rss_mib,
     _run_levels,

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.cli import register
+from actors.daemon_cli import register
 from forge.api.openai.openai_schema import ChatCompletionRequest, CompletionRequest
 from forge.core_cli import build_parser
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from actors.cli import register
+from actors.daemon_cli import register
 from actors.http.gateway import Gateway, GatewayConfig
 from actors.ops.metrics import Metrics
 from forge.core_cli import build_parser

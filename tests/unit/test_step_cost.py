@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.cli import register
+from actors.daemon_cli import register
 from forge.core_cli import build_parser, engine_config
 from forge.engine.scheduler import MIN_PREFILL_TOKENS, SchedulerConfig
 from forge.engine.sequence import Sequence

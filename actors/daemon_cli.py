@@ -251,7 +251,7 @@ def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] in (["bench", "serve"], ["bench", "compare"]):
-        from forge_bench import cli as bench_cli
+        from forge_bench import bench_cli
 
         return bench_cli.main(argv[1:])
     return core_cli.main(argv, register)

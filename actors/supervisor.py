@@ -35,7 +35,7 @@ from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelEntry, ModelSet
 from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.stream_demux import StreamDemux
-from actors.runtime.tokenizer_actor import TokeniserActor
+from actors.runtime.tokenizer_actor import TokenizerActor
 from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, build_engine, encoder_serving
@@ -74,7 +74,7 @@ class Daemon:
         self.metrics = Metrics()
         self.gateway = Gateway(config.gateway, self.metrics)
         self.loaded = loaded
-        self.tokeniser: TokeniserActor | None = None
+        self.tokenizer: TokenizerActor | None = None
         self.scheduler: SchedulerActor | None = None
         self.allocator: AllocatorActor | None = None
         self.worker: ModelWorkerActor | None = None
@@ -96,7 +96,7 @@ class Daemon:
         sizes = {"gateway.inflight": self.gateway.admission.num_inflight}
         if self.gateway.handle is not None:
             sizes["demux.requests"] = len(self.gateway.handle.demux)
-        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker, self.encoder):
+        for actor in (self.tokenizer, self.scheduler, self.allocator, self.worker, self.encoder):
             if actor is not None:
                 sizes.update(actor.tracked())
         if self.models is not None:
@@ -148,7 +148,7 @@ class Daemon:
         wired = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
                              edge_grammars=edge_grammars(loaded, parts), draft=draft, publisher=publisher)
         served = wired.served
-        self.tokeniser, self.scheduler = wired.tokeniser, wired.scheduler
+        self.tokenizer, self.scheduler = wired.tokenizer, wired.scheduler
         self.allocator, self.worker = wired.allocator, wired.worker
         self.metrics.on_scrape(lambda: wired.refresh_metrics(publisher))
         stop = anyio.Event()
@@ -209,7 +209,7 @@ class Daemon:
 
     async def _run_encoder(self, encoder: LoadedEncoder, *,
                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """An embedding model: the gateway and one encoder actor, which tokenises, batches and embeds."""
+        """An embedding model: the gateway and one encoder actor, which tokenizes, batches and embeds."""
         cfg = self.config.engine
         await anyio.to_thread.run_sync(lambda: configure_matmul(cfg.matmul_strategy, cfg.blas_threads))
         served = encoder_serving(encoder, served_model_name=self.config.gateway.served_model_name)
@@ -221,7 +221,7 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 await tg.start(actor.run)
                 self.gateway.handle = ModelHandle(
-                    demux=demux, to_tokeniser=to_enc, max_model_len=served.max_model_len,
+                    demux=demux, to_tokenizer=to_enc, max_model_len=served.max_model_len,
                     load_stats=lambda: (actor.num_waiting(), 0), serving=served, metrics=own, step_age=actor.step_age,
                     load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
                 await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)

@@ -9,7 +9,7 @@
      +-- ModelLoadError        a model file that is missing, corrupt or unsupported
      +-- ConfigError           a setting that cannot work
 
-A RequestError raised anywhere on a request's path (the HTTP edge, the tokeniser, the scheduler)
+A RequestError raised anywhere on a request's path (the HTTP edge, the tokenizer, the scheduler)
 reaches the client as the same OpenAI error envelope with its status and headers.
 """
 

@@ -131,12 +131,12 @@ class StepOutput(ActorMessage, frozen=True):
     reasoning: tuple[tuple[int, int], ...] = ()
 
 
-# ---- scheduler -> tokeniser ------------------------------------------------------------------
+# ---- scheduler -> tokenizer ------------------------------------------------------------------
 
 class TokenCounts(ActorMessage, frozen=True):
     """One request's token counts so far, as usage reports them. Every count is cumulative, so a
     later one replaces an earlier; 0 means not counted where this was made (the engine does not
-    count completion tokens: the tokeniser does, after stop strings)."""
+    count completion tokens: the tokenizer does, after stop strings)."""
     prompt: int = 0
     completion: int = 0
     cached: int = 0              # prompt tokens found in the prefix cache
@@ -162,7 +162,7 @@ class TokensEmitted(ActorMessage, frozen=True):
     embedding: bytes | None = None              # an embedding request's vector (Embedding.vector), at its end
 
 
-# ---- gateway -> tokeniser -> scheduler (one ordered path: an Abort never overtakes its Submit) --
+# ---- gateway -> tokenizer -> scheduler (one ordered path: an Abort never overtakes its Submit) --
 
 class Submit(ActorMessage, frozen=True):
     """A request as the gateway accepted it; exactly one of text, token_ids, messages is set."""
@@ -177,26 +177,26 @@ class Submit(ActorMessage, frozen=True):
 
 
 class FlushCache(ActorMessage, frozen=True):
-    """Drop the prefix cache (gateway -> tokeniser -> scheduler -> allocator, on the requests' path);
+    """Drop the prefix cache (gateway -> tokenizer -> scheduler -> allocator, on the requests' path);
     answered with Accepted for `request_id` when done."""
     request_id: str
 
 
-class Tokenised(ActorMessage, frozen=True):
+class Tokenized(ActorMessage, frozen=True):
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
 
 
 class Abort(ActorMessage, frozen=True):
-    """Drop a request: its client went away (gateway -> tokeniser -> scheduler), or a stop string
-    ended it (tokeniser -> scheduler). Never answered: whoever sends it has already let go."""
+    """Drop a request: its client went away (gateway -> tokenizer -> scheduler), or a stop string
+    ended it (tokenizer -> scheduler). Never answered: whoever sends it has already let go."""
     request_id: str
     by_client: bool = True           # False: a stop string ended it (a success, not an abort)
 
 
-# ---- to the router (the gateway's per-request streams), all through the tokeniser -------------
-#      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokeniser's own text.
+# ---- to the router (the gateway's per-request streams), all through the tokenizer -------------
+#      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokenizer's own text.
 
 class Accepted(ActorMessage, frozen=True):
     """The scheduler queued the request: from here the response is a success."""

@@ -2,7 +2,7 @@
 
 A response is admitted only while the requests and prompt tokens waiting (in the scheduler, plus
 those admitted but not yet queued) stay within bounds; beyond them it gets 503 with Retry-After
-before any tokenising work. A response of many choices (prompts x n, embedding inputs) is one unit
+before any tokenizing work. A response of many choices (prompts x n, embedding inputs) is one unit
 of work: it is charged for its window, the choices it may have in the engine at once (at most a
 quarter of either bound, actors/http/choice_feed.py), and one that could never be admitted, however empty the
 queue, is a 400 naming the limit instead of a 503 its client would retry for ever. The in-flight

@@ -20,12 +20,12 @@ from forge.messages import Abort, FlushCache, Submit
 
 class ChoiceFeed:
     def __init__(self, group: ResponseGroup, submits: list[Submit],
-                 to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache], *, window: int) -> None:
+                 to_tokenizer: MemoryObjectSendStream[Submit | Abort | FlushCache], *, window: int) -> None:
         """`submits`: one per choice, in the group's order; `window`: most choices in the engine at once."""
         assert len(submits) == len(group.request_ids) and window >= 1
         self.group = group
         self._submits = submits
-        self._to_tokeniser = to_tokeniser
+        self._to_tokenizer = to_tokenizer
         self._window = window
         self._num_sent = 0
         self._in_engine: set[int] = set()          # sent and not ended
@@ -48,7 +48,7 @@ class ChoiceFeed:
             if i not in group.unfinished:            # ended unsent (the daemon stopped)
                 continue
             try:
-                self._to_tokeniser.send_nowait(self._submits[i])
+                self._to_tokenizer.send_nowait(self._submits[i])
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 group.fail()
                 return
@@ -59,7 +59,7 @@ class ChoiceFeed:
         self._aborted = True
         for i in sorted(self._in_engine & self.group.unfinished):
             try:
-                self._to_tokeniser.send_nowait(Abort(request_id=self.group.request_ids[i]))
+                self._to_tokenizer.send_nowait(Abort(request_id=self.group.request_ids[i]))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return                        # the daemon stopped (drain timed out): nothing to free
         self._in_engine.clear()

@@ -1,7 +1,7 @@
 """The HTTP gateway: starlette routes, checks at the edge, and disconnect -> Abort.
 
 Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds before any
-tokenising work (actors/http/admission.py). Each response's choices go to the tokeniser as Submits and are read back from
+tokenizing work (actors/http/admission.py). Each response's choices go to the tokenizer as Submits and are read back from
 the router (actors.http.choice_reader assembles the body or the SSE frames; actors.http.lifetime admits, submits
 and reads them); a client that goes away, in any phase, aborts its requests through the same path,
 so their blocks are freed at the next step.

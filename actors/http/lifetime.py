@@ -115,7 +115,7 @@ class ResponseLifetime:
                                        engine_slots=pipe.serving.max_num_seqs)
         with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
             group = pipe.demux.open([s.request_id for s in submits])
-            feed = ChoiceFeed(group, submits, pipe.to_tokeniser, window=window.num_choices)
+            feed = ChoiceFeed(group, submits, pipe.to_tokenizer, window=window.num_choices)
             group.bound(self._max_unsent_tokens, functools.partial(self._cut_off, pipe, feed))
             try:
                 feed.top_up()

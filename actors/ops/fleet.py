@@ -94,7 +94,7 @@ class FleetRoutes:
         rid = f"flush-{uuid.uuid4().hex}"
         group = pipe.demux.open([rid])
         try:
-            pipe.to_tokeniser.send_nowait(FlushCache(request_id=rid))
+            pipe.to_tokenizer.send_nowait(FlushCache(request_id=rid))
             [verdict] = await group.wait_statuses()
         finally:
             pipe.demux.close(group)

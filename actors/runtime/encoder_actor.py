@@ -1,8 +1,8 @@
-"""The encoder actor: the whole engine of an embedding model (forge.models.bert), in place of the tokeniser,
+"""The encoder actor: the whole engine of an embedding model (forge.models.bert), in place of the tokenizer,
 scheduler, allocator and model worker a decoder runs on.
 
-It takes Submits and Aborts from the gateway in order, as the tokeniser does, and is the router's only
-producer: each Submit is tokenised (or its ids checked) and answered Accepted or Rejected, then every
+It takes Submits and Aborts from the gateway in order, as the tokenizer does, and is the router's only
+producer: each Submit is tokenized (or its ids checked) and answered Accepted or Rejected, then every
 request that arrived while the last forward ran goes into the next one, padded into batches of similar
 length (LoadedEncoder.embed, in a worker thread), and ends with one TextDelta carrying its vector.
 Nothing is kept for a request after its delta.

@@ -1,8 +1,8 @@
-"""One loaded generation model's actors: its tokeniser, scheduler, cache allocator and model worker,
+"""One loaded generation model's actors: its tokenizer, scheduler, cache allocator and model worker,
 wired by channels, and the ModelHandle the gateway talks to them through.
 
 The supervisor builds one set per loaded model and runs it in its own task group; stopping the set
-(closing the gateway's end of the tokeniser's inbox and cancelling the group) drops every reference
+(closing the gateway's end of the tokenizer's inbox and cancelling the group) drops every reference
 to the model's weights and K/V, so they are freed. Nothing here is shared between two sets.
 """
 
@@ -20,7 +20,7 @@ from actors.runtime.kv_publisher import KvEventPublisher
 from actors.runtime.model_handle import ModelHandle
 from actors.runtime.scheduler_actor import SchedulerActor, SchedulerInbox
 from actors.runtime.stream_demux import StreamDemux
-from actors.runtime.tokenizer_actor import TokeniserActor, TokeniserInbox
+from actors.runtime.tokenizer_actor import TokenizerActor, TokenizerInbox
 from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, Serving, serving
@@ -35,7 +35,7 @@ class ModelActors:
     """The four actors of one model and the pipeline over them; `run` serves until `stop`."""
     served: Serving
     handle: ModelHandle
-    tokeniser: TokeniserActor
+    tokenizer: TokenizerActor
     scheduler: SchedulerActor
     allocator: AllocatorActor
     worker: ModelWorkerActor
@@ -48,15 +48,15 @@ class ModelActors:
 
     def tracked(self) -> dict[str, int]:
         sizes = {"demux.requests": len(self.handle.demux)}
-        for actor in (self.tokeniser, self.scheduler, self.allocator, self.worker):
+        for actor in (self.tokenizer, self.scheduler, self.allocator, self.worker):
             sizes.update(actor.tracked())
         return sizes
 
     async def run(self, stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the four actors, report started, serve until `stop` is set, then stop them."""
-        with self.handle.to_tokeniser:          # the gateway's end: closed when the set stops
+        with self.handle.to_tokenizer:          # the gateway's end: closed when the set stops
             async with anyio.create_task_group() as tg:
-                for actor in (self.allocator, self.worker, self.scheduler, self.tokeniser):
+                for actor in (self.allocator, self.worker, self.scheduler, self.tokenizer):
                     await tg.start(actor.run)
                 task_status.started()
                 await stop.wait()
@@ -75,10 +75,10 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     own.describe(kernels=served.kernels, numerics=served.numerics, attention=served.attention,
                  block_size=served.block_size, num_blocks=served.kv_blocks, cache_dtype=served.kv_cache_dtype,
                  prefix_caching=cfg.enable_prefix_caching)
-    # The tokeniser's and the scheduler's inboxes are unbounded: requests are bounded by
+    # The tokenizer's and the scheduler's inboxes are unbounded: requests are bounded by
     # admission control at the gateway, and a bounded ring of actors could deadlock on itself.
     # The cache allocator actor is the only owner of the block allocator from here on.
-    to_tok, tok_in = anyio.create_memory_object_stream[TokeniserInbox](math.inf)
+    to_tok, tok_in = anyio.create_memory_object_stream[TokenizerInbox](math.inf)
     to_sched, sched_in = anyio.create_memory_object_stream[SchedulerInbox](math.inf)
     to_alloc, alloc_in = anyio.create_memory_object_stream[AllocateStep](1)
     alloc_out, from_alloc = anyio.create_memory_object_stream[StepAllocation](1)
@@ -89,16 +89,16 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     worker = ModelWorkerActor(parts.runner, worker_in, worker_out, cores=cores)
     scheduler = SchedulerActor(parts.core, own, inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker,
-                               from_worker=from_worker, to_tokeniser=to_tok.clone())
-    tokeniser = TokeniserActor(loaded.tokenizer, loaded.chat_template, demux, own,
+                               from_worker=from_worker, to_tokenizer=to_tok.clone())
+    tokenizer = TokenizerActor(loaded.tokenizer, loaded.chat_template, demux, own,
                                inbox=tok_in, to_scheduler=to_sched, max_model_len=served.max_model_len)
     handle = ModelHandle(
-        demux=demux, to_tokeniser=to_tok, text_tokenizer=loaded.tokenizer,
+        demux=demux, to_tokenizer=to_tok, text_tokenizer=loaded.tokenizer,
         chat_template=loaded.chat_template, max_model_len=served.max_model_len,
         load_stats=lambda: (scheduler.statistics().num_waiting, scheduler.num_queued_tokens),
         grammar_engine=edge_grammars, serving=served, metrics=own, step_age=scheduler.step_age,
         vocab_size=loaded.tokenizer.vocab_size,
         load=scheduler.load, reasoning_parser=served.reasoning_parser,
         thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
-    return ModelActors(served=served, handle=handle, tokeniser=tokeniser, scheduler=scheduler,
+    return ModelActors(served=served, handle=handle, tokenizer=tokenizer, scheduler=scheduler,
                        allocator=allocator, worker=worker, metrics=own)

@@ -1,4 +1,4 @@
-"""What the gateway's routes talk to once the model is loaded: the router, the tokeniser actor's inbox, the
+"""What the gateway's routes talk to once the model is loaded: the router, the tokenizer actor's inbox, the
 tokenizer and template for checks at the edge, and the read-only figures admission and routers read."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ModelHandle:
     """What the gateway talks to once the model is loaded. An embedding model (embeds_only) has no
     text tokenizer, chat template or grammars: the routes that need one answer 400."""
     demux: StreamDemux
-    to_tokeniser: MemoryObjectSendStream[Submit | Abort | FlushCache]   # the tokeniser's inbox (or the encoder's)
+    to_tokenizer: MemoryObjectSendStream[Submit | Abort | FlushCache]   # the tokenizer's inbox (or the encoder's)
     max_model_len: int
     load_stats: LoadStats
     serving: Serving                                # what is served (forge.engine.assembly)

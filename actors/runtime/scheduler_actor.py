@@ -1,7 +1,7 @@
 """The scheduler actor: the continuous-batching loop, as its own task.
 
 Each iteration drains the inbox (new requests, aborts), asks the allocator for blocks, hands the
-batch to the model worker and routes the sampled tokens to the tokeniser. It parks on its inbox
+batch to the model worker and routes the sampled tokens to the tokenizer. It parks on its inbox
 only when there is nothing to run, and it never awaits a client.
 """
 
@@ -27,12 +27,12 @@ from forge.messages import (
     StepAllocation,
     StepBatch,
     StepOutput,
-    Tokenised,
+    Tokenized,
     TokensEmitted,
 )
 
-SchedulerInbox = Tokenised | Abort | FlushCache
-ToTokeniser = Accepted | Rejected | TokensEmitted
+SchedulerInbox = Tokenized | Abort | FlushCache
+ToTokenizer = Accepted | Rejected | TokensEmitted
 
 log = structlog.get_logger("forge.scheduler")
 
@@ -54,13 +54,13 @@ class SchedulerActor:
                  from_allocator: MemoryObjectReceiveStream[StepAllocation],
                  to_worker: MemoryObjectSendStream[StepBatch],
                  from_worker: MemoryObjectReceiveStream[StepOutput],
-                 to_tokeniser: MemoryObjectSendStream[ToTokeniser]) -> None:
+                 to_tokenizer: MemoryObjectSendStream[ToTokenizer]) -> None:
         self._core = core
         self._metrics = metrics
         self._inbox = inbox
         self._to_allocator, self._from_allocator = to_allocator, from_allocator
         self._to_worker, self._from_worker = to_worker, from_worker
-        self._to_tokeniser = to_tokeniser
+        self._to_tokenizer = to_tokenizer
         self._arrivals: dict[int, float] = {}        # seq id -> arrival, until first scheduled
         self._rids: dict[str, int] = {}
         self._num_queued_tokens = 0
@@ -92,7 +92,7 @@ class SchedulerActor:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with (self._inbox, self._to_allocator, self._from_allocator, self._to_worker,
-                    self._from_worker, self._to_tokeniser):
+                    self._from_worker, self._to_tokenizer):
             task_status.started()
             while True:
                 if not self._core.has_work():
@@ -112,26 +112,26 @@ class SchedulerActor:
 
     async def _handle(self, msg: SchedulerInbox) -> None:
         match msg:
-            case Tokenised(request_id=rid, prompt_ids=ids, params=params):
+            case Tokenized(request_id=rid, prompt_ids=ids, params=params):
                 try:
                     seq_id = self._core.add_request(rid, list(ids), params)
                 except RequestError as exc:
-                    await self._to_tokeniser.send(Rejected.of(rid, exc))
+                    await self._to_tokenizer.send(Rejected.of(rid, exc))
                     return
                 self._arrivals[seq_id] = time.monotonic()
                 self._rids[rid] = seq_id
                 self._queued[seq_id] = len(ids)
                 self._num_queued_tokens += len(ids)
                 self._metrics.prompt_tokens.inc(len(ids))
-                await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
+                await self._to_tokenizer.send(Accepted(request_id=rid, num_prompt_tokens=len(ids)))
             case FlushCache(request_id=rid):
                 # Between steps the allocator is free: one exchange with no asks, then the answer.
                 await self._to_allocator.send(AllocateStep(frees=(), asks=(), admit_budget=0, flush_prefix_cache=True))
                 flushed = await self._from_allocator.receive()
                 log.info("prefix_cache_flushed", blocks=flushed.num_flushed)
-                await self._to_tokeniser.send(Accepted(request_id=rid, num_prompt_tokens=0))
+                await self._to_tokenizer.send(Accepted(request_id=rid, num_prompt_tokens=0))
             case Abort(request_id=rid, by_client=by_client):
-                # It comes behind its own Tokenised; unknown here, the request already ended.
+                # It comes behind its own Tokenized; unknown here, the request already ended.
                 aborted = self._rids.pop(rid, None)
                 if aborted is not None:
                     phase = self._core.phase(rid)
@@ -170,7 +170,7 @@ class SchedulerActor:
         for event in events:
             if event.finish_reason is not None or event.error is not None:
                 self._rids.pop(event.request_id, None)
-            await self._to_tokeniser.send(event)
+            await self._to_tokenizer.send(event)
 
     def _count_totals(self) -> None:
         """Carry the core's running totals (preemptions, made in build(); speculation's, in apply()) into

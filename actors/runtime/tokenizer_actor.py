@@ -1,4 +1,4 @@
-"""The tokeniser actor: prompts to token ids, sampled ids back to text, stop strings.
+"""The tokenizer actor: prompts to token ids, sampled ids back to text, stop strings.
 
 Prompt text, token ids or chat messages become ids under the model's chat template. Sampled ids
 become text incrementally (never half a UTF-8 character, never the start of a stop string); a
@@ -39,7 +39,7 @@ from forge.messages import (
     Submit,
     TextDelta,
     TokenCounts,
-    Tokenised,
+    Tokenized,
     TokenLogprobInfo,
     TokensEmitted,
 )
@@ -47,7 +47,7 @@ from forge.text.chat_template import ChatTemplate
 from forge.text.detokenizer import IncrementalDetokenizer
 from forge.text.tokenizer import Tokenizer
 
-TokeniserInbox = Submit | Abort | FlushCache | Accepted | Rejected | TokensEmitted
+TokenizerInbox = Submit | Abort | FlushCache | Accepted | Rejected | TokensEmitted
 
 
 @dataclass(slots=True)
@@ -57,9 +57,9 @@ class _Stream:
     num_tokens: int = 0
 
 
-class TokeniserActor:
+class TokenizerActor:
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, demux: StreamDemux, metrics: ModelMetrics, *,
-                 inbox: MemoryObjectReceiveStream[TokeniserInbox],
+                 inbox: MemoryObjectReceiveStream[TokenizerInbox],
                  to_scheduler: MemoryObjectSendStream[SchedulerInbox], max_model_len: int | None = None) -> None:
         """`max_model_len`: the context served; a prompt that cannot fit is refused before it is encoded
         when its size alone shows it (None: the engine's own check only)."""
@@ -71,13 +71,13 @@ class TokeniserActor:
         self._inbox = inbox
         self._to_scheduler = to_scheduler
         self._streams: dict[str, _Stream] = {}
-        # Requests between their Submit and their Tokenised: whether an Abort came for them meanwhile.
+        # Requests between their Submit and their Tokenized: whether an Abort came for them meanwhile.
         self._preparing: dict[str, bool] = {}
         self._thread = anyio.CapacityLimiter(1)   # one preparing thread: requests are prepared in order
 
     def tracked(self) -> dict[str, int]:
         """Sizes of the per-request tables: all zero when no request is in flight."""
-        return {"tokeniser.streams": len(self._streams), "tokeniser.preparing": len(self._preparing)}
+        return {"tokenizer.streams": len(self._streams), "tokenizer.preparing": len(self._preparing)}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         to_prepare, submits = anyio.create_memory_object_stream[Submit](math.inf)
@@ -158,7 +158,7 @@ class TokeniserActor:
                     continue
                 ids, detok = prepared
                 self._streams[rid] = _Stream(detok, len(ids))
-                await self._to_scheduler.send(Tokenised(request_id=rid, prompt_ids=ids, params=msg.params))
+                await self._to_scheduler.send(Tokenized(request_id=rid, prompt_ids=ids, params=msg.params))
                 if self._preparing.pop(rid) and self._streams.pop(rid, None) is not None:
                     await self._to_scheduler.send(Abort(request_id=rid))   # aborted while it was handed over
 

@@ -1,7 +1,7 @@
 """The seed-compatible API: forge-infer's toy parts and its names, kept for parity and for tests.
 
 A one-sequence `Model` protocol with TinyTransformer (a deterministic stand-in for a network),
-the byte tokeniser, forge-infer's PagedKVCache and Scheduler (thin adapters over the daemon's
+the byte tokenizer, forge-infer's PagedKVCache and Scheduler (thin adapters over the daemon's
 block allocator and scheduler), greedy speculative decoding for one sequence, the seed's Engine
 loop and its benchmark. The serving engine does not use them: real models, tokenizers and the
 batched engine live in forge.models.llama, forge.text.tokenizer and forge.llm.

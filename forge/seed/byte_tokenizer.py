@@ -1,4 +1,4 @@
-"""The byte tokeniser that goes with TinyTransformer: one token per UTF-8 byte.
+"""The byte tokenizer that goes with TinyTransformer: one token per UTF-8 byte.
 
 Token 0 is eos, byte b is token b + 1, and 257..319 are reserved ids that no text encodes to.
 Decoding is lossy but never fails: it drops non-byte ids and turns invalid UTF-8 into U+FFFD.

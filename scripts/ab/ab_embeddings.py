@@ -10,7 +10,7 @@ sending 32 inputs per request. Inputs are sentences of 10-30 words. Prints embed
 With --peer-python (the reference venv's python, which has sentence-transformers on torch CPU), it
 measures instead the two libraries side by side in one run, A B A B: forge's encoder (forge/models/bert, in
 this process) against sentence-transformers (scripts/ab/embed_peer_st.py, a child process), on the same
-model directory and texts, batch 1 and batch 32, --blas-threads threads each, tokenising included:
+model directory and texts, batch 1 and batch 32, --blas-threads threads each, tokenizing included:
 
     .venv/bin/python scripts/ab/ab_embeddings.py --peer-python "$(scripts/reference/refvenv.sh)" \
         --blas-threads 2 --count 256 --rounds 3

@@ -1,7 +1,7 @@
 """The peer arm of `scripts/ab/ab_embeddings.py library`: sentence-transformers on torch (CPU) embedding
 the same texts with the same model directory, run in the reference venv (scripts/reference/refvenv.sh),
 never in forge's. It loads the model once, then answers each line on stdin, `<batch> <count>`, with the
-seconds `count` texts took in calls of `batch` (tokenising included, as forge's arm), as one JSON line.
+seconds `count` texts took in calls of `batch` (tokenizing included, as forge's arm), as one JSON line.
 
     "$(scripts/reference/refvenv.sh)" scripts/ab/embed_peer_st.py MODEL_DIR --threads 2 < commands
 """

@@ -17,7 +17,7 @@ from forge.engine.block_allocator import BlockAllocator
 from forge.engine.core import EngineCore
 from forge.engine.model_runner import ModelRunner
 from forge.engine.scheduler import SchedulerConfig
-from forge.messages import Abort, Accepted, Rejected, Tokenised, TokensEmitted
+from forge.messages import Abort, Accepted, Rejected, Tokenized, TokensEmitted
 from forge.models.llama.llama_model import LlamaModel
 from forge.sampling.sampling_params import SamplingParams
 from tests.tiny_gguf import EOS_ID, write_tiny_llama
@@ -29,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
 
 
 async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int) -> tuple[list[Any], BlockAllocator]:
-    """Run scheduler + allocator + worker; feed messages; collect what reaches the tokeniser.
+    """Run scheduler + allocator + worker; feed messages; collect what reaches the tokenizer.
 
     Once the scheduler has no work left, every per-request table of the three actors is empty.
     """
@@ -46,7 +46,7 @@ async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int)
     to_tok, tok_in = anyio.create_memory_object_stream[Any](math.inf)
     scheduler = SchedulerActor(core, Metrics().model("test"), inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker, from_worker=from_worker,
-                               to_tokeniser=to_tok)
+                               to_tokenizer=to_tok)
     allocator = AllocatorActor(cache, alloc_in, alloc_out)
     worker = ModelWorkerActor(runner, worker_in, worker_out)
     received: list[Any] = []
@@ -70,7 +70,7 @@ async def drive(model: LlamaModel, inbox_messages: list[Any], num_expected: int)
 
 async def test_requests_run_to_the_end_and_give_back_every_block(tiny: LlamaModel) -> None:
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    msgs = [Tokenised(request_id=f"r{i}", prompt_ids=tuple(range(3, 10 + i)), params=params) for i in range(3)]
+    msgs = [Tokenized(request_id=f"r{i}", prompt_ids=tuple(range(3, 10 + i)), params=params) for i in range(3)]
     received, cache = await drive(tiny, msgs, 3 + 3 * 5)
     assert sum(isinstance(m, Accepted) for m in received) == 3
     finished = [m for m in received if isinstance(m, TokensEmitted) and m.finish_reason == "length"]
@@ -80,9 +80,9 @@ async def test_requests_run_to_the_end_and_give_back_every_block(tiny: LlamaMode
 
 async def test_an_abort_behind_its_request_drops_it_without_an_answer(tiny: LlamaModel) -> None:
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
-    msgs = [Tokenised(request_id="gone", prompt_ids=(3, 4, 5), params=params), Abort(request_id="gone"),
+    msgs = [Tokenized(request_id="gone", prompt_ids=(3, 4, 5), params=params), Abort(request_id="gone"),
             Abort(request_id="never-seen"),                     # an abort of an ended request is a no-op
-            Tokenised(request_id="ok", prompt_ids=(3, 4), params=SamplingParams(max_tokens=2, ignore_eos=True))]
+            Tokenized(request_id="ok", prompt_ids=(3, 4), params=SamplingParams(max_tokens=2, ignore_eos=True))]
     received, cache = await drive(tiny, msgs, 2 + 2)
     assert received[:2] == [Accepted(request_id="gone", num_prompt_tokens=3),
                             Accepted(request_id="ok", num_prompt_tokens=2)]
@@ -92,8 +92,8 @@ async def test_an_abort_behind_its_request_drops_it_without_an_answer(tiny: Llam
 
 async def test_a_prompt_too_long_is_rejected_not_fatal(tiny: LlamaModel) -> None:
     params = SamplingParams(max_tokens=4, temperature=0.0)
-    msgs = [Tokenised(request_id="long", prompt_ids=tuple([3] * 80), params=params),
-            Tokenised(request_id="ok", prompt_ids=(3, 4), params=params)]
+    msgs = [Tokenized(request_id="long", prompt_ids=tuple([3] * 80), params=params),
+            Tokenized(request_id="ok", prompt_ids=(3, 4), params=params)]
     received, _ = await drive(tiny, msgs, 2)
     assert isinstance(received[0], Rejected) and received[0].code == "context_length_exceeded"
     assert received[1] == Accepted(request_id="ok", num_prompt_tokens=2)

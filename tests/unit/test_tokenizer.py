@@ -211,7 +211,7 @@ def gemma_tok(gemma3_model_path: Path) -> Tokenizer:
 
 
 def test_min_num_tokens_is_a_lower_bound_and_long_texts_encode_the_same(tok: Tokenizer, gemma_tok: Tokenizer) -> None:
-    """The bound the tokeniser refuses over-long prompts by never exceeds the real count, on byte-level
+    """The bound the tokenizer refuses over-long prompts by never exceeds the real count, on byte-level
     and SentencePiece vocabularies, for text of every kind (runs of one character are where tokens are
     longest); and a text long enough to be encoded as a batch (letting the GIL go) gives the same ids."""
     rng = random.Random(5)

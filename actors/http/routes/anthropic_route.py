@@ -6,7 +6,7 @@
     POST /v1/messages/count_tokens    {"input_tokens": N}: the prompt a message would run, tools included
 
 A message is a chat request in another wire format (forge/api/anthropic/anthropic_schema.py turns it into one): it runs
-through the same preparation, admission, tokeniser and engine as a chat completion, through the same
+through the same preparation, admission, tokenizer and engine as a chat completion, through the same
 response lifetime (actors/http/lifetime.py), and is read back with the same tool-call reader; only the
 shapes written here differ (forge/api/anthropic/anthropic_output.py). The errors of these routes are written in
 the Messages API's envelope (actors/http/edge.py), and their key may come as `x-api-key`.

@@ -1,7 +1,7 @@
 """POST /v1/embeddings, served beside the completions routes by the gateway.
 
 Each input is one request in the engine, a prompt-only sequence that returns its pooled vector
-(forge/engine/pooling.py) instead of a sampled token: it goes through the same admission, tokeniser,
+(forge/engine/pooling.py) instead of a sampled token: it goes through the same admission, tokenizer,
 scheduler and batch as a completion, through the same response lifetime (actors/http/lifetime.py), and
 its vector comes back on its last TextDelta. A batch of inputs is admitted as one unit and fed to the
 engine a window at a time (actors/http/choice_feed.py), up to the API's 2,048 inputs whatever --max-waiting is.

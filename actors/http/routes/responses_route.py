@@ -8,7 +8,7 @@
     DELETE /v1/responses/{id}     forget it
 
 A response is a chat request in another wire format (forge/api/responses/responses_schema.py turns it into one, after
-the stored conversation it continues): it runs through the same preparation, admission, tokeniser and
+the stored conversation it continues): it runs through the same preparation, admission, tokenizer and
 engine as a chat completion, through the same response lifetime (actors/http/lifetime.py), and is read back
 with the same tool-call reader; only the shapes written here differ (forge/api/responses/responses_output.py). Errors
 are OpenAI's envelope, as on chat. The store is this gateway's memory (forge/api/responses/responses_store.py).

@@ -3,7 +3,7 @@
 Owns the arithmetic of a sentence-transformers BERT (word + position + token-type embeddings,
 post-norm layers of bidirectional attention and an erf-GELU MLP, mean pooling over the mask, L2
 normalisation) and reading its safetensors file, memory-mapped: every weight is a view of the
-file's pages, held once. Does no tokenising and no batching policy (forge.models.bert.encoder).
+file's pages, held once. Does no tokenizing and no batching policy (forge.models.bert.encoder).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A served sentence-embedding model: a BERT encoder, its WordPiece tokenizer and its
 sentence-transformers modules (max_seq_length, mean pooling, Normalize), as their files say.
 
-Inputs are tokenised by the `tokenizers` library from tokenizer.json, truncated at max_seq_length
+Inputs are tokenized by the `tokenizers` library from tokenizer.json, truncated at max_seq_length
 (what sentence-transformers does; the file's own truncation and padding are replaced), and
 embedded in padded batches of inputs of similar length. Pure and synchronous: the daemon's encoder
 actor runs embed() off the event loop.

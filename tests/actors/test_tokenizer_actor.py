@@ -1,4 +1,4 @@
-"""The tokeniser actor with real channels, the real tokenizer and a real router.
+"""The tokenizer actor with real channels, the real tokenizer and a real router.
 
 It is the one way in and out of the engine for a request: Submit and Abort pass through it in
 order, a stop string ends a request here (and tells the scheduler), and a reader that stops
@@ -20,7 +20,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from actors.ops.metrics import Metrics
 from actors.runtime.stream_demux import StreamDemux
-from actors.runtime.tokenizer_actor import TokeniserActor
+from actors.runtime.tokenizer_actor import TokenizerActor
 from forge.messages import (
     Abort,
     Accepted,
@@ -28,7 +28,7 @@ from forge.messages import (
     SampledToken,
     Submit,
     TextDelta,
-    Tokenised,
+    Tokenized,
     TokensEmitted,
 )
 from forge.sampling.sampling_params import SamplingParams
@@ -43,7 +43,7 @@ def tokenizer(default_model_path: Path) -> Tokenizer:
 
 @dataclass
 class Rig:
-    actor: TokeniserActor
+    actor: TokenizerActor
     demux: StreamDemux
     inbox: MemoryObjectSendStream[Any]
     to_scheduler: MemoryObjectReceiveStream[Any]
@@ -60,13 +60,13 @@ class Rig:
         """Until the actor has taken everything sent so far (its inbox is unbounded) and handed on every
         request it was preparing (in its own thread)."""
         await anyio.sleep(0)                # a message handed straight to the waiting actor is in no buffer
-        while self.inbox.statistics().current_buffer_used or self.actor.tracked()["tokeniser.preparing"]:
+        while self.inbox.statistics().current_buffer_used or self.actor.tracked()["tokenizer.preparing"]:
             await anyio.sleep(0.001)
         await anyio.sleep(0)
 
     async def submit(self, msg: Submit) -> None:
         """Send a Submit and wait until the actor has prepared it (as the scheduler only ever hears of a
-        request's tokens after its Tokenised)."""
+        request's tokens after its Tokenized)."""
         await self.inbox.send(msg)
         await self.settle()
 
@@ -77,7 +77,7 @@ async def running(tokenizer: Tokenizer, *, max_model_len: int | None = None) -> 
     inbox, actor_in = anyio.create_memory_object_stream[Any](math.inf)
     actor_out, to_scheduler = anyio.create_memory_object_stream[Any](math.inf)
     demux = StreamDemux()
-    actor = TokeniserActor(tokenizer, ChatTemplate(None), demux, Metrics().model("test"), inbox=actor_in,
+    actor = TokenizerActor(tokenizer, ChatTemplate(None), demux, Metrics().model("test"), inbox=actor_in,
                            to_scheduler=actor_out, max_model_len=max_model_len)
     with anyio.fail_after(10), to_scheduler:
         async with anyio.create_task_group() as tg:
@@ -99,7 +99,7 @@ async def test_a_stop_string_ends_the_request_here_and_tells_the_scheduler(token
             await rig.inbox.send(TokensEmitted(request_id="r", token_ids=(tok,)))
         await rig.settle()
         got = rig.scheduler_got()
-        assert [type(m) for m in got] == [Tokenised, Abort] and got[1].request_id == "r"
+        assert [type(m) for m in got] == [Tokenized, Abort] and got[1].request_id == "r"
         assert await group.wait_statuses() == [Accepted(request_id="r", num_prompt_tokens=3)]
         [(_, delta)] = await group.next_deltas()
         assert delta.finish_reason == "stop" and "Paris" not in delta.text
@@ -124,7 +124,7 @@ async def test_a_stop_string_inside_one_steps_tokens_ends_the_output_at_the_toke
         [(_, delta)] = await group.next_deltas()
         assert delta.finish_reason == "stop" and delta.text == " "
         assert delta.num_tokens == delta.counts.completion == 1 == len(delta.logprobs)
-        assert [type(m) for m in rig.scheduler_got()] == [Tokenised, Abort]
+        assert [type(m) for m in rig.scheduler_got()] == [Tokenized, Abort]
 
 
 async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Tokenizer) -> None:
@@ -136,7 +136,7 @@ async def test_an_abort_follows_its_submit_and_is_forwarded_once(tokenizer: Toke
         await rig.inbox.send(Abort(request_id="never-submitted"))
         await rig.inbox.send(TokensEmitted(request_id="a", token_ids=ids(tokenizer, " world")))  # in flight
         await rig.settle()
-        assert [(type(m), m.request_id) for m in rig.scheduler_got()] == [(Tokenised, "a"), (Abort, "a")]
+        assert [(type(m), m.request_id) for m in rig.scheduler_got()] == [(Tokenized, "a"), (Abort, "a")]
         rig.demux.close(group)
         assert set(rig.actor.tracked().values()) == {0} and len(rig.demux) == 0
 
@@ -181,7 +181,7 @@ async def test_a_request_aborted_while_it_is_prepared_never_reaches_the_schedule
         async with rig.actor._thread:                          # the preparing thread is busy meanwhile
             await rig.inbox.send(Submit(request_id="a", params=SamplingParams(), text="Hello"))
             await anyio.sleep(0)
-            assert rig.actor.tracked()["tokeniser.preparing"] == 1
+            assert rig.actor.tracked()["tokenizer.preparing"] == 1
             await rig.inbox.send(Abort(request_id="a"))
             await anyio.sleep(0)
         await rig.settle()
@@ -206,7 +206,7 @@ async def test_other_streams_flow_while_a_prompt_is_prepared(tokenizer: Tokenize
                 [(index, delta)] = await group.next_deltas()
                 assert index == 0 and isinstance(delta, TextDelta)
                 text += delta.text
-            assert rig.actor.tracked()["tokeniser.preparing"] == 1
+            assert rig.actor.tracked()["tokenizer.preparing"] == 1
         await rig.settle()
         assert [m.request_id for m in rig.scheduler_got()] == ["running", "big"]
 

@@ -38,11 +38,11 @@ StopSequences = Annotated[list[Annotated[str, Meta(max_length=MAX_STOP_LENGTH)]]
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
 
 
-class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+class _AnthropicWire(msgspec.Struct, frozen=True, kw_only=True):
     """A request body's part. Unknown fields are ignored (cache_control, citations, ...)."""
 
 
-class _Block(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Block(_AnthropicWire, frozen=True, kw_only=True, tag_field="type"):
     """A content block, told apart by its "type"."""
 
 
@@ -83,12 +83,12 @@ class ThinkingBlock(_Block, frozen=True, kw_only=True, tag="thinking"):
 Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
-class Message(_Wire, frozen=True, kw_only=True):
+class Message(_AnthropicWire, frozen=True, kw_only=True):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class MessagesTool(_Wire, frozen=True, kw_only=True):
+class MessagesTool(_AnthropicWire, frozen=True, kw_only=True):
     name: ToolName
     description: str | None = None
     input_schema: dict[str, Any]
@@ -96,7 +96,7 @@ class MessagesTool(_Wire, frozen=True, kw_only=True):
     strict: bool | None = None
 
 
-class _Choice(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Choice(_AnthropicWire, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
@@ -120,7 +120,7 @@ class ToolChoiceNone(_Choice, frozen=True, kw_only=True, tag="none"):
 ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
 
 
-class CountTokensRequest(_Wire, frozen=True, kw_only=True):
+class CountTokensRequest(_AnthropicWire, frozen=True, kw_only=True):
     """POST /v1/messages/count_tokens: the prompt part of a Messages request."""
 
     model: str
@@ -130,7 +130,7 @@ class CountTokensRequest(_Wire, frozen=True, kw_only=True):
     tool_choice: ToolChoice | None = None
 
 
-class _Thinking(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Thinking(_AnthropicWire, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 

@@ -43,31 +43,31 @@ StopString = Annotated[str, Meta(max_length=MAX_STOP_LENGTH)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
 
 
-class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+class _OpenAIWire(msgspec.Struct, frozen=True, kw_only=True):
     """A request body. Unknown fields are ignored (clients send extras); a null field counts as absent."""
 
 
-class StreamOptions(_Wire, frozen=True, kw_only=True):
+class StreamOptions(_OpenAIWire, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
-class ContentPart(_Wire, frozen=True, kw_only=True):
+class ContentPart(_OpenAIWire, frozen=True, kw_only=True):
     type: Literal["text"]
     text: str
 
 
-class ToolCallFunction(_Wire, frozen=True, kw_only=True):
+class ToolCallFunction(_OpenAIWire, frozen=True, kw_only=True):
     name: str
     arguments: str                                            # JSON text, as OpenAI sends it
 
 
-class MessageToolCall(_Wire, frozen=True, kw_only=True):
+class MessageToolCall(_OpenAIWire, frozen=True, kw_only=True):
     id: str | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(_Wire, frozen=True, kw_only=True):
+class ChatMessage(_OpenAIWire, frozen=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None           # None only for an assistant turn
     name: str | None = None
@@ -75,19 +75,19 @@ class ChatMessage(_Wire, frozen=True, kw_only=True):
     tool_call_id: str | None = None                          # a tool turn: the call it answers
 
 
-class JsonSchemaFormat(_Wire, frozen=True, kw_only=True):
+class JsonSchemaFormat(_OpenAIWire, frozen=True, kw_only=True):
     name: str | None = None
     description: str | None = None
     schema: dict[str, Any] | bool | None = None
     strict: bool | None = None
 
 
-class ResponseFormat(_Wire, frozen=True, kw_only=True):
+class ResponseFormat(_OpenAIWire, frozen=True, kw_only=True):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Wire, frozen=True, kw_only=True):
+class StructuredOutputs(_OpenAIWire, frozen=True, kw_only=True):
     """vLLM's `structured_outputs` extra: exactly one of json, regex, choice, grammar, json_object."""
     json: dict[str, Any] | bool | str | None = None
     regex: str | None = None
@@ -97,28 +97,28 @@ class StructuredOutputs(_Wire, frozen=True, kw_only=True):
     whitespace_pattern: str | None = None
 
 
-class FunctionDefinition(_Wire, frozen=True, kw_only=True):
+class FunctionDefinition(_OpenAIWire, frozen=True, kw_only=True):
     name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Wire, frozen=True, kw_only=True):
+class Tool(_OpenAIWire, frozen=True, kw_only=True):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Wire, frozen=True, kw_only=True):
+class NamedFunction(_OpenAIWire, frozen=True, kw_only=True):
     name: str
 
 
-class NamedToolChoice(_Wire, frozen=True, kw_only=True):
+class NamedToolChoice(_OpenAIWire, frozen=True, kw_only=True):
     type: Literal["function"]
     function: NamedFunction
 
 
-class _Sampling(_Wire, frozen=True, kw_only=True):
+class _Sampling(_OpenAIWire, frozen=True, kw_only=True):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -201,14 +201,14 @@ class ChatCompletionRequest(_Sampling, frozen=True, kw_only=True):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class GenerateRequest(_Wire, frozen=True, kw_only=True):
+class GenerateRequest(_OpenAIWire, frozen=True, kw_only=True):
     """POST /generate, the legacy endpoint."""
 
     prompt: str
     max_tokens: MaxTokens = 32
 
 
-class TokenizeRequest(_Wire, frozen=True, kw_only=True):
+class TokenizeRequest(_OpenAIWire, frozen=True, kw_only=True):
     """POST /tokenize: exactly one of prompt (plain text) or messages (rendered with the chat template)."""
 
     model: str | None = None
@@ -219,7 +219,7 @@ class TokenizeRequest(_Wire, frozen=True, kw_only=True):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Wire, frozen=True, kw_only=True):
+class DetokenizeRequest(_OpenAIWire, frozen=True, kw_only=True):
     """POST /detokenize."""
 
     model: str | None = None

@@ -44,13 +44,13 @@ from forge.sampling.reasoning import Effort
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
 
 
-class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+class _ResponsesWire(msgspec.Struct, frozen=True, kw_only=True):
     """A request body's part. Unknown fields are ignored (id, status, annotations, ...)."""
 
 
 # ---- content parts and input items ----------------------------------------------------------------------
 
-class _Part(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Part(_ResponsesWire, frozen=True, kw_only=True, tag_field="type"):
     """A message's content part, told apart by its "type"."""
 
 
@@ -74,7 +74,7 @@ class InputFile(_Part, frozen=True, kw_only=True, tag="input_file"):
 Part = InputText | OutputText | InputImage | InputFile
 
 
-class _Item(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Item(_ResponsesWire, frozen=True, kw_only=True, tag_field="type"):
     """An input item, told apart by its "type" (a message may leave it out: normalise_input)."""
 
 
@@ -105,7 +105,7 @@ Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 # ---- tools, tool choice, the text format ----------------------------------------------------------------
 
-class FunctionTool(_Wire, frozen=True, kw_only=True, tag_field="type", tag="function"):
+class FunctionTool(_ResponsesWire, frozen=True, kw_only=True, tag_field="type", tag="function"):
     """A function in the Responses API's flat shape (chat nests it under "function")."""
     name: ToolName
     description: str | None = None
@@ -113,11 +113,11 @@ class FunctionTool(_Wire, frozen=True, kw_only=True, tag_field="type", tag="func
     strict: bool | None = None
 
 
-class ToolChoiceFunction(_Wire, frozen=True, kw_only=True, tag_field="type", tag="function"):
+class ToolChoiceFunction(_ResponsesWire, frozen=True, kw_only=True, tag_field="type", tag="function"):
     name: str
 
 
-class _Format(_Wire, frozen=True, kw_only=True, tag_field="type"):
+class _Format(_ResponsesWire, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
@@ -139,11 +139,11 @@ class FormatJsonSchema(_Format, frozen=True, kw_only=True, tag="json_schema"):
 TextFormat = FormatText | FormatJsonObject | FormatJsonSchema
 
 
-class TextConfig(_Wire, frozen=True, kw_only=True):
+class TextConfig(_ResponsesWire, frozen=True, kw_only=True):
     format: TextFormat = FormatText()
 
 
-class ReasoningConfig(_Wire, frozen=True, kw_only=True):
+class ReasoningConfig(_ResponsesWire, frozen=True, kw_only=True):
     """How much a reasoning model may think: effort as chat's reasoning_effort (a budget of thinking
     tokens). The reasoning is returned whole as a reasoning item's text: summaries are not written."""
     effort: Effort | None = None
@@ -153,7 +153,7 @@ class ReasoningConfig(_Wire, frozen=True, kw_only=True):
 
 # ---- the request ----------------------------------------------------------------------------------------
 
-class ResponsesRequest(_Wire, frozen=True, kw_only=True):
+class ResponsesRequest(_ResponsesWire, frozen=True, kw_only=True):
     """POST /v1/responses."""
 
     model: str | None = None

@@ -171,7 +171,8 @@ class Daemon:
                           max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
-        self._cores = anyio.CapacityLimiter(1)    # the models' steps take turns on the cores (actors.runtime.worker_actor)
+        # the models' steps take turns on the cores (actors.runtime.worker_actor)
+        self._cores = anyio.CapacityLimiter(1)
 
         def refresh() -> None:                    # each loaded model's gauges and cache counters
             for entry in models.loaded():

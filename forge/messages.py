@@ -195,7 +195,7 @@ class Abort(ActorMessage, frozen=True):
     by_client: bool = True           # False: a stop string ended it (a success, not an abort)
 
 
-# ---- to the router (the gateway's per-request streams), all through the tokenizer -------------
+# ---- to the stream demultiplexer (the gateway's per-request streams), all through the tokenizer -------------
 #      Accepted/Rejected: the scheduler's verdict, relayed; TextDelta: the tokenizer's own text.
 
 class Accepted(ActorMessage, frozen=True):

@@ -5,7 +5,7 @@ at most `window` of them are in the engine at once (sent and not ended), and eac
 next one in, in index order, so other requests interleave with it and admission sees it as the one
 unit it was charged for (actors/http/admission.py). Its reader tops the window up as deltas come
 (ChoiceReader); `abort` drops what is in the engine and sends nothing more. It owns no state the
-router or the actors keep (the lifetime opens and closes the group): a choice never sent costs nothing
+demultiplexer or the actors keep (the lifetime opens and closes the group): a choice never sent costs nothing
 to forget.
 """
 

@@ -1,10 +1,10 @@
 """The HTTP gateway: starlette routes, checks at the edge, and disconnect -> Abort.
 
-Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds before any
-tokenizing work (actors/http/admission.py). Each response's choices go to the tokenizer as Submits and are read back from
-the router (actors.http.choice_reader assembles the body or the SSE frames; actors.http.lifetime admits, submits
-and reads them); a client that goes away, in any phase, aborts its requests through the same path,
-so their blocks are freed at the next step.
+Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds
+before any tokenizing work (actors/http/admission.py). Each response's choices go to the tokenizer as
+Submits and are read back from the stream demultiplexer (actors.http.choice_reader assembles the body or
+the SSE frames; actors.http.lifetime admits, submits and reads them); a client that goes away, in any
+phase, aborts its requests through the same path, so their blocks are freed at the next step.
 Every error a request meets is a RequestError, rendered as OpenAI's error envelope.
 """
 

@@ -1,7 +1,7 @@
 """A response's lifetime on the engine, whatever wire format its route speaks.
 
 Count it in flight from its body on, admit it as one unit (503 past the bounds, 400 if it never could
-be admitted), open its group in the router and submit its first window of choices, wait for their
+be admitted), open its group in the stream demultiplexer and submit its first window of choices, wait for their
 verdicts; then read the choices to one JSON body or an SSE stream, the rest of them fed to the engine
 as the first end (actors/http/choice_feed.py). On every way out (done, client gone, an error) the choices in the
 engine are aborted behind their Submits, those never sent are forgotten, and the request is counted

@@ -1,8 +1,9 @@
 """The gateway's OpenAPI document (GET /openapi.json), generated from the request types themselves.
 
 The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
-(forge/api/openai/openai_schema.py, forge/api/anthropic/anthropic_schema.py, forge/api/responses/responses_schema.py), constraints included, so the document
-cannot drift from what is accepted. Every error is declared as OpenAI's envelope, but on the Messages
+(forge/api/openai/openai_schema.py, forge/api/anthropic/anthropic_schema.py,
+forge/api/responses/responses_schema.py), constraints included, so the document cannot drift from what is
+accepted. Every error is declared as OpenAI's envelope, but on the Messages
 API's routes as that API's. Success bodies are described loosely (an object, or an SSE stream): their
 exact shapes are OpenAI's, or the Messages API's (docs/api.md).
 """

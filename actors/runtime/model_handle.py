@@ -1,5 +1,6 @@
-"""What the gateway's routes talk to once the model is loaded: the router, the tokenizer actor's inbox, the
-tokenizer and template for checks at the edge, and the read-only figures admission and routers read."""
+"""A loaded model's handle: what the gateway's routes talk to once the model is loaded (the stream
+demultiplexer, the tokenizer actor's inbox, the tokenizer and template for checks at the edge, and the
+read-only figures admission and routers read)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class ModelHandle:
 
     def chat_prompt_ids(self, entries: list[dict[str, Any]], functions: list[Function], *,
                         add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> list[int]:
-        """The ids a chat request's messages (forge.api.openai.openai_prepare.chat_template_messages) and tools run as."""
+        """The ids a chat request's messages (forge.api.openai.openai_prepare.chat_template_messages) and
+        tools run as."""
         messages, tools = template_messages(self.template.supports_tools, entries, functions)
         text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt, tools=tools,
                                     kwargs=kwargs)

@@ -6,7 +6,7 @@ stop string ends the request here and tells the scheduler to drop it.
 
 It is the one way in and out of the engine for a request: the gateway's Submit and Abort come
 here in order (so an Abort can never overtake its request), and it is the only task that feeds
-the router, so a request's verdict (Accepted or Rejected, relayed from the scheduler) always
+the stream demultiplexer, so a request's verdict (Accepted or Rejected, relayed from the scheduler) always
 reaches its reader before its text. Its own state for a request lives from Submit until the
 request ends (finish, stop string, abort or rejection).
 

@@ -24,7 +24,8 @@ import numpy as np
 
 SPECULATIVE_METHODS = ("off", "ngram", "draft")
 NGRAM_WINDOW = 4096                     # a proposal looks this many tokens back at most
-DRAFT_PLACEHOLDER = -1                  # a guess a draft model fills in (forge.spec_decode.draft_model); a forward refuses it
+# a guess a draft model fills in (forge.spec_decode.draft_model); a forward refuses it
+DRAFT_PLACEHOLDER = -1
 
 
 # Each extra guess costs a row of the step: it pays while few sequences decode (the step is bound by

@@ -1,5 +1,5 @@
-"""forge.api.openai.openai_schema: request decoding (every bad input is an InvalidRequest naming its param), conversion to
-SamplingParams, and the exact JSON shapes of responses, chunks, logprobs, errors and the model list."""
+"""forge.api.openai.openai_schema: request decoding (every bad input is an InvalidRequest naming its param),
+conversion to SamplingParams, and the exact JSON shapes of responses, chunks, logprobs, errors and the model list."""
 
 from __future__ import annotations
 

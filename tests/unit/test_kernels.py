@@ -790,7 +790,8 @@ def test_without_the_compiled_kernels_forge_says_why_and_runs_numpy_attention(
     """No compiler (or one that fails): the model still loads, on the numpy attention, and the
     status says why (for the ready line). A fresh process: the library is built once per process."""
     model = write_tiny_llama(tmp_path / "m.gguf", quant="Q4_0", hidden=64, heads=4, kv_heads=2, ffn=128)
-    code = ("import sys; from forge.kernels import choose_kernels, compiled; from forge.models.llama.llama_model import LlamaModel;"
+    code = ("import sys; from forge.kernels import choose_kernels, compiled; "
+            "from forge.models.llama.llama_model import LlamaModel;"
             f"m = LlamaModel.load({str(model)!r}, choose_kernels('onnxruntime'));"
             "print(m.compiled_ops, compiled.status()); m.forward_context([3, 4, 5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

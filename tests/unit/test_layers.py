@@ -131,3 +131,23 @@ def test_the_cycle_check_sees_a_lazy_pair_and_a_longer_ring(tmp_path: Path) -> N
     assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
     assert import_cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
     assert import_cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_every_module_and_class_has_one_name() -> None:
+    """No two modules of forge/, actors/ and forge_bench/ share a file name (package __init__ and __main__
+    aside), no class is defined twice outside forge/seed/ (the seed's names are its API), and one spelling:
+    tokenizer (the seed's exported `tokeniser` aside)."""
+    files = sources("forge") + sources("actors") + sources("forge_bench")
+    names: dict[str, list[str]] = {}
+    classes: dict[str, list[str]] = {}
+    for path in files:
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.name, []).append(ids(path))
+        if "seed" not in path.relative_to(ROOT).parts:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(ids(path))
+    assert not {n: p for n, p in names.items() if len(p) > 1}, names
+    assert not {n: p for n, p in classes.items() if len(p) > 1}, classes
+    spelled = [ids(p) for p in files if "okenis" in p.read_text() and ids(p) != "forge/seed/__init__.py"]
+    assert not spelled, f"tokenizer is spelled with a z: {spelled}"

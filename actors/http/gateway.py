@@ -11,7 +11,8 @@ Every error a request meets is a RequestError, rendered as OpenAI's error envelo
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,21 +93,20 @@ class Gateway:
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
         self.stats = Stats(metrics)
         self.fleet = FleetRoutes(ready=self._ready, body=self._body, healthz=self.healthz,
-                                 served_model_name=config.served_model_name, total_load=self._total_load)
+                                 served_model_name=config.served_model_name, total_load=self._total_load,
+                                 resolve=self._model_and_body)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
         self.life = ResponseLifetime(self.admission, ready=self._ready, body=self._body,
                                      ping_interval=config.sse_ping_interval, route=self._route,
                                      release=self._release, is_routed=lambda: self.model_set is not None,
                                      check_open=self._check_open, max_unsent_tokens=config.max_unsent_tokens)
-        self.messages = MessagesRoutes(self.life, ready=self._ready, body=self._body,
-                                       served_model_name=config.served_model_name)
+        self.messages = MessagesRoutes(self.life, resolve=self._model_and_body)
         self.responses = ResponsesRoutes(self.life, authorize=self._check_key,
-                                         served_model_name=config.served_model_name,
                                          store=ResponseStore(max_responses=config.responses_store_size,
                                                              ttl_s=config.responses_ttl_s))
-        self.embeddings = EmbeddingsRoutes(self.life, served_model_name=config.served_model_name)
-        self.text_routes = TextRoutes(ready=self._ready, body=self._body)
+        self.embeddings = EmbeddingsRoutes(self.life)
+        self.text_routes = TextRoutes(resolve=self._model_and_body)
         self.model_routes = ModelRoutes(model_set=lambda: self.model_set, check_open=self._check_open, body=self._body)
 
     # ---- app --------------------------------------------------------------------------------
@@ -203,6 +203,21 @@ class Gateway:
             wired = await models.acquire(model_id)
         request.state.model_lease = model_id         # held until _release
         return wired.handle
+
+    @asynccontextmanager
+    async def _model_and_body(self, request: Request) -> AsyncIterator[tuple[ModelHandle, bytes]]:
+        """lifetime.ResolveModel: the body, and the model it names as a generation route would find it (with
+        several models: loaded if need be, and held until the block ends)."""
+        self._check_open(request)
+        body = await self._body(request)
+        handle = await self._route(request, body)
+        if handle is None:
+            yield self._ready(request), body
+            return
+        try:
+            yield handle, body
+        finally:
+            self._release(request)
 
     def _total_load(self, request: Request) -> int:
         """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""

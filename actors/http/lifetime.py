@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -39,6 +40,9 @@ DEFAULT_MAX_UNSENT_TOKENS = 4096
 log = structlog.get_logger("forge.gateway")
 
 Handler = Callable[[Request, ModelHandle, bytes, float], Awaitable[Response]]
+# A route that generates nothing (count_tokens, /tokenize, the render routes): its body and the handle of the
+# model the body names, resolved as the generation routes resolve it, held until the block ends.
+ResolveModel = Callable[[Request], AbstractAsyncContextManager[tuple[ModelHandle, bytes]]]
 Route = Callable[[Request, bytes], Awaitable["ModelHandle | None"]]
 
 

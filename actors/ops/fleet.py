@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http.edge import json_response
+from actors.http.lifetime import ResolveModel
 from actors.runtime.kv_publisher import KvEventPublisher
 from actors.runtime.model_handle import ModelHandle
 from forge.api.openai.openai_prepare import prepare_chat, prepare_completion
@@ -35,11 +36,12 @@ from forge.messages import FlushCache, Rejected
 class FleetRoutes:
     def __init__(self, *, ready: Callable[[Request], ModelHandle], body: Callable[[Request], Awaitable[bytes]],
                  healthz: Callable[[Request], Awaitable[Response]], total_load: Callable[[Request], int],
-                 served_model_name: str) -> None:
+                 served_model_name: str, resolve: ResolveModel) -> None:
         """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
         request body within limits; `healthz`: its health route; `total_load`: the sequences running and
-        waiting over every model served."""
+        waiting over every model served; `resolve`: the model a body names, for the render routes."""
         self._ready, self._body, self._healthz = ready, body, healthz
+        self._resolve = resolve
         self._total_load = total_load
         self._name = served_model_name
         self.instance_id = f"forge-{uuid.uuid4().hex[:16]}"      # one per daemon's life
@@ -103,15 +105,16 @@ class FleetRoutes:
         return json_response({"status": "flushed"})
 
     async def render_completion(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        prep = prepare_completion(await self._body(request), served_model_name=self._name)
-        tok = pipe.tokenizer
-        rendered = await pipe.off_loop(lambda: [{"token_ids": p if isinstance(p, list) else tok.encode(p)}
-                                                for p in prep.prompts])
+        async with self._resolve(request) as (pipe, body):
+            prep = prepare_completion(body, served_model_name=pipe.serving.served_model_name)
+            tok = pipe.tokenizer
+            rendered = await pipe.off_loop(lambda: [{"token_ids": p if isinstance(p, list) else tok.encode(p)}
+                                                    for p in prep.prompts])
         return json_response(rendered[0] if len(rendered) == 1 else rendered)
 
     async def render_chat(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        prep = prepare_chat(await self._body(request), served_model_name=self._name, max_model_len=pipe.max_model_len)
-        return json_response({"token_ids": await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages,
-                                                                                            prep.functions))})
+        async with self._resolve(request) as (pipe, body):
+            prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name,
+                                max_model_len=pipe.max_model_len)
+            ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages, prep.functions))
+        return json_response({"token_ids": ids})

@@ -244,3 +244,51 @@ async def test_forge_serve_with_two_models_loads_and_unloads_for_the_operator(
     assert text
     assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
     assert_error(bad, 400, param="model")
+
+
+async def test_every_route_finds_the_model_its_body_names(default_model_path: Path, gemma3_model_path: Path) -> None:
+    """The Responses and Messages APIs, count_tokens, embeddings, /tokenize and the render routes resolve
+    the model as chat and completions do: by the body's `model` (once 404 for a model /v1/models lists),
+    and each answers under that model's name."""
+    chat = [{"role": "user", "content": "Hi"}]
+    with anyio.fail_after(4 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            seen: dict[str, dict[str, Any]] = {}
+            for model in (SMOL, GEMMA):
+                replies = {
+                    "chat": await client.post("/v1/chat/completions",
+                                              json={"model": model, "messages": chat, "max_tokens": 4}),
+                    "responses": await client.post("/v1/responses",
+                                                   json={"model": model, "input": "Hi", "max_output_tokens": 4}),
+                    "messages": await client.post("/v1/messages",
+                                                  json={"model": model, "messages": chat, "max_tokens": 4}),
+                    "count_tokens": await client.post("/v1/messages/count_tokens",
+                                                      json={"model": model, "messages": chat}),
+                    "embeddings": await client.post("/v1/embeddings", json={"model": model, "input": "Hi"}),
+                    "tokenize": await client.post("/tokenize", json={"model": model, "prompt": PROMPT}),
+                    "render": await client.post("/v1/completions/render", json={"model": model, "prompt": PROMPT}),
+                    "render_chat": await client.post("/v1/chat/completions/render",
+                                                     json={"model": model, "messages": chat}),
+                }
+                for route, resp in replies.items():
+                    assert resp.status_code == 200, (model, route, resp.text)
+                seen[model] = {route: resp.json() for route, resp in replies.items()}
+                for route in ("chat", "responses", "messages", "embeddings"):
+                    assert seen[model][route]["model"] == model, (model, route)
+                tokens = seen[model]["tokenize"]["tokens"]
+                detok = await client.post("/detokenize", json={"model": model, "tokens": tokens})
+                assert detok.status_code == 200 and PROMPT in detok.json()["prompt"], detok.text
+                assert seen[model]["render"]["token_ids"] == tokens
+            # No model named: the Responses API answers under the model that served it, which a follow-up
+            # naming it (and the response before it) is served by.
+            first = await client.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 4})
+            assert first.status_code == 200, first.text
+            follow = await client.post("/v1/responses", json={
+                "model": first.json()["model"], "input": "And?", "max_output_tokens": 4,
+                "previous_response_id": first.json()["id"]})
+            assert follow.status_code == 200 and follow.json()["model"] == first.json()["model"], follow.text
+            await wait_until(lambda: is_idle_all(daemon))
+    # two tokenizers: the same text, other ids
+    assert seen[SMOL]["tokenize"]["tokens"] != seen[GEMMA]["tokenize"]["tokens"]
+    assert seen[SMOL]["count_tokens"]["input_tokens"] != seen[GEMMA]["count_tokens"]["input_tokens"]

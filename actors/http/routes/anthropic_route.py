@@ -14,7 +14,7 @@ the Messages API's envelope (actors/http/edge.py), and their key may come as `x-
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from actors.http.choice_reader import Choice, ChoiceReader
 from actors.http.edge import json_response, messages_error_response
-from actors.http.lifetime import ResponseLifetime
+from actors.http.lifetime import ResolveModel, ResponseLifetime
 from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages
@@ -46,12 +46,10 @@ class MessageShape:
 
 
 class MessagesRoutes:
-    def __init__(self, life: ResponseLifetime, *, ready: Callable[[Request], ModelHandle],
-                 body: Callable[[Request], Awaitable[bytes]], served_model_name: str) -> None:
-        """`life`: the gateway's response lifetime; `ready`: its check (key, draining, loaded) giving its
-        pipeline; `body`: its reader of a request body within limits."""
-        self._life, self._ready, self._body = life, ready, body
-        self._name = served_model_name
+    def __init__(self, life: ResponseLifetime, *, resolve: ResolveModel) -> None:
+        """`life`: the gateway's response lifetime; `resolve`: its resolution of the model a body names,
+        for count_tokens. A message names the model that served it (the handle's)."""
+        self._life, self._resolve = life, resolve
 
     def routes(self) -> list[Route]:
         return [Route("/v1/messages", self.create, methods=["POST"]),
@@ -61,10 +59,11 @@ class MessagesRoutes:
         return await self._life.run(request, self._create)
 
     async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
-        req, prep = prepare_messages(body, served_model_name=self._name, max_model_len=pipe.max_model_len)
+        name = pipe.serving.served_model_name
+        req, prep = prepare_messages(body, served_model_name=name, max_model_len=pipe.max_model_len)
         await self._life.check_constraint(pipe, prep.constraint)
         messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)
-        shape = MessageShape(message_id=wire.new_message_id(), model=self._name, has_tools=bool(prep.functions),
+        shape = MessageShape(message_id=wire.new_message_id(), model=name, has_tools=bool(prep.functions),
                              max_calls=None if prep.request.parallel_tool_calls else 1)
         request.state.response_id = shape.message_id
         params, reasoning = pipe.thinking(prep)
@@ -78,11 +77,11 @@ class MessagesRoutes:
                                         render_error=messages_error_response)
 
     async def count_tokens(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        prep = prepare_count_tokens(await self._body(request), served_model_name=self._name,
-                                    max_model_len=pipe.max_model_len)
-        ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages, prep.functions,
-                                                               kwargs=prep.request.chat_template_kwargs))
+        async with self._resolve(request) as (pipe, body):
+            prep = prepare_count_tokens(body, served_model_name=pipe.serving.served_model_name,
+                                        max_model_len=pipe.max_model_len)
+            ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages, prep.functions,
+                                                                   kwargs=prep.request.chat_template_kwargs))
         return json_response({"input_tokens": len(ids)})
 
 

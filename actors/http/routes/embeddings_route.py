@@ -21,10 +21,9 @@ from forge.messages import Submit
 
 
 class EmbeddingsRoutes:
-    def __init__(self, life: ResponseLifetime, *, served_model_name: str) -> None:
-        """`life`: the gateway's response lifetime."""
+    def __init__(self, life: ResponseLifetime) -> None:
+        """`life`: the gateway's response lifetime. The model named and answered is the handle's."""
         self._life = life
-        self._name = served_model_name
 
     def routes(self) -> list[Route]:
         return [Route("/v1/embeddings", self.create, methods=["POST"])]
@@ -34,7 +33,8 @@ class EmbeddingsRoutes:
 
     async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         served = pipe.serving
-        prep = prepare_embeddings(body, served_model_name=self._name, embedding_size=served.embedding_size,
+        prep = prepare_embeddings(body, served_model_name=served.served_model_name,
+                                  embedding_size=served.embedding_size,
                                   vocab_size=pipe.vocab_size, pooling=served.pooling,
                                   max_input_tokens=pipe.max_input_tokens)
         base = new_embedding_id()
@@ -46,7 +46,7 @@ class EmbeddingsRoutes:
 
         def body_of() -> dict[str, object]:
             vectors = [c.embedding or b"" for c in reader.choices]
-            return embeddings_body(prep.request, vectors, model=self._name,
+            return embeddings_body(prep.request, vectors, model=served.served_model_name,
                                    prompt_tokens=sum(c.counts.prompt for c in reader.choices))
 
         return await self._life.respond(request, pipe, reader, body_of)

@@ -78,12 +78,11 @@ def not_found(response_id: str, param: str | None = None) -> RequestError:
 
 
 class ResponsesRoutes:
-    def __init__(self, life: ResponseLifetime, *, authorize: Callable[[Request], None], served_model_name: str,
-                 store: ResponseStore) -> None:
+    def __init__(self, life: ResponseLifetime, *, authorize: Callable[[Request], None], store: ResponseStore) -> None:
         """`life`: the gateway's response lifetime; `authorize`: its key check (GET and DELETE need the
-        key, not a loaded model); `store`: where stored responses live."""
+        key, not a loaded model); `store`: where stored responses live. A response names the model that
+        served it (the handle's), as every route does."""
         self._life, self._authorize = life, authorize
-        self._name = served_model_name
         self.store = store
 
     def routes(self) -> list[Route]:
@@ -120,11 +119,12 @@ class ResponsesRoutes:
     async def _start(self, request: Request, pipe: ModelHandle, req: ResponsesRequest, num_bytes: int,
                      arrival: float) -> Response:
         history = self._history(req)
-        conversation, prep = prepare_response(req, history, served_model_name=self._name,
+        conversation, prep = prepare_response(req, history, served_model_name=pipe.serving.served_model_name,
                                               max_model_len=pipe.max_model_len)
         await self._life.check_constraint(pipe, prep.constraint)
         messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)
-        shape = ResponseShape(response_id=wire.new_response_id(), created_at=int(time.time()), model=self._name,
+        shape = ResponseShape(response_id=wire.new_response_id(), created_at=int(time.time()),
+                              model=pipe.serving.served_model_name,
                               echoed=wire.echo(req), has_tools=bool(prep.functions), max_calls=max_calls(req),
                               store=req.store, conversation=conversation)
         request.state.response_id = shape.response_id

@@ -83,10 +83,10 @@ async def read_response(sock: socket.socket, conn: h11.Connection) -> tuple[int,
 
 def engine_is_idle(daemon: Daemon) -> bool:
     """Nothing running or waiting, every block free, no actor keeping a request: the gateway may still hold
-    the response of a client that has not left (its connection, its group in the router)."""
+    the response of a client that has not left (its connection, its group in the stream demultiplexer)."""
     assert daemon.scheduler is not None and daemon.allocator is not None
     stats, cache = daemon.scheduler.statistics(), daemon.allocator.statistics()
-    engine = {k: v for k, v in daemon.tracked().items() if not k.startswith(("gateway.", "router."))}
+    engine = {k: v for k, v in daemon.tracked().items() if not k.startswith(("gateway.", "demux."))}
     return (stats.num_running == stats.num_waiting == 0 and cache.num_free_blocks == cache.num_total_blocks
             and set(engine.values()) == {0})
 

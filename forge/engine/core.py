@@ -106,7 +106,8 @@ class EngineCore:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your prompt has {len(prompt_ids)} tokens, leaving no room for the completion.",
                 param="prompt")
-        seq = Sequence(next(self._ids), prompt_ids, min(params.max_tokens, room))
+        params = params.limited_to(room)      # clamped once, here: every reader sees this limit
+        seq = Sequence(next(self._ids), prompt_ids, params.max_tokens)
         seq.cache_salt = params.cache_salt
         if self._spec_config.enabled and not params.has_penalties:
             # Penalties depend on every token before a position: those sequences decode one token a

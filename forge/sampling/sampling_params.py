@@ -73,6 +73,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         """Argmax with no randomness: temperature 0 (below 1e-5), or top_k 1."""
         return self.temperature < _MIN_TEMPERATURE or self.top_k == 1
 
+    def limited_to(self, max_tokens: int) -> SamplingParams:
+        """These params with max_tokens at most `max_tokens` (the room the context leaves) and a JSON closing
+        window at most a quarter of it, as one made for that limit would have: the one limit every reader
+        of a sequence (the runner's closing, the draft budget, capacity) sees."""
+        if max_tokens >= self.max_tokens:
+            return self
+        return msgspec.structs.replace(self, max_tokens=max_tokens,
+                                       close_within=min(self.close_within, max_tokens // 4))
+
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

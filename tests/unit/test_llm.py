@@ -478,3 +478,24 @@ def test_a_1_7b_model_serves_32_streams_of_1024_tokens_in_24_gib_by_default() ->
         plan = plan_cache(model, EngineConfig(kv_cache_dtype=dtype), memory=24 * 2**30)  # type: ignore[arg-type]
         assert plan.num_blocks * 16 >= 32 * 1024 and plan.max_model_len == 8192 and plan.warning is None
         assert plan.budget <= 0.4 * 24 * 2**30
+
+
+def test_a_limit_past_the_room_is_clamped_once_and_every_reader_sees_it(tiny: LoadedModel) -> None:
+    """max_tokens past what the context leaves is clamped where the sequence is made, and the params the
+    runner gets say so: a JSON closing window (close_within) then opens within the room, at a quarter of it
+    at most. The runner once read the request's own max_tokens, so a schema-constrained request without
+    max_tokens near the context's end hit the end before its closing window opened."""
+    engine = tiny_engine(tiny, max_model_len=64)
+    seen: list[SamplingParams] = []
+    engine.on_step = lambda batch, _seconds: seen.extend(s.params for s in batch.new_seqs)
+    engine.add_request("near-the-end", list(range(1, 57)), greedy(10_000, close_within=32, ignore_eos=True))
+    engine.add_request("with-room", [5, 6], greedy(6, close_within=2, ignore_eos=True))
+    emitted: dict[str, int] = {}
+    while engine.has_work():
+        for out in engine.step():
+            emitted[out.request_id] = emitted.get(out.request_id, 0) + len(out.token_ids)
+    params = {p.max_tokens: p for p in seen}
+    assert set(params) == {6, 64 - 56}                  # the room: 8 tokens, the one limit everywhere
+    assert params[6].close_within == 2                  # a request within its room is left as it was
+    assert params[64 - 56].close_within == (64 - 56) // 4
+    assert emitted == {"near-the-end": 64 - 56, "with-room": 6}

@@ -74,10 +74,14 @@ _MODEL_CARD = {"type": "object", "required": ["model", "state"],
 
 _STATUSES = ((400, "the request is malformed or out of range; `param` names the field"),
              (401, "the API key is missing or wrong"),
+             (403, "sent by a web page whose origin is not allowed (--allowed-origins)"),
              (404, "no such model, or no such route"),
              (408, "the body did not arrive in time"),
              (413, "the body is over the size limit"),
+             (415, "a body not sent as application/json"),
+             (421, "a Host the daemon does not answer to (--allowed-hosts)"),
              (503, "overloaded, loading or draining: try again after Retry-After"))
+_UNAUTHENTICATED = ("403", "421", "503")      # what a route open without the key may still answer
 
 
 def _errors(envelope: str) -> dict[str, Any]:
@@ -100,7 +104,8 @@ def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None =
     if stream:
         ok = {**ok, "content": {**ok["content"], "text/event-stream": {"schema": _SSE_EVENT}}}
     op: dict[str, Any] = {"operationId": operation_id, "summary": summary,
-                          "responses": {"200": ok, **{k: v for k, v in errors.items() if auth or k == "503"}}}
+                          "responses": {"200": ok, **{k: v for k, v in errors.items()
+                                                      if auth or k in _UNAUTHENTICATED}}}
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if parameters is not None:

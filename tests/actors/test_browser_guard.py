@@ -13,6 +13,7 @@ from actors.http.browser_guard import (
     policy_for,
     split_authority,
 )
+from actors.http.openapi import openapi_document
 
 LOCAL = BrowserPolicy()
 
@@ -166,3 +167,15 @@ def test_the_flags_policy_checks_hosts_unless_listening_everywhere() -> None:
     assert policy_for("unix:/run/forge.sock", allowed_hosts=None, allowed_origins=None).check_host
     with pytest.raises(ValueError, match="not an origin"):
         policy_for("127.0.0.1:8080", allowed_hosts=None, allowed_origins="example.com")
+
+
+def test_the_openapi_document_declares_what_the_guard_answers() -> None:
+    """A client generated from /openapi.json (and the schema fuzzer's status check) knows the guard's
+    answers: 421 and 403 on every operation, the routes open without the key included, and 415 on every
+    one that takes a body."""
+    for path, methods in openapi_document()["paths"].items():
+        for method, op in methods.items():
+            statuses = set(op["responses"])
+            assert {"403", "421"} <= statuses, (method, path)
+            if "requestBody" in op:
+                assert "415" in statuses, (method, path)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from forge.llm import LoadedModel
 from forge.models import hub
+from forge.sampling.structured import Grammars
 
 
 def default_model_file() -> Path:
@@ -54,3 +56,16 @@ def minilm_model_dir() -> Path:
         pytest.fail(f"all-MiniLM-L6-v2 is not at {path}: run `make test-models` (or `forge pull all-minilm-l6-v2`)",
                     pytrace=False)
     return path
+
+
+@pytest.fixture(scope="module")
+def real(default_model_path: Path) -> LoadedModel:
+    """The default model loaded as forge loads it, once per test module (a module may not leave it changed
+    for the next)."""
+    return LoadedModel.load(default_model_path, progress=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def grammars(real: LoadedModel) -> Grammars:
+    """The structured-output engine over the default model's tokenizer."""
+    return Grammars(real.tokenizer)

@@ -7,7 +7,6 @@ anything else (a RecursionError was a 500; a deep $ref or rule chain overflowed 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -83,16 +82,6 @@ def body(route: str, schema: str) -> bytes:
         case _:
             raise AssertionError(route)
     return text.encode()
-
-
-@pytest.fixture(scope="module")
-def real(default_model_path: Path) -> LoadedModel:
-    return LoadedModel.load(default_model_path, progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
-def grammars(real: LoadedModel) -> Grammars:
-    return Grammars(real.tokenizer)
 
 
 def serve(route: str, raw: bytes, real: LoadedModel, grammars: Grammars) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,11 +211,6 @@ def test_abort_one_leaves_the_others_intact(tiny: LoadedModel, tiny_reference: R
 
 
 # ---- the real model --------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def real(default_model_path: Path) -> LoadedModel:
-    return LoadedModel.load(default_model_path, progress=lambda message: None)
-
 
 def real_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int | None = None,
                 **kwargs: object) -> LLMEngine:

@@ -24,11 +24,6 @@ DATA: dict[str, Any] = json.loads(DATA_FILE.read_text(encoding="utf-8"))
 NUM_GREEDY = len(DATA["greedy"])
 
 
-@pytest.fixture(scope="module")
-def real(default_model_path: Path) -> LoadedModel:
-    return LoadedModel.load(default_model_path, progress=lambda message: None)
-
-
 def test_model_file_is_the_one_the_reference_was_made_from(real: LoadedModel) -> None:
     digest = hashlib.sha256()
     with open(real.path, "rb") as f:

@@ -84,11 +84,6 @@ def test_a_sequence_whose_drafts_fail_pauses() -> None:
 
 # ---- the real model: nothing changes but the speed --------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def real(default_model_path: Path) -> LoadedModel:
-    return LoadedModel.load(default_model_path, progress=lambda message: None)
-
-
 def engine(loaded: LoadedModel, spec: str, *, num_blocks: int = 1024, block_size: int = 16,
            draft: LoadedModel | None = None, **kwargs: object) -> LLMEngine:
     """An engine of num_blocks blocks; `draft`: a separate draft model, its K/V in the same blocks."""

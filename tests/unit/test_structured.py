@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -34,16 +33,6 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "age": {"type": "integer", "minimum": 0, "maximum": 120},
                          "pets": {"type": "array", "maxItems": 3,
                                   "items": {"enum": ["cat", "dog", "fish"]}}}}
-
-
-@pytest.fixture(scope="module")
-def real(default_model_path: Path) -> LoadedModel:
-    return LoadedModel.load(default_model_path, progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
-def grammars(real: LoadedModel) -> Grammars:
-    return Grammars(real.tokenizer)
 
 
 def engine(loaded: LoadedModel, *, num_blocks: int = 512, block_size: int = 4, **kwargs: object) -> LLMEngine:

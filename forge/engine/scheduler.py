@@ -151,7 +151,6 @@ class Scheduler:
         """Retire a sequence now (it met a stop condition the caller checks)."""
         seq = self._seqs.get(seq_id)
         if seq is not None:
-            seq.max_new_tokens = len(seq.output)
             self._retire(seq)
 
     def abort(self, seq_id: SeqId) -> bool:

@@ -61,7 +61,8 @@ class Sequence:
         return len(self.prompt) + len(self.output)
 
     def is_complete(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+        """Retired (its limit, a stop, an abort), or at its token limit: either way it takes no more steps."""
+        return self.state is SeqState.FINISHED or len(self.output) >= self.max_new_tokens
 
     def token_at(self, i: int) -> TokenId:
         n = len(self.prompt)

@@ -257,3 +257,15 @@ def test_prompts_behind_one_new_prefix_are_one_job_computed_once() -> None:
     assert sorted(plan.admitted) == [2, 3]
     assert shares(plan) == {1: 1, 4: 1, 2: 1, 3: 1}  # the prefix came from the cache
     assert cache.num_prefix_hits == 2 * 12
+
+
+def test_finish_retires_by_state_and_keeps_the_limit() -> None:
+    """A stop retires a sequence by its state; its limit (what closing and draft budgets read) stays."""
+    sched = make()
+    seq = Sequence(1, [1, 2], 50)
+    sched.submit(seq)
+    run_step(sched)
+    sched.finish(1)
+    assert seq.state is SeqState.FINISHED and seq.is_complete()
+    assert seq.max_new_tokens == 50 and len(seq.output) == 1
+    assert sched.schedule().finished == [1] and not sched.has_work()

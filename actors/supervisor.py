@@ -1,6 +1,7 @@
-"""The daemon's lifetime: channels, one task group for the five actors, hypercorn, signals.
+"""The daemon's lifetime: the models' actor sets, hypercorn, signals.
 
-The HTTP server comes up first (readiness 503 while the model loads), then the actors start.
+The HTTP server comes up first (readiness 503 while the model loads), then the models named at start
+load and their actors start (one model served is a set of one: actors.runtime.model_set).
 SIGTERM or SIGINT drains: readiness turns 503, new requests get 503, running ones finish within
 the drain timeout, then the process exits 0. An actor that crashes takes the daemon down loudly.
 """
@@ -8,7 +9,6 @@ the drain timeout, then the process exits 0. An actor that crashes takes the dae
 from __future__ import annotations
 
 import dataclasses
-import math
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -26,22 +26,16 @@ from hypercorn.config import Config as HypercornConfig
 from actors.http.access_log import AccessLog
 from actors.http.gateway import Gateway, GatewayConfig
 from actors.ops.metrics import Metrics
-from actors.ops.stats import Sources
 from actors.runtime.allocator_actor import AllocatorActor
-from actors.runtime.encoder_actor import EncoderActor, EncoderInbox
+from actors.runtime.encoder_actor import EncoderActor
 from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
-from actors.runtime.model_actors import ModelActors, wire_actors
-from actors.runtime.model_handle import ModelHandle
+from actors.runtime.model_actors import ModelActors, wire_actors, wire_encoder
 from actors.runtime.model_set import ModelEntry, ModelSet
 from actors.runtime.scheduler_actor import SchedulerActor
-from actors.runtime.stream_demux import StreamDemux
-from actors.runtime.tokenizer_actor import TokenizerActor
-from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
-from forge.engine.assembly import EngineParts, build_engine, encoder_serving
+from forge.engine.assembly import EngineParts, build_engine
 from forge.errors import ForgeError, RequestError
 from forge.models.bert.encoder import LoadedEncoder
-from forge.models.llama.linear import configure_matmul
 from forge.models.loading import LoadedModel, load_draft, load_served
 from forge.sampling.structured import Grammars
 
@@ -67,42 +61,57 @@ class DaemonConfig:
 
 
 class Daemon:
-    """Owns the gateway and, once loaded, the actors. `run` serves until drained or crashed."""
+    """Owns the gateway and the models' actor sets (one model served is a set of one). `run` serves until
+    drained or crashed."""
 
     def __init__(self, config: DaemonConfig, loaded: LoadedModel | LoadedEncoder | None = None) -> None:
+        """`loaded`: the one model, already loaded (tests and embedding), served in place of `config.model`."""
         self.config = config
         self.metrics = Metrics()
         self.gateway = Gateway(config.gateway, self.metrics)
-        self.loaded = loaded
-        self.tokenizer: TokenizerActor | None = None
-        self.scheduler: SchedulerActor | None = None
-        self.allocator: AllocatorActor | None = None
-        self.worker: ModelWorkerActor | None = None
-        self.encoder: EncoderActor | None = None    # an embedding model's one actor, instead of those four
+        self._preloaded = loaded
         self.kv_publisher: KvEventPublisher | None = None
-        self.models: ModelSet | None = None         # several models: their sets, loaded on demand
-        self._cores: anyio.CapacityLimiter | None = None
+        self.models: ModelSet | None = None         # the models served, each loaded on demand or at start
+        self._cores = anyio.CapacityLimiter(1)      # the models' steps take turns on the cores (worker_actor)
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
 
     def app(self) -> Any:
         return AccessLog(self.gateway.app())
 
+    def _recent(self) -> ModelActors | None:
+        """The loaded model's actors used last (with one model: its actors, once loaded)."""
+        recent = self.models.most_recent() if self.models is not None else None
+        return recent.actors if recent is not None else None
+
+    @property
+    def scheduler(self) -> SchedulerActor | None:
+        actors = self._recent()
+        return actors.scheduler if actors is not None else None
+
+    @property
+    def allocator(self) -> AllocatorActor | None:
+        actors = self._recent()
+        return actors.allocator if actors is not None else None
+
+    @property
+    def encoder(self) -> EncoderActor | None:
+        actors = self._recent()
+        return actors.encoder if actors is not None else None
+
     def tracked(self) -> dict[str, int]:
         """Sizes of every per-request table in the gateway and the actors: all zero when idle.
 
-        A daemon that runs for weeks must keep nothing for a request after it ends.
+        A daemon that runs for weeks must keep nothing for a request after it ends. With several models
+        each table's key is prefixed by its model's id.
         """
         sizes = {"gateway.inflight": self.gateway.admission.num_inflight}
-        if self.gateway.handle is not None:
-            sizes["demux.requests"] = len(self.gateway.handle.demux)
-        for actor in (self.tokenizer, self.scheduler, self.allocator, self.worker, self.encoder):
-            if actor is not None:
-                sizes.update(actor.tracked())
         if self.models is not None:
-            for entry in self.models.loaded():
+            loaded = self.models.loaded()
+            for entry in loaded:
                 assert entry.actors is not None
-                sizes.update({f"{entry.model_id}:{k}": v for k, v in entry.actors.tracked().items()})
+                prefix = f"{entry.model_id}:" if len(self.models.entries) > 1 else ""
+                sizes.update({prefix + k: v for k, v in entry.actors.tracked().items()})
         return sizes
 
     def request_drain(self) -> None:
@@ -112,121 +121,80 @@ class Daemon:
             self.gateway.is_draining = True
         self._stop.set()
 
-    async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load the model (off the loop), wire the five actors, serve until the channels close. The KV-event
-        socket is bound first, so that an endpoint in use fails the start before the model loads."""
-        if self.config.models:
-            if self.config.kv_events is not None:
-                raise ForgeError("--kv-events publishes one prefix cache: serve one model with it")
-            await self._run_models(task_status=task_status)
-            return
-        publisher = KvEventPublisher(self.config.kv_events) if self.config.kv_events is not None else None
-        try:
-            await self._run_engine(publisher, task_status=task_status)
-        finally:
-            if publisher is not None:
-                publisher.close()
-
-    async def _run_engine(self, publisher: KvEventPublisher | None, *,
-                          task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        if self.loaded is None:
-            self.loaded = await anyio.to_thread.run_sync(lambda: load_served(
-                self.config.model, kernels=self.config.engine.kernels, numerics=self.config.engine.numerics,
-                progress=_progress))
-        if isinstance(self.loaded, LoadedEncoder):
-            await self._run_encoder(self.loaded, task_status=task_status)
-            return
-        loaded, cfg = self.loaded, self.config.engine
-        if publisher is not None:
-            cfg = dataclasses.replace(cfg, record_kv_events=True)
-            self.gateway.fleet.kv_publisher = publisher
-            self.kv_publisher = publisher
-        draft = await anyio.to_thread.run_sync(lambda: load_draft(loaded, cfg, _progress))
-        parts = await anyio.to_thread.run_sync(lambda: build_engine(loaded, cfg, draft))
-        if parts.plan.warning is not None:
-            log.warning("kv_cache_short", reason=parts.plan.warning)
-        wired = wire_actors(loaded, cfg, parts, self.metrics, served_model_name=self.config.gateway.served_model_name,
-                             edge_grammars=edge_grammars(loaded, parts), draft=draft, publisher=publisher)
-        served = wired.served
-        self.tokenizer, self.scheduler = wired.tokenizer, wired.scheduler
-        self.allocator, self.worker = wired.allocator, wired.worker
-        self.metrics.on_scrape(lambda: wired.refresh_metrics(publisher))
-        stop = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            await tg.start(wired.run, stop)
-            scheduler, allocator = wired.scheduler, wired.allocator
-            self.gateway.handle = wired.handle
-            self.gateway.stats.sources = Sources(
-                scheduler=scheduler.statistics, cache=allocator.statistics, block_map=allocator.block_map,
-                serving=msgspec.to_builtins(served))
-            tg.start_soon(self.gateway.stats.run_sampler)
-            await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
-            stop.set()
-            tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
-
-    async def _run_models(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Several models: the gateway routes each request to its model's set, loaded on demand."""
+    def _entries(self) -> tuple[list[ModelEntry], list[str]]:
+        """The models served and those loaded at start: the several of --model/--models-dir, or the one
+        model as a set of one, loaded at start (its failure to load fails the start)."""
         cfg = self.config
-        models = ModelSet(cfg.models, self._build_set, max_loaded=cfg.max_loaded_models,
-                          max_memory=cfg.models_memory, retry_after_s=cfg.gateway.retry_after_s,
+        if cfg.models:
+            return cfg.models, cfg.preload
+        source = self._preloaded.path if self._preloaded is not None else cfg.model
+        sole = ModelEntry(model_id=cfg.gateway.served_model_name, source=source)
+        return [sole], [sole.model_id]
+
+    async def run_actors(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve the models (those named at start loaded off the loop first) until the channels close.
+        The KV-event socket is bound first, so that an endpoint in use fails the start before a model loads."""
+        cfg = self.config
+        entries, preload = self._entries()
+        if cfg.kv_events is not None:
+            if len(entries) > 1:
+                raise ForgeError("--kv-events publishes one prefix cache: serve one model with it")
+            self.kv_publisher = self.gateway.fleet.kv_publisher = KvEventPublisher(cfg.kv_events)
+        models = ModelSet(entries, self._build, max_loaded=cfg.max_loaded_models, max_memory=cfg.models_memory,
+                          retry_after_s=cfg.gateway.retry_after_s,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
-        # the models' steps take turns on the cores (actors.runtime.worker_actor)
-        self._cores = anyio.CapacityLimiter(1)
+        publisher = self.kv_publisher
 
         def refresh() -> None:                    # each loaded model's gauges and cache counters
             for entry in models.loaded():
                 if entry.actors is not None:
-                    entry.actors.refresh_metrics()
+                    entry.actors.refresh_metrics(publisher)
 
         self.metrics.on_scrape(refresh)
-        async with anyio.create_task_group() as tg:
-            await tg.start(models.run)
-            for model_id in cfg.preload:
-                try:
-                    await models.load(model_id)
-                except RequestError as exc:        # the daemon serves the others; requests for it get the cause
-                    log.error("preload_failed", model_name=model_id, error=str(exc))
-            self.gateway.model_set = models          # until now /healthz and requests answer 503 loading
-            await self._serve_until_stopped({"models": list(models.entries)}, task_status)
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(models.run)
+                for model_id in preload:
+                    try:
+                        await models.load(model_id)
+                    except RequestError as exc:
+                        if not cfg.models and exc.__cause__ is not None:   # the one model: nothing to serve
+                            raise exc.__cause__ from None
+                        log.error("preload_failed", model_name=model_id, error=str(exc))   # the others serve
+                self.gateway.model_set = models       # until now /healthz and requests answer 503 loading
+                tg.start_soon(self.gateway.stats.run_sampler)
+                await self._serve_until_stopped({"models": list(models.entries)}, task_status)
+                tg.cancel_scope.cancel()
+        finally:
+            if publisher is not None:
+                publisher.close()
 
-    async def _build_set(self, entry: ModelEntry) -> ModelActors:
+    async def _build(self, entry: ModelEntry) -> ModelActors:
         """Load one model off the loop and wire its actors (ModelSet calls this for each load)."""
         cfg = self.config.engine
+        publisher = self.kv_publisher
+        if publisher is not None:
+            cfg = dataclasses.replace(cfg, record_kv_events=True)
+        preloaded, self._preloaded = self._preloaded, None      # given once: a reload reads the file
 
         def build() -> ModelActors:
-            loaded = load_served(entry.source, kernels=cfg.kernels, numerics=cfg.numerics, progress=_progress)
+            loaded = preloaded or load_served(entry.source, kernels=cfg.kernels, numerics=cfg.numerics,
+                                              progress=_progress)
             if isinstance(loaded, LoadedEncoder):
-                raise ForgeError("an embedding model is served alone, not beside other models")
+                return wire_encoder(loaded, cfg, self.metrics, served_model_name=entry.model_id)
             draft = load_draft(loaded, cfg, _progress)
             parts = build_engine(loaded, cfg, draft)
+            if parts.plan.warning is not None:
+                log.warning("kv_cache_short", model_name=entry.model_id, reason=parts.plan.warning)
             return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,
-                               edge_grammars=edge_grammars(loaded, parts), draft=draft, cores=self._cores)
+                               edge_grammars=edge_grammars(loaded, parts), draft=draft, publisher=publisher,
+                               cores=self._cores)
 
         wired = await anyio.to_thread.run_sync(build)
         self.metrics.model_loads.labels(model_name=entry.model_id).inc()
+        log.info("model_ready", **msgspec.structs.asdict(wired.served))
         return wired
-
-    async def _run_encoder(self, encoder: LoadedEncoder, *,
-                           task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """An embedding model: the gateway and one encoder actor, which tokenizes, batches and embeds."""
-        cfg = self.config.engine
-        await anyio.to_thread.run_sync(lambda: configure_matmul(cfg.matmul_strategy, cfg.blas_threads))
-        served = encoder_serving(encoder, served_model_name=self.config.gateway.served_model_name)
-        to_enc, enc_in = anyio.create_memory_object_stream[EncoderInbox](math.inf)
-        demux = StreamDemux()
-        own = self.metrics.model(served.served_model_name)
-        self.encoder = actor = EncoderActor(encoder, demux, own, inbox=enc_in)
-        with to_enc:
-            async with anyio.create_task_group() as tg:
-                await tg.start(actor.run)
-                self.gateway.handle = ModelHandle(
-                    demux=demux, to_tokenizer=to_enc, max_model_len=served.max_model_len,
-                    load_stats=lambda: (actor.num_waiting(), 0), serving=served, metrics=own, step_age=actor.step_age,
-                    load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
-                await self._serve_until_stopped(msgspec.structs.asdict(served), task_status)
-                tg.cancel_scope.cancel()
 
     async def _serve_until_stopped(self, ready: dict[str, Any], task_status: TaskStatus[None]) -> None:
         log.info("ready", **ready)
@@ -234,7 +202,6 @@ class Daemon:
         self.is_started.set()
         await self._stop.wait()
         await self._drain()
-        self.gateway.handle = None
         self.gateway.model_set = None
         log.info("stopped", inflight=self.gateway.admission.num_inflight)
 
@@ -244,10 +211,7 @@ class Daemon:
         if scope.cancelled_caught:
             # Responses still running end properly, never cut off: a stream with an error event and
             # [DONE], a body not yet sent with a 503 (code "shutdown": send it again).
-            pipes = [self.gateway.handle] if self.gateway.handle is not None else []
-            if self.models is not None:
-                pipes += [e.actors.handle for e in self.models.loaded() if e.actors is not None]
-            ended = sum(pipe.demux.fail_all() for pipe in pipes)
+            ended = sum(actors.handle.demux.fail_all() for actors in self.gateway.resolver.loaded())
             log.warning("drain_timeout", inflight=self.gateway.admission.num_inflight, responses_ended=ended)
             with anyio.move_on_after(FINAL_WRITE_S):
                 await self.gateway.admission.wait_idle()

@@ -11,8 +11,7 @@ Every error a request meets is a RequestError, rendered as OpenAI's error envelo
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,20 +35,21 @@ from actors.http.choice_reader import (
     completion_body,
     completion_frames,
 )
-from actors.http.edge import check_key, error_response_for, json_response, read_body, rejection_reason
+from actors.http.edge import error_response_for, json_response, rejection_reason
 from actors.http.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
+from actors.http.model_resolver import ModelResolver
 from actors.http.openapi import openapi_document
 from actors.http.routes.anthropic_route import MessagesRoutes
 from actors.http.routes.embeddings_route import EmbeddingsRoutes
-from actors.http.routes.models_route import ModelRoutes, peek
+from actors.http.routes.models_route import ModelRoutes
 from actors.http.routes.responses_route import ResponsesRoutes
 from actors.http.routes.text_routes import TextRoutes
 from actors.ops.dashboard import dashboard_page
 from actors.ops.fleet import FleetRoutes
 from actors.ops.metrics import Metrics
-from actors.ops.stats import Stats
+from actors.ops.stats import Sources, Stats
 from actors.runtime.model_handle import ModelHandle
-from actors.runtime.model_set import ModelSet, parse_keep_alive
+from actors.runtime.model_set import ModelSet
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import ResponseHeader
 from forge.api.openai.openai_prepare import (
@@ -59,7 +59,7 @@ from forge.api.openai.openai_prepare import (
     template_messages,
 )
 from forge.api.responses.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
-from forge.errors import CapacityError, RequestError
+from forge.errors import RequestError
 from forge.messages import Submit
 from forge.sampling.sampling_params import SamplingParams
 
@@ -87,27 +87,39 @@ class Gateway:
     def __init__(self, config: GatewayConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.handle: ModelHandle | None = None
-        self.model_set: ModelSet | None = None    # several models: routed by each request's `model`
-        self.is_draining = False
         self._stuck = False             # /healthz saw a step past the watchdog (logged once per episode)
-        self.stats = Stats(metrics)
-        self.fleet = FleetRoutes(ready=self._ready, body=self._body, healthz=self.healthz,
-                                 served_model_name=config.served_model_name, total_load=self._total_load,
-                                 resolve=self._model_and_body)
+        self.stats = Stats(metrics, sources=self._stats_sources)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
-        self.life = ResponseLifetime(self.admission, ready=self._ready, body=self._body,
-                                     ping_interval=config.sse_ping_interval, route=self._route,
-                                     release=self._release, is_routed=lambda: self.model_set is not None,
-                                     check_open=self._check_open, max_unsent_tokens=config.max_unsent_tokens)
-        self.messages = MessagesRoutes(self.life, resolve=self._model_and_body)
-        self.responses = ResponsesRoutes(self.life, authorize=self._check_key,
+        self.resolver = ModelResolver(self.admission, api_key=config.api_key, max_body_size=config.max_body_size,
+                                      body_timeout=config.body_timeout, retry_after_s=config.retry_after_s)
+        self.fleet = FleetRoutes(self.resolver, healthz=self.healthz, total_load=self._total_load)
+        self.life = ResponseLifetime(self.admission, self.resolver, ping_interval=config.sse_ping_interval,
+                                     max_unsent_tokens=config.max_unsent_tokens)
+        self.messages = MessagesRoutes(self.life, resolve=self.resolver.resolve)
+        self.responses = ResponsesRoutes(self.life, authorize=self.resolver.check_key,
                                          store=ResponseStore(max_responses=config.responses_store_size,
                                                              ttl_s=config.responses_ttl_s))
         self.embeddings = EmbeddingsRoutes(self.life)
-        self.text_routes = TextRoutes(resolve=self._model_and_body)
-        self.model_routes = ModelRoutes(model_set=lambda: self.model_set, check_open=self._check_open, body=self._body)
+        self.text_routes = TextRoutes(resolve=self.resolver.resolve)
+        self.model_routes = ModelRoutes(self.resolver)
+
+    @property
+    def model_set(self) -> ModelSet | None:
+        """The models served (one model served is a set of one); None until they are ready."""
+        return self.resolver.models
+
+    @model_set.setter
+    def model_set(self, models: ModelSet | None) -> None:
+        self.resolver.models = models
+
+    @property
+    def is_draining(self) -> bool:
+        return self.resolver.is_draining
+
+    @is_draining.setter
+    def is_draining(self, value: bool) -> None:
+        self.resolver.is_draining = value
 
     # ---- app --------------------------------------------------------------------------------
 
@@ -161,79 +173,20 @@ class Gateway:
         log.exception("request_failed", path=request.url.path)
         return error_response_for(request.url.path, RequestError("internal error", status=500, type="server_error"))
 
-    # ---- edge checks ------------------------------------------------------------------------
-
-    def _check_key(self, request: Request) -> None:
-        check_key(request, self.config.api_key)
-
-    def _check_open(self, request: Request) -> None:
-        self._check_key(request)
-        if self.is_draining:
-            raise CapacityError("the server is shutting down", code="draining",
-                                retry_after_s=self.config.retry_after_s)
-
-    def _ready(self, request: Request) -> ModelHandle:
-        self._check_open(request)
-        if self.model_set is not None:            # a route that names no model: the one used last
-            recent = self.model_set.most_recent()
-            if recent is not None and recent.actors is not None:
-                return recent.actors.handle
-        if self.handle is None:
-            raise CapacityError("the model is loading", code="loading", retry_after_s=self.config.retry_after_s)
-        return self.handle
-
-    async def _route(self, request: Request, body: bytes) -> ModelHandle | None:
-        """With several models: the pipeline of the model the body names (loaded first if need be),
-        counted in use until `_release`; None with one model (the route's `_ready` pipeline serves)."""
-        models = self.model_set
-        if models is None:
-            return None
-        peeked = peek(body)
-        model_id = peeked.model if isinstance(peeked.model, str) else None
-        if model_id is None:
-            recent = models.most_recent()
-            model_id = recent.model_id if recent is not None else next(iter(models.entries))
-        entry = models.entry(model_id)              # 404 naming the available ids
-        request.state.model_name = model_id         # for the access log, whatever happens next
-        keep_alive = peeked.keep_alive if peeked.keep_alive is not None else request.headers.get("x-keep-alive")
-        if keep_alive is not None:
-            entry.keep_alive = parse_keep_alive(keep_alive)
-        # Waiting for a load counts against the admission bounds like a queued request (503 past them).
-        with self.admission.admitting(lambda: (0, 0), 1, len(body) // 4):
-            wired = await models.acquire(model_id)
-        request.state.model_lease = model_id         # held until _release
-        return wired.handle
-
-    @asynccontextmanager
-    async def _model_and_body(self, request: Request) -> AsyncIterator[tuple[ModelHandle, bytes]]:
-        """lifetime.ResolveModel: the body, and the model it names as a generation route would find it (with
-        several models: loaded if need be, and held until the block ends)."""
-        self._check_open(request)
-        body = await self._body(request)
-        handle = await self._route(request, body)
-        if handle is None:
-            yield self._ready(request), body
-            return
-        try:
-            yield handle, body
-        finally:
-            self._release(request)
-
     def _total_load(self, request: Request) -> int:
         """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""
-        if self.model_set is None:
-            return self._ready(request).load()
-        self._check_open(request)
-        return sum(e.actors.handle.load() for e in self.model_set.loaded() if e.actors is not None)
+        self.resolver.check_open(request)
+        return sum(actors.handle.load() for actors in self.resolver.loaded())
 
-    def _release(self, request: Request) -> None:
-        model_id = getattr(request.state, "model_lease", None)
-        if self.model_set is not None and model_id is not None:
-            request.state.model_lease = None
-            self.model_set.release(model_id)
-
-    async def _body(self, request: Request) -> bytes:
-        return await read_body(request, self.config.max_body_size, self.config.body_timeout)
+    def _stats_sources(self) -> Sources | None:
+        """What the dashboard reads: the generation model used last (none before one is loaded)."""
+        models = self.resolver.models
+        recent = models.most_recent() if models is not None else None
+        actors = recent.actors if recent is not None else None
+        if actors is None or actors.scheduler is None or actors.allocator is None:
+            return None
+        return Sources(scheduler=actors.scheduler.statistics, cache=actors.allocator.statistics,
+                       block_map=actors.allocator.block_map, serving=msgspec.to_builtins(actors.served))
 
     # ---- plain routes -----------------------------------------------------------------------
 
@@ -241,13 +194,10 @@ class Gateway:
         """{"status": "ok" | "loading" | "draining" | "stuck", ...}: what /healthz and /stats say."""
         if self.is_draining:
             return {"status": "draining"}
-        if self.model_set is not None:         # several models: up while any step is alive, none loaded included
-            ages = [e.actors.handle.step_age() for e in self.model_set.loaded() if e.actors is not None]
-            age = max(ages, default=0.0)
-        elif self.handle is None:
+        if self.model_set is None:
             return {"status": "loading"}
-        else:
-            age = self.handle.step_age()
+        # up while every loaded model's step is alive (none loaded included: a request loads one)
+        age = max((actors.handle.step_age() for actors in self.resolver.loaded()), default=0.0)
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
@@ -263,18 +213,18 @@ class Gateway:
         return json_response(health, 200 if health["status"] == "ok" else 503)
 
     async def metrics_route(self, request: Request) -> Response:
-        self._check_key(request)
+        self.resolver.check_key(request)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def stats_route(self, request: Request) -> Response:
-        self._check_key(request)
+        self.resolver.check_key(request)
         snapshot = self.stats.snapshot(self._health()["status"])
         if self.model_set is not None:
             snapshot["models"] = self.model_set.statistics()
         return json_response(snapshot, headers={"Cache-Control": "no-store"})
 
     async def openapi(self, request: Request) -> Response:
-        self._check_key(request)
+        self.resolver.check_key(request)
         return json_response(openapi_document())
 
     async def dashboard(self, _request: Request) -> Response:
@@ -284,19 +234,14 @@ class Gateway:
         return Response(page.html, media_type="text/html; charset=utf-8", headers=page.headers)
 
     async def models(self, request: Request) -> Response:
-        if self.model_set is not None:
-            self._check_open(request)
-            cards = []
-            for entry in self.model_set.entries.values():
-                card = wire.model_card(entry.model_id, created=0, max_model_len=0)
-                card.update(entry.card())
-                if card["max_model_len"] == 0:
-                    card["max_model_len"] = None        # not known until it loads
-                cards.append(card)
-            return json_response(wire.model_list(cards))
-        pipe = self._ready(request)
-        card = wire.model_card(self.config.served_model_name, created=0, max_model_len=pipe.max_model_len)
-        return json_response(wire.model_list([card]))
+        cards = []
+        for entry in self.resolver.check_open(request).entries.values():
+            card = wire.model_card(entry.model_id, created=0, max_model_len=0)
+            card.update(entry.card())
+            if card["max_model_len"] == 0:
+                card["max_model_len"] = None        # not known until it loads
+            cards.append(card)
+        return json_response(wire.model_list(cards))
 
     # ---- generation -------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from actors.http.admission import Admission
 from actors.http.choice_feed import ChoiceFeed
 from actors.http.choice_reader import ChoiceReader
 from actors.http.edge import error_response, json_response
+from actors.http.model_resolver import ModelResolver
 from actors.http.sse_response import SSEResponse
 from actors.runtime.model_handle import ModelHandle, only_embeds
 from forge.api.openai import openai_output as wire
@@ -43,53 +44,35 @@ Handler = Callable[[Request, ModelHandle, bytes, float], Awaitable[Response]]
 # A route that generates nothing (count_tokens, /tokenize, the render routes): its body and the handle of the
 # model the body names, resolved as the generation routes resolve it, held until the block ends.
 ResolveModel = Callable[[Request], AbstractAsyncContextManager[tuple[ModelHandle, bytes]]]
-Route = Callable[[Request, bytes], Awaitable["ModelHandle | None"]]
 
 
 class ResponseLifetime:
-    def __init__(self, admission: Admission, *, ready: Callable[[Request], ModelHandle],
-                 body: Callable[[Request], Awaitable[bytes]], ping_interval: float,
-                 route: Route | None = None, release: Callable[[Request], None] = lambda _request: None,
-                 is_routed: Callable[[], bool] = lambda: False,
-                 check_open: Callable[[Request], None] = lambda _request: None,
+    def __init__(self, admission: Admission, resolver: ModelResolver, *, ping_interval: float,
                  max_unsent_tokens: int = DEFAULT_MAX_UNSENT_TOKENS) -> None:
-        """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
-        request body within limits; `ping_interval`: seconds of silence before a stream sends a ping;
-        `route`: with several models (`is_routed`), the pipeline the body names, held until `release`,
-        called once as the response ends; `check_open` then checks key and draining before the body;
-        `max_unsent_tokens`: tokens a response may have waiting for its client before it is cut off."""
+        """`resolver`: the gateway's edge checks, body reader and model resolution; `ping_interval`: seconds
+        of silence before a stream sends a ping; `max_unsent_tokens`: tokens a response may have waiting
+        for its client before it is cut off."""
         self.admission = admission
-        self._ready, self._body = ready, body
+        self._resolver = resolver
         self._ping_interval = ping_interval
         self._max_unsent_tokens = max_unsent_tokens
-        self._route, self._release = route, release
-        self.is_routed, self._check_open = is_routed, check_open
 
     async def run(self, request: Request, handler: Handler, *, embeds: bool = False) -> Response:
-        """Count the request in flight from its body until its response is done (or it fails).
+        """Count the request in flight from its body until its response is done (or it fails), its model
+        held as long.
 
         A handler that returns has counted its request out (a JSON body) or will when its stream
         ends (SSE); one that raises has not, and it is counted out here, exactly once.
         """
-        routed = self.is_routed()
-        if routed:
-            self._check_open(request)
-            body = await self._body(request)
-            arrival = time.monotonic()
-            assert self._route is not None
-            routed_pipe = await self._route(request, body)
-            assert routed_pipe is not None
-            pipe = routed_pipe
-        else:
-            pipe = self._ready(request)
+        self._resolver.check_open(request)
+        body = await self._resolver.body(request)
+        arrival = time.monotonic()
+        pipe = await self._resolver.acquire(request, body)
         try:
             if pipe.embeds_only and not embeds:                # a generation route on an embedding model
                 raise only_embeds(pipe.serving.served_model_name)
-            if not routed:
-                body = await self._body(request)
-                arrival = time.monotonic()
         except BaseException:
-            self._release(request)
+            self._resolver.release(request)
             raise
         self.admission.enter()
         try:
@@ -101,7 +84,7 @@ class ResponseLifetime:
     def leave(self, request: Request) -> None:
         """The response has ended: out of admission, and its model no longer held."""
         self.admission.leave()
-        self._release(request)
+        self._resolver.release(request)
 
     async def check_constraint(self, pipe: ModelHandle, constraint: Constraint | None) -> None:
         """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event

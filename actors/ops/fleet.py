@@ -26,24 +26,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from actors.http.edge import json_response
-from actors.http.lifetime import ResolveModel
+from actors.http.model_resolver import ModelResolver
 from actors.runtime.kv_publisher import KvEventPublisher
-from actors.runtime.model_handle import ModelHandle
 from forge.api.openai.openai_prepare import prepare_chat, prepare_completion
 from forge.messages import FlushCache, Rejected
 
 
 class FleetRoutes:
-    def __init__(self, *, ready: Callable[[Request], ModelHandle], body: Callable[[Request], Awaitable[bytes]],
-                 healthz: Callable[[Request], Awaitable[Response]], total_load: Callable[[Request], int],
-                 served_model_name: str, resolve: ResolveModel) -> None:
-        """`ready`: the gateway's check (key, draining, loaded) giving its pipeline; `body`: its reader of a
-        request body within limits; `healthz`: its health route; `total_load`: the sequences running and
-        waiting over every model served; `resolve`: the model a body names, for the render routes."""
-        self._ready, self._body, self._healthz = ready, body, healthz
-        self._resolve = resolve
+    def __init__(self, resolver: ModelResolver, *, healthz: Callable[[Request], Awaitable[Response]],
+                 total_load: Callable[[Request], int]) -> None:
+        """`resolver`: the gateway's edge checks and model resolution (the render routes resolve the model
+        their body names; the others read the loaded model used last); `healthz`: its health route;
+        `total_load`: the sequences running and waiting over every model served."""
+        self._resolver, self._healthz = resolver, healthz
         self._total_load = total_load
-        self._name = served_model_name
         self.instance_id = f"forge-{uuid.uuid4().hex[:16]}"      # one per daemon's life
         self.kv_publisher: KvEventPublisher | None = None          # set by the daemon with --kv-events
 
@@ -64,24 +60,23 @@ class FleetRoutes:
         return json_response({"load": self._total_load(request)})
 
     async def server_info(self, request: Request) -> Response:
-        pipe = self._ready(request)
-        served = pipe.serving
+        served = self._resolver.recent(request).serving
         return json_response({
-            "model_id": self._name, "model_path": served.model,
-            "served_model_name": self._name, "instance_id": self.instance_id,
+            "model_id": served.served_model_name, "model_path": served.model,
+            "served_model_name": served.served_model_name, "instance_id": self.instance_id,
             "kv_block_size": served.block_size, "max_model_len": served.max_model_len,
             "max_num_seqs": served.max_num_seqs, "kv_cache_dtype": served.kv_cache_dtype,
             "prefix_caching": served.prefix_caching == "on", "worker_type": "regular", "version": served.version})
 
     async def model_info(self, request: Request) -> Response:
-        pipe = self._ready(request)
+        pipe = self._resolver.recent(request)
         served = pipe.serving
-        return json_response({"model_path": served.model, "served_model_name": self._name,
+        return json_response({"model_path": served.model, "served_model_name": served.served_model_name,
                               "architecture": served.architecture, "is_generation": not pipe.embeds_only,
                               "max_model_len": served.max_model_len})
 
     async def kv_event_sources(self, request: Request) -> Response:
-        self._ready(request)
+        self._resolver.recent(request)
         pub = self.kv_publisher
         if pub is None:
             return json_response({"sources": []})
@@ -92,7 +87,7 @@ class FleetRoutes:
     async def flush_cache(self, request: Request) -> Response:
         """Forget the prefix cache (BlockAllocator.flush_prefix_cache): running requests keep their blocks,
         later prompts find nothing cached. Sent down the requests' own path, so it lands between steps."""
-        pipe = self._ready(request)
+        pipe = self._resolver.recent(request)
         rid = f"flush-{uuid.uuid4().hex}"
         group = pipe.demux.open([rid])
         try:
@@ -105,7 +100,7 @@ class FleetRoutes:
         return json_response({"status": "flushed"})
 
     async def render_completion(self, request: Request) -> Response:
-        async with self._resolve(request) as (pipe, body):
+        async with self._resolver.resolve(request) as (pipe, body):
             prep = prepare_completion(body, served_model_name=pipe.serving.served_model_name)
             tok = pipe.tokenizer
             rendered = await pipe.off_loop(lambda: [{"token_ids": p if isinstance(p, list) else tok.encode(p)}
@@ -113,7 +108,7 @@ class FleetRoutes:
         return json_response(rendered[0] if len(rendered) == 1 else rendered)
 
     async def render_chat(self, request: Request) -> Response:
-        async with self._resolve(request) as (pipe, body):
+        async with self._resolver.resolve(request) as (pipe, body):
             prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name,
                                 max_model_len=pipe.max_model_len)
             ids = await pipe.off_loop(lambda: pipe.chat_prompt_ids(prep.messages, prep.functions))

@@ -28,7 +28,7 @@ HISTORY_SAMPLES = 600          # ten minutes at one sample a second
 
 @dataclass(slots=True, frozen=True)
 class Sources:
-    """What the stats read from the running daemon, wired once its actors are up."""
+    """What the stats read of one loaded model (the gateway's: the generation model used last)."""
     scheduler: Callable[[], CoreStats]
     cache: Callable[[], CacheStats]
     block_map: Callable[[], str]
@@ -60,17 +60,19 @@ def _by_label(counter: Counter, label: str) -> dict[str, float]:
 
 
 class Stats:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, *, sources: Callable[[], Sources | None] = lambda: None) -> None:
+        """`sources`: the model to read now (None while none is loaded: the page shows the counters only)."""
         self._metrics = metrics
-        self.sources: Sources | None = None
+        self._sources = sources
         self._started = time.monotonic()
         self._history: deque[_Sample] = deque(maxlen=HISTORY_SAMPLES)
 
     def sample(self) -> None:
         """Record the counters now (the sampler does this once a second)."""
-        if self.sources is None:
+        sources = self._sources()
+        if sources is None:
             return
-        core, cache = self.sources.scheduler(), self.sources.cache()
+        core, cache = sources.scheduler(), sources.cache()
         m = self._metrics
         self._history.append(_Sample(
             at=time.time(), generation_tokens=_total(m.generation_tokens),
@@ -101,11 +103,12 @@ class Stats:
         out["errors"] = {"rejected": _by_label(m.request_rejected, "reason"),
                          "aborted": _by_label(m.request_aborted, "phase"), "failed": _total(m.request_failed)}
         out["spec_acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
-        if self.sources is None:
+        sources = self._sources()
+        if sources is None:
             return out
-        core, cache = self.sources.scheduler(), self.sources.cache()
-        block_map = self.sources.block_map()
-        out["serving"] = self.sources.serving
+        core, cache = sources.scheduler(), sources.cache()
+        block_map = sources.block_map()
+        out["serving"] = sources.serving
         out["requests"] = {"running": core.num_running, "waiting": core.num_waiting}
         out["kv"] = {"total_blocks": cache.num_total_blocks, "free_blocks": cache.num_free_blocks,
                      "usage": _usage(cache), "prefix_cache_hit_rate": cache.prefix_hit_rate,

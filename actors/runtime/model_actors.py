@@ -1,9 +1,11 @@
-"""One loaded generation model's actors: its tokenizer, scheduler, cache allocator and model worker,
-wired by channels, and the ModelHandle the gateway talks to them through.
+"""One loaded model's actors, wired by channels, and the ModelHandle the gateway talks to them through:
+a generation model's tokenizer, scheduler, cache allocator and model worker (`wire_actors`), or an
+embedding model's one encoder actor (`wire_encoder`).
 
-The supervisor builds one set per loaded model and runs it in its own task group; stopping the set
-(closing the gateway's end of the tokenizer's inbox and cancelling the group) drops every reference
-to the model's weights and K/V, so they are freed. Nothing here is shared between two sets.
+The supervisor builds one set per loaded model (one model served is a set of one) and runs it in its
+own task group; stopping the set (closing the gateway's end of the first actor's inbox and cancelling
+the group) drops every reference to the model's weights and K/V, so they are freed. Nothing here is
+shared between two sets.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from anyio.abc import TaskStatus
 
 from actors.ops.metrics import Metrics, ModelMetrics
 from actors.runtime.allocator_actor import AllocatorActor
+from actors.runtime.encoder_actor import EncoderActor, EncoderInbox
 from actors.runtime.kv_publisher import KvEventPublisher
 from actors.runtime.model_handle import ModelHandle
 from actors.runtime.scheduler_actor import SchedulerActor, SchedulerInbox
@@ -23,8 +26,10 @@ from actors.runtime.stream_demux import StreamDemux
 from actors.runtime.tokenizer_actor import TokenizerActor, TokenizerInbox
 from actors.runtime.worker_actor import ModelWorkerActor
 from forge.config import EngineConfig
-from forge.engine.assembly import EngineParts, Serving, serving
+from forge.engine.assembly import EngineParts, Serving, encoder_serving, serving
 from forge.messages import AllocateStep, StepAllocation, StepBatch, StepOutput
+from forge.models.bert.encoder import LoadedEncoder
+from forge.models.llama.linear import configure_matmul
 from forge.models.loading import LoadedModel
 from forge.sampling.reasoning import CLOSING_TEXT
 from forge.sampling.structured import Grammars
@@ -32,31 +37,45 @@ from forge.sampling.structured import Grammars
 
 @dataclass(slots=True)
 class ModelActors:
-    """The four actors of one model and the pipeline over them; `run` serves until `stop`."""
+    """One model's actors and the handle over them; `run` serves until `stop`. A generation model has the
+    four (tokenizer, scheduler, allocator, worker), an embedding model the encoder alone."""
     served: Serving
     handle: ModelHandle
-    tokenizer: TokenizerActor
-    scheduler: SchedulerActor
-    allocator: AllocatorActor
-    worker: ModelWorkerActor
     metrics: ModelMetrics
+    tokenizer: TokenizerActor | None = None
+    scheduler: SchedulerActor | None = None
+    allocator: AllocatorActor | None = None
+    worker: ModelWorkerActor | None = None
+    encoder: EncoderActor | None = None
+
+    def _actors(self) -> list[TokenizerActor | SchedulerActor | AllocatorActor | ModelWorkerActor | EncoderActor]:
+        """Its actors in start order: each one's peers downstream are running before it."""
+        return [a for a in (self.allocator, self.worker, self.scheduler, self.tokenizer, self.encoder) if a is not None]
 
     def refresh_metrics(self, publisher: KvEventPublisher | None = None) -> None:
         """Its gauges and cache counters (and its KV events', with `publisher`) up to date (a scrape's first step)."""
-        self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics(),
-                             publisher.statistics() if publisher is not None else None)
+        if self.scheduler is not None and self.allocator is not None:
+            self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics(),
+                                 publisher.statistics() if publisher is not None else None)
+
+    def requests(self) -> tuple[int, int]:
+        """(running, waiting): its sequences in the engine, or the encoder's inputs not yet embedded."""
+        if self.scheduler is not None:
+            core = self.scheduler.statistics()
+            return core.num_running, core.num_waiting
+        return 0, self.encoder.num_waiting() if self.encoder is not None else 0
 
     def tracked(self) -> dict[str, int]:
         sizes = {"demux.requests": len(self.handle.demux)}
-        for actor in (self.tokenizer, self.scheduler, self.allocator, self.worker):
+        for actor in self._actors():
             sizes.update(actor.tracked())
         return sizes
 
     async def run(self, stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Start the four actors, report started, serve until `stop` is set, then stop them."""
+        """Start its actors, report started, serve until `stop` is set, then stop them."""
         with self.handle.to_tokenizer:          # the gateway's end: closed when the set stops
             async with anyio.create_task_group() as tg:
-                for actor in (self.allocator, self.worker, self.scheduler, self.tokenizer):
+                for actor in self._actors():
                     await tg.start(actor.run)
                 task_status.started()
                 await stop.wait()
@@ -102,3 +121,19 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
         thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
     return ModelActors(served=served, handle=handle, tokenizer=tokenizer, scheduler=scheduler,
                        allocator=allocator, worker=worker, metrics=own)
+
+
+def wire_encoder(encoder: LoadedEncoder, cfg: EngineConfig, metrics: Metrics, *,
+                 served_model_name: str) -> ModelActors:
+    """An embedding model's one actor, which tokenizes, batches and embeds, and its handle."""
+    configure_matmul(cfg.matmul_strategy, cfg.blas_threads)
+    served = encoder_serving(encoder, served_model_name=served_model_name)
+    to_enc, enc_in = anyio.create_memory_object_stream[EncoderInbox](math.inf)
+    demux = StreamDemux()
+    own = metrics.model(served_model_name)
+    actor = EncoderActor(encoder, demux, own, inbox=enc_in)
+    handle = ModelHandle(
+        demux=demux, to_tokenizer=to_enc, max_model_len=served.max_model_len,
+        load_stats=lambda: (actor.num_waiting(), 0), serving=served, metrics=own, step_age=actor.step_age,
+        load=actor.num_waiting, vocab_size=encoder.vocab_size, max_input_tokens=encoder.max_seq_length)
+    return ModelActors(served=served, handle=handle, metrics=own, encoder=actor)

@@ -1,4 +1,5 @@
 """The models one daemon serves, by id: which are loaded, loading or unloaded, and their actor sets.
+One model served is a set of one, loaded at start and never unloaded unless an operator asks.
 
 A request names its model; `acquire` gives it the model's actors, loading the model first if need be
 (requests that arrive meanwhile wait for the same load). A load that would pass --max-loaded-models or
@@ -35,13 +36,14 @@ REAP_INTERVAL_S = 0.25                                        # how often idle m
 class _Load:
     done: anyio.Event = field(default_factory=anyio.Event)
     error: str | None = None
+    exception: Exception | None = None            # what the load raised (the cause of the waiters' error)
 
 
 @dataclass(slots=True)
 class ModelEntry:
     """One model the daemon can serve. `keep_alive`: seconds idle before it is unloaded (None: never)."""
     model_id: str
-    source: str                                   # a GGUF path or a catalog name (forge.models.hub)
+    source: str | None                            # a GGUF path or a catalog name (forge.models.hub); None: the default
     keep_alive: float | None = None
     size_bytes: int = 0                           # the file's size (its weights, mapped)
     state: State = "unloaded"
@@ -103,8 +105,8 @@ class ModelSet:
             row: dict[str, object] = {"id": entry.model_id, "num_active": entry.num_active,
                                       "num_loads": entry.num_loads, **entry.card()}
             if entry.actors is not None:
-                core = entry.actors.scheduler.statistics()
-                row.update(running=core.num_running, waiting=core.num_waiting)
+                running, waiting = entry.actors.requests()
+                row.update(running=running, waiting=waiting)
             out.append(row)
         return out
 
@@ -126,7 +128,7 @@ class ModelSet:
             await load.done.wait()
             if load.error is not None:
                 raise RequestError(f"the model '{model_id}' failed to load: {load.error}", param="model",
-                                   status=500, type="server_error", code="model_load_failed")
+                                   status=500, type="server_error", code="model_load_failed") from load.exception
 
     def release(self, model_id: str) -> None:
         entry = self.entries[model_id]
@@ -197,6 +199,7 @@ class ModelSet:
         except Exception as exc:            # noqa: BLE001 - the daemon serves on; the waiters get the cause
             log.warning("model_load_failed", model_name=entry.model_id, error=str(exc))
             entry.state, entry.error, load.error = "unloaded", str(exc), str(exc) or type(exc).__name__
+            load.exception = exc
             load.done.set()
             return
         entry._stop, entry._stopped = anyio.Event(), anyio.Event()

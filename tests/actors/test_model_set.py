@@ -26,7 +26,7 @@ def model_set(paths: dict[str, Path], **limits: int) -> ModelSet:
                           kv_cache_commit="off")
     daemon = Daemon(DaemonConfig(engine=engine, gateway=GatewayConfig()))
     entries = [ModelEntry(model_id=k, source=str(p), size_bytes=p.stat().st_size) for k, p in paths.items()]
-    return ModelSet(entries, daemon._build_set, **limits)
+    return ModelSet(entries, daemon._build, **limits)
 
 
 async def test_the_least_recently_used_idle_model_is_unloaded_first(tiny_paths: dict[str, Path]) -> None:

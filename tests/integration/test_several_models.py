@@ -292,3 +292,26 @@ async def test_every_route_finds_the_model_its_body_names(default_model_path: Pa
     # two tokenizers: the same text, other ids
     assert seen[SMOL]["tokenize"]["tokens"] != seen[GEMMA]["tokenize"]["tokens"]
     assert seen[SMOL]["count_tokens"]["input_tokens"] != seen[GEMMA]["count_tokens"]["input_tokens"]
+
+
+async def test_an_embedding_model_serves_beside_a_generation_model(default_model_path: Path,
+                                                                   minilm_model_dir: Path) -> None:
+    """An embedding model is one more entry of the set: embeddings by its id, chat by the other's, and a
+    generation route naming the embedding model is the same 400 a daemon serving it alone gives."""
+    chat = [{"role": "user", "content": "Hi"}]
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, "minilm": minilm_model_dir})
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            embedded = await client.post("/v1/embeddings", json={"model": "minilm", "input": ["Hi", "there"]})
+            chatted = await client.post("/v1/chat/completions", json={"model": SMOL, "messages": chat,
+                                                                       "max_tokens": 4})
+            refused = await client.post("/v1/chat/completions", json={"model": "minilm", "messages": chat})
+            listed = {m["id"]: m["state"] for m in (await client.get("/v1/models")).json()["data"]}
+            await wait_until(lambda: is_idle_all(daemon))
+    assert embedded.status_code == 200, embedded.text
+    vectors = [item["embedding"] for item in embedded.json()["data"]]
+    assert embedded.json()["model"] == "minilm" and [len(v) for v in vectors] == [384, 384]
+    assert chatted.status_code == 200 and chatted.json()["model"] == SMOL, chatted.text
+    assert_error(refused, 400, param="model")
+    assert refused.json()["error"]["code"] == "model_only_embeds"
+    assert listed == {SMOL: "loaded", "minilm": "loaded"}

@@ -32,7 +32,7 @@ async def main() -> None:
     engine = EngineConfig(kv_cache_memory=64 << 20, kv_cache_commit=True, max_model_len=256, max_num_seqs=4,
                           blas_threads=1)
     daemon = Daemon(DaemonConfig(engine=engine, gateway=GatewayConfig()))
-    models = ModelSet([ModelEntry(model_id="m", source=sys.argv[1])], daemon._build_set)
+    models = ModelSet([ModelEntry(model_id="m", source=sys.argv[1])], daemon._build)
     async with anyio.create_task_group() as tg:
         await tg.start(models.run)
         await models.load("m")                       # a warm-up load: imports, thread pools, kernels built

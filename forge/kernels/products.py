@@ -1,6 +1,6 @@
 """The compiled products' Python side: the tied Q8_0 head (q8_matmul.c), AMX tiles (amx_gemm.c), and
-products straight from GGUF blocks with their thread pool (qmatmul.c). The library is built and loaded
-by forge.kernels.compiled; every call here checks its arrays before C reads them.
+products straight from GGUF blocks (qmatmul.c) with their thread pool (pool.c). The library is built
+and loaded by forge.kernels.compiled; every call here checks its arrays before C reads them.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
 
 
 def pool_park() -> None:
-    """The kernel pool's workers stop spinning and sleep until its next job (qmatmul.c's
+    """The kernel pool's workers stop spinning and sleep until its next job (pool.c's
     forge_pool_park): before Python's own threads want the cores (a step's prompt attention on the
     MatmulPool's threads, the server's between steps). No-op without the compiled kernels."""
     lib = library()

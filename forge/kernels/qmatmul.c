@@ -26,24 +26,19 @@
  * superblock, in every step; for Q4_0, Q4_1, Q8_0 x per block of 32 and a float scale per block, in
  * steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast says which numerics this build has).
  *
- * Threads: a pool of its own (forge_pool_threads), the caller taking the first run of panels;
- * workers spin for a while after a job (the next matmul of a step comes within microseconds) and
- * then sleep on a futex. One caller at a time: a second concurrent caller computes alone.
+ * Threads: the library's pool (pool.c, forge_pool_threads), the caller taking the first run of panels.
+ * One caller at a time: a second concurrent caller computes alone.
  */
-#define _GNU_SOURCE
-#include <errno.h>
 #include <math.h>
-#include <linux/futex.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+
+#include "pool.h"
 
 /* ---- ggml type ids (gguf.constants.GGMLQuantizationType) ------------------------------------- */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
@@ -1969,36 +1964,7 @@ static void run_panel(const job *jb, int64_t p, int64_t t_lo, int64_t t_hi) {
     }
 }
 
-/* ---- the pool --------------------------------------------------------------------------------- */
-#define MAX_THREADS 64
-
-static struct {
-    pthread_mutex_t busy;                 /* held by the one caller whose job the workers run */
-    pthread_t threads[MAX_THREADS];
-    int num_threads;                      /* the caller included */
-    _Atomic uint32_t generation;          /* bumped for each job; workers wait for it to change */
-    _Atomic int pending;                  /* workers still on the current job */
-    void (*fn)(const void *ctx, int index, int count);   /* the current job: NULL shuts down */
-    const void *ctx;
-    int64_t spin;                         /* pause loops a worker spins before it sleeps */
-    _Atomic int parked;                   /* set: sleep now, no spin, until the next job */
-    uint32_t created_at;                  /* the generation new workers start from */
-} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .num_threads = 1, .spin = 20000};
-
-static void futex_wait(_Atomic uint32_t *addr, uint32_t value) {
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
-}
-
-static void futex_wake_all(_Atomic uint32_t *addr) {
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-}
-
+/* Part `index` of `count` of a job, on one of the pool's threads: its contiguous run of panels. */
 static void panels_of(const job *jb, int index, int count, int64_t *lo, int64_t *hi) {
     const int64_t total = jb->part_panels[jb->num_parts];
     *lo = total * index / count;
@@ -2009,101 +1975,6 @@ static void qmatmul_part(const void *ctx, int index, int count) {
     int64_t lo, hi;
     panels_of((const job *)ctx, index, count, &lo, &hi);
     run_panels((const job *)ctx, lo, hi);
-}
-
-static void *worker_main(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    /* The generation when it was created (under `busy`, so no job has started since). */
-    uint32_t seen = pool.created_at;
-    for (;;) {
-        uint32_t now;
-        int64_t spins = 0;
-        while ((now = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
-            if (spins++ < pool.spin && !atomic_load_explicit(&pool.parked, memory_order_relaxed)) cpu_relax();
-            else futex_wait(&pool.generation, seen);
-        }
-        seen = now;
-        if (pool.fn == NULL) return NULL;                      /* shut down */
-        pool.fn(pool.ctx, index, pool.num_threads);
-        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
-    }
-}
-
-/* Resize the pool to num_threads (the caller counted); returns the count in force. */
-int forge_pool_threads(int num_threads, int64_t spin) {
-    if (num_threads < 1) num_threads = 1;
-    if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
-    pthread_mutex_lock(&pool.busy);
-    if (spin >= 0) pool.spin = spin;
-    if (num_threads != pool.num_threads) {
-        if (pool.num_threads > 1) {                            /* stop the old workers */
-            pool.fn = NULL;
-            atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
-            futex_wake_all(&pool.generation);
-            for (int i = 1; i < pool.num_threads; i++) pthread_join(pool.threads[i], NULL);
-        }
-        pool.num_threads = 1;
-        pool.created_at = atomic_load(&pool.generation);
-        for (int i = 1; i < num_threads; i++) {
-            if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
-            pool.num_threads = i + 1;
-        }
-    }
-    const int n = pool.num_threads;
-    pthread_mutex_unlock(&pool.busy);
-    return n;
-}
-
-/* fn(ctx, i, n) for i < n on the pool's n threads (the caller is i = 0), or fn(ctx, 0, 1) alone
- * when `parallel` is false or another caller holds the pool. */
-static void run_parallel(void (*fn)(const void *, int, int), const void *ctx, int parallel) {
-    if (parallel && pool.num_threads > 1 && pthread_mutex_trylock(&pool.busy) == 0) {
-        const int n = pool.num_threads;
-        if (n > 1) {
-            pool.fn = fn;
-            pool.ctx = ctx;
-            atomic_store_explicit(&pool.pending, n - 1, memory_order_relaxed);
-            atomic_store_explicit(&pool.parked, 0, memory_order_relaxed);
-            atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
-            futex_wake_all(&pool.generation);
-            fn(ctx, 0, n);
-            while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
-        } else {
-            fn(ctx, 0, 1);
-        }
-        pthread_mutex_unlock(&pool.busy);
-        return;
-    }
-    fn(ctx, 0, 1);
-}
-
-/* The workers stop spinning and sleep until the next job: the caller is about to run other threads
- * (Python's), or Python work while the server's own threads want the cores, and a spinning worker
- * would take one of them for up to its spin (a third of a millisecond). */
-void forge_pool_park(void) {
-    atomic_store_explicit(&pool.parked, 1, memory_order_relaxed);
-}
-
-/* run_parallel for the other kernels of the library (paged_attention.c), so that every parallel
- * part of a step runs on these threads: a second pool would compete with their spinning for the
- * same cores. */
-__attribute__((visibility("hidden"))) void forge_run_parallel(void (*fn)(const void *, int, int), const void *ctx,
-                                                              int parallel) {
-    run_parallel(fn, ctx, parallel);
-}
-
-typedef struct { uint8_t *dst; const uint8_t *src; int64_t n; } copy_job;
-
-static void copy_part(const void *ctx, int index, int count) {
-    const copy_job *c = ctx;
-    const int64_t lo = c->n * index / count / 64 * 64, hi = index + 1 == count ? c->n : c->n * (index + 1) / count / 64 * 64;
-    memcpy(c->dst + lo, c->src + lo, (size_t)(hi - lo));
-}
-
-/* dst = src (n bytes) on the pool's threads: the benchmarks' measure of memory bandwidth. */
-void forge_parallel_copy(uint8_t *dst, const uint8_t *src, int64_t n) {
-    const copy_job c = {dst, src, n};
-    run_parallel(copy_part, &c, 1);
 }
 
 /* Whether a `fast` step of T rows takes the K-quants' int8 products (where the build has them). */
@@ -2218,7 +2089,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
         jb.xq = codes, jb.xd = scales, jb.xs = scales + T * nb;
     }
 #endif
-    run_parallel(qmatmul_part, &jb, jb.part_panels[num_parts] > 1);
+    forge_run_parallel(qmatmul_part, &jb, jb.part_panels[num_parts] > 1);
     return 0;
 }
 

@@ -15,35 +15,17 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
 from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
-from forge_bench import loadgen
-
-LLAMA_FLAGS = ["--threads", "2", "--threads-batch", "2", "-cb", "--no-webui"]
-
-
-def _llama_host_flags() -> list[str]:
-    """llama-server's weight repacking (its default: K-quants and Q4_0 interleaved for its AVX2/AVX-512
-    GEMMs at load) stays on, as a user gets it, except on hosts with AMX tiles, where its AMX kernel
-    for Q4_1 dies with SIGILL (--no-repack there)."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return ["--no-repack"] if "amx_tile" in flags.split() else []
+from forge_bench import loadgen, servers
 
 
 def _levels(text: str) -> list[int]:
@@ -113,154 +95,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # ---- compare -------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server did not become healthy")
-
-
-def _peak_rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def _group_peak_rss_mib(pgid: int) -> float | None:
-    """The peak RSS summed over every process of a process group (a peer that runs its engine in
-    child processes): an upper bound, since pages shared between them count once per process."""
-    total, found = 0.0, False
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if stat.read_text().rsplit(")", 1)[1].split()[2] != str(pgid):
-                continue
-        except (OSError, IndexError):
-            continue
-        rss = _peak_rss_mib(int(stat.parent.name))
-        if rss is not None:
-            total, found = total + rss, True
-    return round(total, 1) if found else None
-
-
-def _find_llama_server(given: str | None) -> str:
-    if given:
-        return given
-    found = shutil.which("llama-server")
-    if found:
-        return found
-    raise SystemExit("forge: llama-server not found; pass --llama-server PATH (see docs/benchmarks.md)")
-
-
-def _cpu_features() -> str:
-    """The host's vector and matrix extensions, from /proc/cpuinfo (Linux)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    wanted = sorted({f for f in flags.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx"))})
-    return " ".join(wanted) or "no AVX2/AVX-512/AMX"
-
-
-def _server_info(server: str, base: str, log_path: Path, binary: str | None = None) -> str:
-    """What each server runs on: llama-server's version and build lines (a peer built without
-    native CPU flags is several times slower and makes every ratio meaningless: see
-    docs/benchmarks.md for how to check its build), the host's CPU features; forge's kernel
-    backend from its metrics."""
-    if server == "forge":
-        try:
-            text = httpx.get(base + "/metrics", timeout=5).text
-        except httpx.HTTPError:
-            return "forge: kernels unknown"
-        kernels = [line[len("forge:kernels_info"):].rsplit(" ", 1)[0] for line in text.splitlines()
-                   if line.startswith("forge:kernels_info{") and line.rstrip().endswith(" 1.0")]
-        return f"forge: kernels {', '.join(kernels) or 'unknown'}"
-    lines = log_path.read_text(errors="replace").splitlines()
-    wanted = [line.strip() for line in lines if line.lstrip().startswith(("build:", "system_info:"))]
-    if binary is not None:
-        try:
-            version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
-            wanted += [line.strip() for line in (version.stdout + version.stderr).splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return f"llama-server: {' / '.join(wanted) or 'version unknown'}; host CPU: {_cpu_features()}"
-
-
 def _peer(args: argparse.Namespace) -> str:
     """The name of the server forge is compared with."""
     return str(args.peer_name) if getattr(args, "peer_command", None) else "llama-server"
-
-
-def _start(server: str, args: argparse.Namespace, model_path: str,
-           max_streams: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = dict(os.environ)
-    own_group = False
-    if server != "forge" and args.peer_command:
-        cmd = ["bash", "-c", args.peer_command.format(port=port, model=model_path, streams=max(max_streams, 1))]
-        health, own_group = args.peer_health, True
-    elif server == "forge":
-        cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--model", model_path,
-               "--max-num-seqs", str(max(max_streams, 1)), "--blas-threads", "2", "--log-level", "warning",
-               *args.forge_args.split()]
-        health = "/healthz"
-    else:
-        ctx = args.context_per_stream * max_streams
-        cmd = [_find_llama_server(args.llama_server), "-m", model_path, "--host", "127.0.0.1", "--port", str(port),
-               "-c", str(ctx), "-np", str(max(max_streams, 1)), *LLAMA_FLAGS, *_llama_host_flags(),
-               *args.llama_args.split()]
-        health = "/health"
-    base = f"http://127.0.0.1:{port}"
-    log_path = Path(args.logs) / f"{server}-{port}.log"
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
-    try:
-        _wait_healthy(base + health, proc)
-    except BaseException:
-        _stop(proc, own_group)
-        raise
-    args.ready_s[server] = round(time.monotonic() - started, 2)   # start-up: launched until healthy
-    info = (f"{server}: {args.peer_command}" if own_group
-            else _server_info(server, base, log_path, None if server == "forge" else cmd[0]))
-    print(info, file=sys.stderr)
-    args.server_info[server] = info
-    return proc, base
-
-
-def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
-    """SIGTERM (to the whole process group when `group`: a peer that forks workers), then SIGKILL
-    after a minute."""
-    def send(sig: signal.Signals) -> None:
-        try:
-            if group:
-                os.killpg(proc.pid, sig)
-            else:
-                proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-    send(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
-        proc.wait()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -277,19 +114,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for rnd in range(args.rounds):
         for server in ("forge", _peer(args)):
             print(f"round {rnd + 1}: {server}", file=sys.stderr)
-            proc, base = _start(server, args, model_path, max_streams)
+            proc, base = servers.start(server, args, model_path, max_streams)
             model = args.peer_model if server != "forge" else None
             try:
                 for rec in anyio.run(_run_levels, base, server, workload, args, model):
                     rec["round"] = rnd + 1
                     records.append(rec)
                 group = server != "forge" and bool(args.peer_command)
-                rss = _group_peak_rss_mib(proc.pid) if group else _peak_rss_mib(proc.pid)
+                rss = servers.group_peak_rss_mib(proc.pid) if group else servers.peak_rss_mib(proc.pid)
                 for rec in records:
                     if rec["server"] == server and rec["round"] == rnd + 1:
                         rec["peak_rss_mib"], rec["ready_s"] = rss, args.ready_s[server]
             finally:
-                _stop(proc, server != "forge" and bool(args.peer_command))
+                servers.stop(proc, server != "forge" and bool(args.peer_command))
     report = compare_report(records, args)
     print(report)
     Path(args.output).write_text(json.dumps(records, indent=1))

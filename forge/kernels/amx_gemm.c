@@ -104,7 +104,7 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* The one tile configuration forge's kernels use (qmatmul.c's too): palette 1, all 8 tiles of 16
+/* The one tile configuration forge's kernels use (qmatmul_avx512.c's too): palette 1, all 8 tiles of 16
  * rows of 64 bytes. Per thread: each call that uses the tiles loads it first. A constant in memory,
  * not a local filled in: GCC's _tile_loadconfig tells the compiler it reads only the first 8 bytes,
  * so stores to a local's rows and column sizes may be dropped as dead (this crashed once moved into

@@ -28,9 +28,9 @@ from forge.models.hub import forge_home
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "q8_matmul.c", "amx_gemm.c",
-                                                         "elementwise.c", "prefill_attention.c", "qmatmul.c")]
-HEADERS = [Path(__file__).with_name(name) for name in ("dot.h", "kv16.h")]
+# Every C file here is built into the library, named by a hash of them all (headers too): any change rebuilds it.
+SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # -ffast-math lets the compiler vectorise the exponentials (glibc's libmvec) and reorder the sums of
 # the dot products, as BLAS does; scores stay finite (every row sees at least one key). It applies
 # to compiling only: linking with it would add crtfastmath.o, which sets flush-to-zero for the whole

@@ -34,6 +34,7 @@
 #endif
 
 #include "dot.h"
+#include "pool.h"            /* the library's threads: forge_run_parallel */
 
 #define MAX_GROUP 64
 #define MAX_HEAD_DIM 256
@@ -49,9 +50,6 @@ int64_t forge_decode_by_position(int64_t heads) {
     many_heads = heads;
     return before;
 }
-
-/* The compiled products' thread pool (qmatmul.c): fn(ctx, i, n) for i < n on its n threads. */
-void forge_run_parallel(void (*fn)(const void *, int, int), const void *ctx, int parallel);
 
 /* A pool thread's scratch buffer `which` (0: decode_part_'s scores, 1: decode_heads_'), grown as needed
  * (never freed: one each per thread). */

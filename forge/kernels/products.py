@@ -1,6 +1,6 @@
 """The compiled products' Python side: the tied Q8_0 head (q8_matmul.c), AMX tiles (amx_gemm.c), and
-products straight from GGUF blocks with their thread pool (qmatmul.c). The library is built and loaded
-by forge.kernels.compiled; every call here checks its arrays before C reads them.
+products straight from GGUF blocks (qmatmul.c) with their thread pool (pool.c). The library is built
+and loaded by forge.kernels.compiled; every call here checks its arrays before C reads them.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30})
 
 
 class QPart(ctypes.Structure):
-    """One part of a stacked weight, as qmatmul.c's qpart: the file's rows of blocks."""
+    """One part of a stacked weight, as qmatmul.h's qpart: the file's rows of blocks."""
     _fields_ = [("data", ctypes.c_void_p), ("rows", ctypes.c_int64), ("type", ctypes.c_int64)]
 
 
@@ -180,7 +180,7 @@ def pool_threads(num_threads: int, lib: ctypes.CDLL | None = None) -> int:
 
 
 def pool_park() -> None:
-    """The kernel pool's workers stop spinning and sleep until its next job (qmatmul.c's
+    """The kernel pool's workers stop spinning and sleep until its next job (pool.c's
     forge_pool_park): before Python's own threads want the cores (a step's prompt attention on the
     MatmulPool's threads, the server's between steps). No-op without the compiled kernels."""
     lib = library()
@@ -218,7 +218,7 @@ def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
 
 def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
     """The most rows of a step in the fast numerics whose Q4_0, Q4_1 and Q8_0 products are int8 here
-    (qmatmul.c's I8_MAX_ROWS: bigger steps take the float32 path, faster there; the K-quants' are
+    (qmatmul.h's I8_MAX_ROWS: bigger steps take the float32 path, faster there; the K-quants' are
     int8 in every step), or 0 where none are."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_int8_rows())
@@ -232,7 +232,7 @@ def qmatmul_int8_k_rows(lib: ctypes.CDLL | None = None) -> int:
 
 
 def qmatmul_int8_k_split(lib: ctypes.CDLL | None = None) -> int:
-    """The most rows of a fast K-quant step that the decode kernels take here (qmatmul.c's
+    """The most rows of a fast K-quant step that the decode kernels take here (qmatmul.h's
     I8K_MAX_ROWS), bigger steps going to the lanes-as-rows kernel (AVX-512 VNNI), which adds in
     another order: a row's bits differ across this bound. 0 where one kernel takes every step."""
     lib = lib or library()
@@ -240,7 +240,7 @@ def qmatmul_int8_k_split(lib: ctypes.CDLL | None = None) -> int:
 
 
 def qmatmul_bf16_split(lib: ctypes.CDLL | None = None) -> int:
-    """The most rows of a fast bfloat16 step that the fused path takes here (qmatmul.c's
+    """The most rows of a fast bfloat16 step that the fused path takes here (qmatmul.h's
     FUSED_MAX_ROWS_BF16), bigger steps going to the lanes-as-rows kernel, which adds in another
     order: a row's bits differ across this bound. 0 where one order serves every step."""
     lib = lib or library()
@@ -248,7 +248,7 @@ def qmatmul_bf16_split(lib: ctypes.CDLL | None = None) -> int:
 
 
 def qmatmul_amx_rows(lib: ctypes.CDLL | None = None) -> int:
-    """The fewest rows of a step in the fast numerics that run on the AMX tiles here (qmatmul.c's
+    """The fewest rows of a step in the fast numerics that run on the AMX tiles here (qmatmul.h's
     AMX_MIN_ROWS), or 0 where none do: the build has no tiles, or Linux does not allow them."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_amx())

@@ -36,7 +36,7 @@ import httpx
 from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
-from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
+from forge_bench.servers import free_port, stop, wait_healthy
 
 WORDS = ("river stone lantern orchard copper meadow signal harbor violet engine quiet summit ledger "
          "thistle canyon marble ember willow fabric comet").split()
@@ -132,7 +132,7 @@ def main() -> None:
         path = resolve_model(None if source == "default" else source, lambda _: None)
         ids.append(model_id)
         cli += ["--model", f"{model_id}={path}"]
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--log-level", "warning",
            "--blas-threads", args.blas_threads, "--max-num-seqs", str(max(8, 2 * args.concurrency)), *cli,
            *args.flags.split()]
@@ -142,7 +142,7 @@ def main() -> None:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             base = f"http://127.0.0.1:{port}"
-            _wait_healthy(base + "/healthz", proc)
+            wait_healthy(base + "/healthz", proc)
             report["ttft"] = anyio.run(cold_and_loaded, base, ids, args)
             pair = [p for p in args.pair.split(",") if p]
             if pair:
@@ -152,7 +152,7 @@ def main() -> None:
                                                   kinds=("open", "grounded"))
                 report["throughput"] = anyio.run(throughput, base, pair, workload, args)
         finally:
-            _stop(proc)
+            stop(proc)
             log.seek(0)
             tail = log.read().decode(errors="replace")[-2000:]
         if proc.returncode not in (0, -15) and tail:

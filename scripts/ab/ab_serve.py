@@ -28,12 +28,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from forge.models.hub import resolve_model
 from forge.text.tokenizer import Tokenizer
 from forge_bench import loadgen
-from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
+from forge_bench.servers import free_port, stop, wait_healthy
 
 
 def run_arm(label: str, flags: str, workload: loadgen.Workload, args: argparse.Namespace) -> dict[str, Any]:
     label, _, path = label.partition("@")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     checkout = Path(path).resolve() if path else None
     if checkout is not None:
@@ -46,14 +46,14 @@ def run_arm(label: str, flags: str, workload: loadgen.Workload, args: argparse.N
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout)
         try:
             base = f"http://127.0.0.1:{port}"
-            _wait_healthy(base + "/healthz", proc)
+            wait_healthy(base + "/healthz", proc)
             num = args.requests_per_stream * args.concurrency
             extra = {"ignore_eos": False} if args.ignore_eos == "false" else None
             results, wall = anyio.run(lambda: loadgen.run_closed_loop(base, workload, args.concurrency, num,
                                                                       progress=False, extra=extra))
             steps = step_histogram(base)
         finally:
-            _stop(proc)
+            stop(proc)
     rec = loadgen.level_record(label, args.concurrency, results, wall, args.ttft_slo, args.tpot_slo)
     rec["flags"], rec["checkout"], rec["steps"] = flags, path or ".", steps
     return rec

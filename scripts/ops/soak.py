@@ -31,7 +31,7 @@ import anyio
 import httpx
 import numpy as np
 
-from forge_bench.bench_cli import _free_port, _stop, _wait_healthy
+from forge_bench.servers import free_port, stop, wait_healthy
 
 KINDS = ("stream", "plain", "chat-stream", "chat", "leaves", "too-long")
 # What each kind may get. 503 is right for any of them while a burst holds the admission queue full.
@@ -133,14 +133,14 @@ def main() -> None:
                                                      "--max-model-len 2048")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "actors", "serve", "--addr", f"127.0.0.1:{port}", "--log-level", "warning",
            *args.forge_args.split()]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_healthy(base + "/healthz", proc)
+            wait_healthy(base + "/healthz", proc)
             rss: dict[str, float] = {"start": rss_mib(proc.pid)}
 
             async def run() -> Soak:
@@ -169,7 +169,7 @@ def main() -> None:
             soak = anyio.run(run)
             rss["end"] = rss_mib(proc.pid)
         finally:
-            _stop(proc)
+            stop(proc)
     idle = soak.idle                                              # type: ignore[attr-defined]
     held = idle["kv"]["counts"]["u"] + idle["kv"]["counts"]["s"]
     growth = (rss["end"] - rss["after warm-up"]) / rss["after warm-up"]

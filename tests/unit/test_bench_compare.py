@@ -13,15 +13,8 @@ import anyio
 import pytest
 
 from forge_bench import loadgen
-from forge_bench.bench_cli import (
-    _group_peak_rss_mib,
-    _peak_rss_mib,
-    _run_levels,
-    _stop,
-    build_parser,
-    compare_report,
-    warm_page_cache,
-)
+from forge_bench.bench_cli import _run_levels, build_parser, compare_report, warm_page_cache
+from forge_bench.servers import group_peak_rss_mib, peak_rss_mib, stop
 
 
 def _records(peer: str) -> list[dict[str, object]]:
@@ -125,7 +118,7 @@ def test_a_peer_is_stopped_with_its_whole_process_group() -> None:
 
     assert _wait_for(lambda: bool(children()))
     workers = children()
-    _stop(proc, group=True)
+    stop(proc, group=True)
     assert proc.returncode is not None
     assert _wait_for(lambda: not any(_alive(pid) for pid in workers))
 
@@ -135,8 +128,8 @@ def test_a_peers_memory_counts_its_whole_process_group() -> None:
     proc = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'b = bytearray(64 << 20); import time; "
                              "time.sleep(600)' & wait"], start_new_session=True)
     try:
-        assert _wait_for(lambda: (_group_peak_rss_mib(proc.pid) or 0) > 64)
-        alone = _peak_rss_mib(proc.pid)
+        assert _wait_for(lambda: (group_peak_rss_mib(proc.pid) or 0) > 64)
+        alone = peak_rss_mib(proc.pid)
         assert alone is not None and alone < 64                    # bash itself holds a few MiB
     finally:
-        _stop(proc, group=True)
+        stop(proc, group=True)

@@ -146,7 +146,7 @@ def test_a_rows_result_does_not_depend_on_the_rest_of_the_step(lib: ctypes.CDLL,
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda q: q.name)
 def test_wide_rows_take_the_tiled_path_from_5_rows_with_the_same_bits(lib: ctypes.CDLL,
                                                                       qtype: GGMLQuantizationType) -> None:
-    """Where K is 2,048 or more, steps of 5-16 rows go through the tiled path (qmatmul.c's WIDE_K): each
+    """Where K is 2,048 or more, steps of 5-16 rows go through the tiled path (qmatmul.h's WIDE_K): each
     row still equals, bit for bit, the row computed alone on the fused path, and the numpy reference."""
     rng = np.random.default_rng(7 + int(qtype))
     blocks, w = random_matrix(rng, qtype, 9, 2048)
@@ -245,7 +245,7 @@ def bf16_round(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 
 def int8_round(a: npt.NDArray[np.float32], block: int = 32) -> npt.NDArray[np.float32]:
     """Rows of x as the int8 numerics see them: per block of 32 (or 256) values, codes round(x * (127 /
-    max|x|)) (ties to even) times the scale max|x| / 127, in float32 as qmatmul.c computes them."""
+    max|x|)) (ties to even) times the scale max|x| / 127, in float32 as qmatmul_int8.c computes them."""
     rows, k = a.shape
     blocks = np.ascontiguousarray(a, dtype=np.float32).reshape(rows, k // block, block)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)

@@ -106,11 +106,28 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-@pytest.mark.parametrize("path", sources("forge") + sources("actors"), ids=ids)
+@pytest.mark.parametrize("path", sources("forge") + sources("actors") + sources("forge_bench"), ids=ids)
 def test_no_module_grows_past_its_limit(path: Path) -> None:
     """A module past MAX_MODULE_LINES holds more than one concern: split it by concern."""
     num_lines = len(path.read_text().splitlines())
     assert num_lines <= MAX_MODULE_LINES, f"{ids(path)} has {num_lines} lines (at most {MAX_MODULE_LINES})"
+
+
+MAX_C_LINES = 800
+
+
+def c_sources() -> list[Path]:
+    files = sorted(p for p in (ROOT / "forge" / "kernels").rglob("*") if p.suffix in (".c", ".h"))
+    assert files
+    return files
+
+
+@pytest.mark.parametrize("path", c_sources(), ids=ids)
+def test_no_c_file_grows_past_its_limit(path: Path) -> None:
+    """The compiled kernels' C files (forge/kernels/*.c, *.h) too: one past MAX_C_LINES holds more than one
+    concern; split it along its sections (an instruction set, a numerics), the shared declarations in a header."""
+    num_lines = len(path.read_text().splitlines())
+    assert num_lines <= MAX_C_LINES, f"{ids(path)} has {num_lines} lines (at most {MAX_C_LINES})"
 
 
 def test_no_modules_import_each_other() -> None:

@@ -43,6 +43,7 @@ class TinySpec:
     hf_extra: dict[str, Any] = field(default_factory=dict)     # more keyword arguments of the config
     gguf_extra: dict[str, Any] = field(default_factory=dict)   # more metadata: {arch}.KEY = value
     arch: str = ""              # general.architecture, when the name is a variant's
+    sequence: int = 20          # tokens of the reference input: past gemma3's window, so the sliding layers mask
 
     @property
     def architecture(self) -> str:
@@ -67,18 +68,45 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
                                            "rope_theta": 10000.0}}),
 )}
-SEQUENCE_LENGTH = 20     # longer than gemma3's window, so the sliding layers mask
+
+# Long-context RoPE (tests/unit/test_rope_scaling.py, tests/data/rope_scaling_reference.json): original contexts
+# of 16-32 positions, so that inputs of 40-48 tokens run past them, as a 128k file's prompts run past its 4k or 32k.
+ROPE_SCALING_SPECS: dict[str, TinySpec] = {s.family: s for s in (
+    TinySpec("qwen3-yarn", "qwen3", arch="qwen3", head_dim=32, tied=True, sequence=48,   # the ramp spans dims 0-3
+             hf_extra={"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                           "rope_theta": 10000.0}},
+             gguf_extra={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                         "rope.scaling.original_context_length": 32}),
+    TinySpec("llama-yarn", "llama", arch="llama", sequence=48,                  # the optional keys, pairs' order
+             hf_extra={"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                           "beta_fast": 8.0, "beta_slow": 0.5, "attention_factor": 1.25,
+                                           "rope_theta": 10000.0}},
+             gguf_extra={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                         "rope.scaling.original_context_length": 32, "rope.scaling.yarn_beta_fast": 8.0,
+                         "rope.scaling.yarn_beta_slow": 0.5, "rope.scaling.yarn_attn_factor": 1.25}),
+    TinySpec("phi3-longrope", "phi3", arch="phi3", context=64, sequence=40,   # Phi-3.5 / Phi-4-mini's 128k files
+             hf_extra={"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0],
+                                           "long_factor": [1.3, 1.8, 2.5, 3.5, 5.0, 7.0, 10.0, 14.0]},
+                       "original_max_position_embeddings": 16, "sliding_window": None},
+             gguf_extra={"rope.scaling.original_context_length": 16, "attention.sliding_window": 0}),
+)}
 SEED = 20261201
+
+
+def spec(family: str) -> TinySpec:
+    """A family's spec, or a long-context RoPE case's."""
+    return SPECS[family] if family in SPECS else ROPE_SCALING_SPECS[family]
 
 
 def input_ids(family: str) -> list[int]:
     rng = np.random.default_rng(SEED + 1)
-    return [int(i) for i in rng.integers(len(SPECIAL_TOKENS), SPECS[family].vocab, SEQUENCE_LENGTH)]
+    return [int(i) for i in rng.integers(len(SPECIAL_TOKENS), spec(family).vocab, spec(family).sequence)]
 
 
 def state_dict(family: str) -> dict[str, np.ndarray]:
     """The checkpoint's tensors, Hugging Face names and layout ([out, in] matrices), float32."""
-    s = SPECS[family]
+    s = spec(family)
     rng = np.random.default_rng([SEED, zlib.crc32(family.encode())])   # a new family reseeds no other
     arch = s.architecture
     gemma = arch.startswith("gemma")
@@ -127,7 +155,7 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
 
 def hf_config(family: str) -> dict[str, Any]:
     """The keyword arguments of the family's transformers config."""
-    s = SPECS[family]
+    s = spec(family)
     arch = s.architecture
     config: dict[str, Any] = dict(
         vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
@@ -137,7 +165,6 @@ def hf_config(family: str) -> dict[str, Any]:
     )
     if "rope_parameters" in s.hf_extra:
         del config["rope_theta"]
-    config.update(s.hf_extra)
     if arch == "qwen2":
         del config["attention_bias"], config["head_dim"]
     if arch == "phi3":
@@ -156,6 +183,7 @@ def hf_config(family: str) -> dict[str, Any]:
                       rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": s.rope_theta},
                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
         del config["hidden_act"], config["rope_theta"]
+    config.update(s.hf_extra)
     return config
 
 
@@ -181,7 +209,7 @@ def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
 def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32") -> Path:
     """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
     the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0)."""
-    s = SPECS[family]
+    s = spec(family)
     sd = state_dict(family)
     path = Path(path)
     a = s.architecture
@@ -204,6 +232,8 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     for key, value in s.gguf_extra.items():                # gemma2's soft-capping, RoPE scaling
         if isinstance(value, str):
             writer.add_string(f"{a}.{key}", value)
+        elif isinstance(value, int):
+            writer.add_uint32(f"{a}.{key}", value)
         else:
             writer.add_float32(f"{a}.{key}", value)
     tokens = _tokens(s.vocab)
@@ -267,6 +297,12 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     rope = s.hf_extra.get("rope_parameters", {})
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, s.head_dim))
+    if rope.get("rope_type") == "longrope":   # as the converter writes Phi-3's: its attention factor, both factor sets
+        original = s.hf_extra["original_max_position_embeddings"]
+        writer.add_float32(f"{a}.rope.scaling.attn_factor",
+                           float(np.sqrt(1 + np.log(s.context / original) / np.log(original))))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=F32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=F32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -3,6 +3,9 @@
     tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
         checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
         logits at every position of a 20-token input
+    tests/data/rope_scaling_reference.json    per long-context RoPE case (YaRN, LongRoPE: tiny_families.
+        ROPE_SCALING_SPECS): the same, at every position of an input past the original context; LongRoPE also
+        on the input's first original-context tokens, where transformers takes the short factors
     tests/data/spm_tokenizer_reference.json   a SentencePiece BPE model of 700 pieces trained here by
         the sentencepiece library (as Llama 2's was: byte fallback, dummy prefix, split digits), its
         pieces stored as Llama 2 / Mistral / TinyLlama GGUF files store theirs, and the ids and
@@ -18,7 +21,7 @@
 How to run it (NOT run by CI, and not a forge dependency: it needs torch and transformers, which live in a
 separate virtual environment, the reference venv, that scripts/reference/refvenv.sh creates and prints the python of):
 
-    "$(scripts/reference/refvenv.sh)" scripts/reference/make_family_reference.py [--only tiny|spm|bpe|gemma3]
+    "$(scripts/reference/refvenv.sh)" scripts/reference/make_family_reference.py [--only tiny|rope|spm|bpe|gemma3]
 
 The Gemma file is read where `forge pull gemma-3-270m` puts it ($FORGE_HOME/models, by default ~/.cache/forge/models).
 
@@ -90,8 +93,8 @@ TOKENIZER_TEXTS = [
 
 
 @torch.no_grad()
-def tiny_case(family: str) -> dict[str, Any]:
-    spec = tiny_families.SPECS[family]
+def tiny_case(family: str, ids: list[int] | None = None) -> dict[str, Any]:
+    spec = tiny_families.spec(family)
     config = AutoConfig.for_model(spec.hf_model_type, **tiny_families.hf_config(family))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {k: torch.from_numpy(v) for k, v in tiny_families.state_dict(family).items()}
@@ -100,11 +103,33 @@ def tiny_case(family: str) -> dict[str, Any]:
     if missing or unexpected:
         sys.exit(f"{family}: checkpoint names differ from the model's: missing {missing}, unexpected {unexpected}")
     model.eval()
-    ids = tiny_families.input_ids(family)
+    ids = tiny_families.input_ids(family) if ids is None else ids
     logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()     # [T, V]
-    print(f"{family}: {type(model).__name__}, logits {tuple(logits.shape)}, |max| {float(logits.abs().max()):.3f}")
-    return {"family": family, "model_class": type(model).__name__, "input_ids": ids,
+    print(f"{family}: {type(model).__name__}, {len(ids)} ids, logits {tuple(logits.shape)}, "
+          f"|max| {float(logits.abs().max()):.3f}")
+    case = {"family": family, "model_class": type(model).__name__, "input_ids": ids,
             "logits": [[round(float(x), 6) for x in row] for row in logits]}
+    rope = spec.hf_extra.get("rope_parameters", {})
+    if rope.get("rope_type") == "longrope":     # which factors this forward took (by its longest position)
+        original = spec.hf_extra["original_max_position_embeddings"]
+        inv_freq = model.model.rotary_emb.inv_freq.double()
+        base = rope["rope_theta"] ** (-torch.arange(0, spec.head_dim, 2, dtype=torch.float64) / spec.head_dim)
+        factors = "long" if len(ids) > original else "short"
+        if not torch.allclose(inv_freq, base / torch.tensor(rope[f"{factors}_factor"], dtype=torch.float64)):
+            sys.exit(f"{family}: {len(ids)} ids did not take the {factors} factors")
+        case.update(factors=factors, served_context=spec.context if factors == "long" else original)
+    return case
+
+
+def rope_scaling_cases() -> list[dict[str, Any]]:
+    """Every long-context case past its original context; LongRoPE's also within it (the short factors)."""
+    cases = []
+    for family, spec in tiny_families.ROPE_SCALING_SPECS.items():
+        cases.append(tiny_case(family))
+        if spec.hf_extra["rope_parameters"]["rope_type"] == "longrope":
+            original = spec.hf_extra["original_max_position_embeddings"]
+            cases.append(tiny_case(family, tiny_families.input_ids(family)[:original]))
+    return cases
 
 
 @torch.no_grad()
@@ -231,7 +256,7 @@ def gemma3_reference() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("tiny", "spm", "bpe", "gemma3"))
+    parser.add_argument("--only", choices=("tiny", "rope", "spm", "bpe", "gemma3"))
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -239,6 +264,11 @@ def main() -> None:
         out = ROOT / "tests" / "data" / "tiny_families_reference.json"
         dump({"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "cases": [tiny_case(family) for family in tiny_families.SPECS]}, out)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
+    if args.only in (None, "rope"):
+        out = ROOT / "tests" / "data" / "rope_scaling_reference.json"
+        dump({"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "cases": rope_scaling_cases()}, out)
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
     if args.only in (None, "spm"):
         out = ROOT / "tests" / "data" / "spm_tokenizer_reference.json"

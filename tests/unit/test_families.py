@@ -134,27 +134,6 @@ def test_quantized_blocks_run_on_the_kernels_as_on_numpy(tmp_path: Path, name: s
     np.testing.assert_allclose(got, want, atol=ATOL * max(1.0, float(np.abs(want).max()) / 10), rtol=0)
 
 
-def test_longrope_is_refused_by_name(tmp_path: Path) -> None:
-    import gguf
-
-    path = tiny_families.write_gguf("phi3", tmp_path / "p.gguf")
-    reader = gguf.GGUFReader(path)
-    writer = gguf.GGUFWriter(tmp_path / "longrope.gguf", "phi3")
-    for field in reader.fields.values():
-        if field.name.startswith("phi3.") or field.name.startswith("tokenizer."):
-            writer.add_key_value(field.name, field.contents(), field.types[0],
-                                 field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.array(tensor.data))
-    writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ModelLoadError, match="LongRoPE .* is not supported"):
-        LlamaModel.load(tmp_path / "longrope.gguf")
-
-
 def test_gemma2_without_soft_capping_differs(tmp_path: Path) -> None:
     """The reference's caps bite: forge ignoring either one would not match."""
     ids, expected = _reference("gemma2")
@@ -180,14 +159,3 @@ def test_rope_scaling_matters(tmp_path: Path) -> None:
     model.weights.rope_freqs = None
     unscaled = LlamaModel(model.config, model.weights)
     assert np.abs(_run(unscaled, ids, len(ids)) - expected).max() > 1e-2
-
-
-def test_yarn_is_refused_by_name(tmp_path: Path) -> None:
-    from forge.models.gguf_file import read_gguf
-    from forge.models.llama.llama_config import config_from_reader
-
-    path = tiny_families.write_gguf("llama", tmp_path / "y.gguf")
-    reader = read_gguf(path)
-    reader.metadata["llama.rope.scaling.type"] = "yarn"
-    with pytest.raises(ModelLoadError, match="RoPE scaling 'yarn' is not supported"):
-        config_from_reader(reader, path)

@@ -16,15 +16,15 @@ Shape = tuple[int, ...]
 
 
 def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
-    """Raise ModelLoadError if the file holds parts forge does not run (biases a family has not, LongRoPE), or
-    a tensor the model reads is missing or its shape is not the metadata's."""
+    """Raise ModelLoadError if the file holds parts forge does not run (biases a family has not, Llama 3.1's and
+    LongRoPE's factors together), or a tensor the model reads is missing or its shape is not the metadata's."""
     c, arch, has = config, config.arch, reader.tensors.__contains__
     if not arch.attention_bias and any(has(f"blk.0.attn_{x}.bias") for x in "qkv"):
         raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
     if has("blk.0.attn_output.bias"):
         raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
-    if has("rope_factors_long.weight") or has("rope_factors_short.weight"):
-        raise ModelLoadError(f"{c.name}: LongRoPE (rope_factors_long/short) is not supported")
+    if has("rope_freqs.weight") and c.rope_scaling.kind == "longrope":
+        raise ModelLoadError(f"{c.name}: rope_freqs and LongRoPE's rope_factors_long/short together are not supported")
     blocks = {int(part) for name in reader.tensors
               if name.startswith("blk.") and (part := name.split(".")[1]).isdigit()}
     if c.num_layers > len(blocks):        # before listing 2^40 layers' tensors
@@ -71,4 +71,6 @@ def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[
             shapes[p + "post_attention_norm.weight"] = shapes[p + "post_ffw_norm.weight"] = (hidden,)
     if has("rope_freqs.weight"):
         shapes["rope_freqs.weight"] = (c.rope_dim // 2,)
+    if c.rope_scaling.kind == "longrope":           # both factor sets, or the missing one is named
+        shapes["rope_factors_long.weight"] = shapes["rope_factors_short.weight"] = (c.rope_dim // 2,)
     return shapes

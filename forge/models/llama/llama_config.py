@@ -17,6 +17,7 @@ import numpy as np
 from forge.errors import ModelLoadError
 from forge.models.gguf_file import GGUFFile
 from forge.models.llama.arch import ARCHITECTURES, Architecture
+from forge.models.llama.rope_scaling import RopeScaling, yarn_mscale
 
 ARCHITECTURE = "llama"
 # The longest context_length a file may claim: past every model's trained context (the longest published,
@@ -43,6 +44,7 @@ class LlamaConfig:
     tied_embeddings: bool     # no output.weight: the head is the token embedding, transposed
     rope_dim: int             # leading dims of each head that RoPE rotates (== head_dim for Llama)
     rope_scale: float = 1.0   # linear position scaling; 1.0 means none
+    rope_scaling: RopeScaling = RopeScaling()   # the file's scaling: linear, YaRN, LongRoPE (rope_scaling.py)
     arch: Architecture = ARCHITECTURES[ARCHITECTURE]
     sliding_window: int = 0   # keys a sliding-window layer's query sees (its own included); 0: none
     attn_softcap: float = 0.0   # attention scores soft-capped at this (cap * tanh(x / cap)); 0: none
@@ -122,6 +124,8 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
     vocab = tokens.length if isinstance(tokens, ArrayField) else field_value(reader, f"{a}.vocab_size")
     if not isinstance(vocab, int) or vocab <= max(eos, bos or 0):
         raise ModelLoadError(f"{name}: the token list is missing or shorter than the special token ids")
+    context = _context_length(reader, a, name)
+    scaling = _rope_scaling(reader, a, name, context)
     return LlamaConfig(
         name=name,
         vocab_size=vocab,
@@ -133,12 +137,13 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         head_dim=head_dim,
         rope_theta=_optional_number(reader, f"{a}.rope.freq_base", 10000.0),
         rms_eps=_optional_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
-        max_position=_context_length(reader, a, name),
+        max_position=context,
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_id=eos,
         tied_embeddings="output.weight" not in reader.tensors,
         rope_dim=rope_dim,
-        rope_scale=_rope_scale(reader, a, name),
+        rope_scale=scaling.factor if scaling.kind == "linear" else 1.0,
+        rope_scaling=scaling,
         arch=arch,
         sliding_window=_sliding_window(reader, arch, name),
         attn_softcap=_optional_number(reader, f"{a}.attn_logit_softcapping", 0.0) if arch.softcapping else 0.0,
@@ -165,10 +170,10 @@ def architecture_of(reader: GGUFFile, name: str) -> Architecture:
 
 def _sliding_window(reader: GGUFFile, arch: Architecture, name: str) -> int:
     """The window of the family's sliding layers: required where some layers always slide (gemma3),
-    optional where every layer slides only if the file says so (phi3)."""
+    optional where every layer slides only if the file says so (phi3; Phi-4's files say 0: none)."""
     if not arch.sliding_window_period:
         return 0
-    if arch.sliding_window_period == 1 and field_value(reader, f"{arch.name}.attention.sliding_window") is None:
+    if arch.sliding_window_period == 1 and field_value(reader, f"{arch.name}.attention.sliding_window") in (None, 0):
         return 0
     return _required_int(reader, f"{arch.name}.attention.sliding_window", name)
 
@@ -190,14 +195,42 @@ def _head_shape(reader: GGUFFile, a: str, name: str, hidden: int) -> tuple[int, 
     return num_heads, num_kv_heads, head_dim, rope_dim
 
 
-def _rope_scale(reader: GGUFFile, a: str, name: str) -> float:
-    """Linear position scaling is supported; other RoPE scaling schemes are refused, not ignored."""
+def _rope_scaling(reader: GGUFFile, a: str, name: str, context: int) -> RopeScaling:
+    """The file's RoPE scaling: linear, YaRN (its optional keys as transformers reads them) or LongRoPE (a file
+    with rope_factors_long/short); any other is refused by name, not ignored. Every kind's cos and sin are
+    scaled by rope.scaling.attn_factor, as llama.cpp scales them."""
     kind = field_value(reader, f"{a}.rope.scaling.type")
+    longrope = any(t in reader.tensors for t in ("rope_factors_long.weight", "rope_factors_short.weight"))
+    attn_factor = _positive_number(reader, f"{a}.rope.scaling.attn_factor", 1.0, name)
+    original = field_value(reader, f"{a}.rope.scaling.original_context_length")
+    if original not in (None, 0):      # absent or 0: the file's context, as llama.cpp reads it
+        original = _required_int(reader, f"{a}.rope.scaling.original_context_length", name)
+    original = original or context
+    if longrope and kind in (None, "none", "longrope"):       # Phi-3's converter writes no type
+        return RopeScaling("longrope", original_context=original, magnitude=attn_factor)
+    if longrope or kind == "longrope":
+        raise ModelLoadError(f"{name}: RoPE scaling {kind!r} does not go with LongRoPE's factor tensors "
+                             "(rope_factors_long/short.weight): a file needs both, and no other scaling")
     if kind in (None, "none"):
-        return 1.0
-    if kind != "linear":
-        raise ModelLoadError(f"{name}: RoPE scaling {kind!r} is not supported")
-    factor = _optional_number(reader, f"{a}.rope.scaling.factor", 1.0)
-    if factor <= 0:
-        raise ModelLoadError(f"{name}: RoPE scaling factor must be positive, got {factor}")
-    return factor
+        return RopeScaling(magnitude=attn_factor)
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"{name}: RoPE scaling {kind!r} is not supported (only 'linear', 'yarn' and LongRoPE)")
+    factor = _positive_number(reader, f"{a}.rope.scaling.factor", 1.0, name)
+    if kind == "linear":
+        return RopeScaling("linear", factor=factor, magnitude=attn_factor)
+    if _optional_number(reader, f"{a}.rope.scaling.yarn_log_multiplier", 0.0):
+        raise ModelLoadError(f"{name}: YaRN's yarn_log_multiplier (DeepSeek's mscale_all_dim) is not supported")
+    ext_factor = _optional_number(reader, f"{a}.rope.scaling.yarn_ext_factor", 1.0)
+    mscale = _positive_number(reader, f"{a}.rope.scaling.yarn_attn_factor",
+                              yarn_mscale(factor) if ext_factor else 1.0, name)
+    return RopeScaling("yarn", factor=factor, original_context=original,
+                       beta_fast=_positive_number(reader, f"{a}.rope.scaling.yarn_beta_fast", 32.0, name),
+                       beta_slow=_positive_number(reader, f"{a}.rope.scaling.yarn_beta_slow", 1.0, name),
+                       ext_factor=ext_factor, magnitude=mscale * attn_factor)
+
+
+def _positive_number(reader: GGUFFile, key: str, default: float, name: str) -> float:
+    value = _optional_number(reader, key, default)
+    if value <= 0:
+        raise ModelLoadError(f"{name}: metadata key {key!r} must be positive, got {value}")
+    return value

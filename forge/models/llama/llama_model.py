@@ -117,10 +117,11 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
         self.weights = weights
-        self.rope = RopeTables(config, weights.rope_freqs)
+        self.rope = RopeTables(config, weights.rope_freqs, long_divisors=weights.rope_long)
         self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
         self.has_sliding = any(self.sliding)
-        self.rope_sliding = RopeTables(config, weights.rope_freqs, sliding=True) if self.has_sliding else self.rope
+        self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long)
+                             if self.has_sliding else self.rope)
         self.gelu = config.arch.activation == "gelu_tanh"
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
         # keeps the whole forward on the numpy reference.
@@ -145,9 +146,9 @@ class LlamaModel:
 
     def serve_context(self, max_model_len: int) -> None:
         """Size the RoPE tables to the context served (at most the file's context_length), not to the file's
-        claim: the engine calls this once its max_model_len is known."""
-        self.rope.resize(max_model_len)
-        self.rope_sliding.resize(max_model_len)
+        claim, and pick LongRoPE's factors by it: the engine calls this once its max_model_len is known."""
+        self.rope.serve(max_model_len)
+        self.rope_sliding.serve(max_model_len)
 
     # -- the seed's one-sequence Model protocol -------------------------------------------------
 

@@ -4,6 +4,8 @@ GGUF conversion permutes the q/k rows of every Llama head so that pair i is (2i,
 pos * base^(-2i / rope_dim). forge keeps those rows as stored and rotates adjacent pairs; it never
 un-permutes them (mixing the two conventions gives fluent-looking garbage). Families whose files
 rotate halves (i with i + rope_dim / 2) get their rows reordered into pairs at load (weights.py).
+The frequencies and the magnitude of a scaled file's rotations (linear, YaRN, LongRoPE) come from
+forge.models.llama.rope_scaling.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.models.llama.llama_config import LlamaConfig
+from forge.models.llama.rope_scaling import RopeScaling
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -25,20 +28,36 @@ POSITIONS_AT_LOAD = 4096
 
 
 class RopeTables:
-    """cos + i sin of every pair's angle at positions [0, num_positions), num_positions at most max_position."""
+    """magnitude * (cos + i sin) of every pair's angle at positions [0, num_positions), num_positions at most
+    max_position; the magnitude is 1 but for a scaled file's (YaRN, LongRoPE)."""
 
-    def __init__(self, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False) -> None:
-        """`sliding`: the tables of the family's sliding-window layers (their own base, no scaling)."""
-        half = config.rope_dim // 2
-        theta, scale = config.rope_theta, config.rope_scale
+    def __init__(self, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False,
+                 long_divisors: F32 | None = None) -> None:
+        """`freq_divisors`: the file's per-frequency divisors (rope_freqs, or LongRoPE's short factors);
+        `long_divisors`: LongRoPE's long factors, taken instead while the context served passes the original
+        context (serve()). Until serve() says otherwise, the context served is the file's. `sliding`: the tables
+        of the family's sliding-window layers (their own base, no scaling)."""
+        self._theta, self._rope_dim, self._scale = config.rope_theta, config.rope_dim, config.rope_scale
+        self._scaling = config.rope_scaling
+        self._divisors = {False: freq_divisors, True: long_divisors if long_divisors is not None else freq_divisors}
         if sliding and config.arch.sliding_rope_base:
-            theta, scale, freq_divisors = config.arch.sliding_rope_base, 1.0, None
-        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / config.rope_dim)  # [half]
-        if freq_divisors is not None:
-            inv_freq = inv_freq / freq_divisors.astype(np.float64)
-        self._inv_freq, self._scale = inv_freq, scale
+            self._theta, self._scale, self._scaling = config.arch.sliding_rope_base, 1.0, RopeScaling()
+            self._divisors = {False: None, True: None}
         self.max_position = config.max_position
+        self.long_factors = self._scaling.uses_long_factors(self.max_position)
+        self._inv_freq = self._scaling.frequencies(self._theta, self._rope_dim, self._divisors[self.long_factors])
         self.rotation = self._table(min(self.max_position, POSITIONS_AT_LOAD))       # [P, half]
+
+    def serve(self, context: int) -> None:
+        """Cover the context served, [0, context) (at most max_position), with the frequencies for it: LongRoPE's
+        long factors past its original context, its short ones within."""
+        long_factors = self._scaling.uses_long_factors(context)
+        if long_factors == self.long_factors:
+            self.resize(context)
+            return
+        self.long_factors = long_factors
+        self._inv_freq = self._scaling.frequencies(self._theta, self._rope_dim, self._divisors[long_factors])
+        self.rotation = self._table(max(1, min(context, self.max_position)))
 
     @property
     def num_positions(self) -> int:
@@ -55,8 +74,9 @@ class RopeTables:
         positions = np.arange(num_positions, dtype=np.float64) / self._scale                  # [P]
         angles = np.outer(positions, self._inv_freq)                                          # [P, half]
         rotation = np.empty(angles.shape, np.complex64)                                       # [P, half]
-        rotation.real = np.cos(angles)
-        rotation.imag = np.sin(angles)
+        magnitude = self._scaling.magnitude
+        rotation.real = np.cos(angles) * magnitude
+        rotation.imag = np.sin(angles) * magnitude
         return rotation
 
     def at(self, positions: I64) -> C64:

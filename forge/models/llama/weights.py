@@ -73,9 +73,10 @@ class LlamaWeights:
     layers: list[LayerWeights]
     out_norm: F32           # [H]
     head: Weight            # [H, V]   dense: C-contiguous
-    rope_freqs: F32 | None  # [rope_dim / 2]  per-frequency divisors, when the file has them
+    rope_freqs: F32 | None  # [rope_dim / 2]  per-frequency divisors, when the file has them (LongRoPE: the short)
     kernels: str = "numpy"  # the backend that holds the matrices (forge.kernels)
     fast: bool = False      # the `fast` numerics: bfloat16/int8 products, prompt attention in bfloat16 pairs
+    rope_long: F32 | None = None  # [rope_dim / 2]  LongRoPE's long factors, past the original context
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> F32:
         """The embedding rows of token_ids: [T, H] float32."""
@@ -322,15 +323,19 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
     else:
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))  # [V, H]
         head = src.matrix(["output.weight"], [(c.vocab_size, hidden)])         # [H, V]
-    rope_freqs = None
+    rope_freqs = rope_long = None
     if src.has("rope_freqs.weight"):
         rope_freqs = src.owned("rope_freqs.weight", (c.rope_dim // 2,))
+    elif c.rope_scaling.kind == "longrope":
+        rope_freqs = src.owned("rope_factors_short.weight", (c.rope_dim // 2,))
+        rope_long = src.owned("rope_factors_long.weight", (c.rope_dim // 2,))
     return LlamaWeights(
         embedding=embedding,
         layers=layers,
         out_norm=src.owned("output_norm.weight", (hidden,)),
         head=head,
         rope_freqs=rope_freqs,
+        rope_long=rope_long,
         kernels=kernels.name if kernels is not None else "numpy",
         fast=src.fast,
     )

@@ -1,6 +1,7 @@
 """Produce the reference data forge's model families are tested against, with Hugging Face transformers.
 
-    tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
+    tests/data/tiny_families_reference.json   per family (tests/tiny_families.SPECS: the dense ones and
+        the mixtures of experts qwen3moe, olmoe, qwen2moe, Mixtral): a tiny random
         checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
         logits at every position of a 20-token input
     tests/data/spm_tokenizer_reference.json   a SentencePiece BPE model of 700 pieces trained here by

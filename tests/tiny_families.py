@@ -244,9 +244,12 @@ def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
     return np.array(out, dtype=F32)
 
 
-def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32") -> Path:
+def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
+               readable_tokenizer: bool = False) -> Path:
     """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
-    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0)."""
+    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0).
+    `readable_tokenizer`: the last token is "ab", which the file's one merge makes, so that
+    Tokenizer.from_gguf reads it (as `forge serve` does); the weights are the same."""
     s = SPECS[family]
     sd = state_dict(family)
     path = Path(path)
@@ -280,6 +283,8 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
         else:
             writer.add_float32(f"{a}.{key}", value)
     tokens = _tokens(s.vocab)
+    if readable_tokenizer:
+        tokens[-1] = "ab"
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

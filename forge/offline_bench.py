@@ -85,7 +85,8 @@ def matmul_seconds(weights: LlamaWeights, num_tokens: int, *, num_head_rows: int
     (forge.models.llama.linear: same strategy and threads). No attention, norms or sampling."""
     rng = np.random.default_rng(0)
     hidden = weights.embedding.shape[1]
-    ffn = weights.layers[0].w_down.shape[0]
+    dense = [layer for layer in weights.layers if layer.w_gate_up is not None and layer.w_down is not None]
+    ffn = dense[0].w_down.shape[0] if dense and dense[0].w_down is not None else 1   # a mixture of experts: none
     x = rng.standard_normal((num_tokens, hidden), dtype=np.float32)          # [T, H]
     attn = rng.standard_normal((num_tokens, weights.layers[0].wo.shape[0]), dtype=np.float32)  # [T, nh * hd]
     act = rng.standard_normal((num_tokens, ffn), dtype=np.float32)           # [T, F]
@@ -96,8 +97,9 @@ def matmul_seconds(weights: LlamaWeights, num_tokens: int, *, num_head_rows: int
         for layer in weights.layers:
             matmul(x, layer.wqkv)                                            # [T, (nh + 2 nkv) * hd]
             matmul(attn, layer.wo)                                           # [T, H]
-            matmul(x, layer.w_gate_up)                                       # [T, 2F]
-            matmul(act, layer.w_down)                                        # [T, H]
+            if layer.w_gate_up is not None and layer.w_down is not None:    # not the experts' products
+                matmul(x, layer.w_gate_up)                                   # [T, 2F]
+                matmul(act, layer.w_down)                                    # [T, H]
         matmul(rows, weights.head)                                           # [N, V]
         return time.perf_counter() - t0
 

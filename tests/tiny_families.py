@@ -44,10 +44,18 @@ class TinySpec:
     gguf_extra: dict[str, Any] = field(default_factory=dict)   # more metadata: {arch}.KEY = value
     arch: str = ""              # general.architecture, when the name is a variant's
     sequence: int = 20          # tokens of the reference input: past gemma3's window, so the sliding layers mask
+    experts: int = 0            # a mixture of experts in every layer: this many experts
+    experts_used: int = 0       # each token's top k
+    expert_ffn: int = 0         # one expert's feed-forward width, when not `ffn` (Qwen's moe_intermediate_size)
+    shared_ffn: int = 0         # the shared expert's width (qwen2moe)
 
     @property
     def architecture(self) -> str:
         return self.arch or self.family
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_ffn or self.ffn
 
 
 SPECS: dict[str, TinySpec] = {s.family: s for s in (
@@ -67,6 +75,12 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
              hf_extra={"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
                                            "rope_theta": 10000.0}}),
+    # Mixtures of experts: 8 experts, top 2, 2 layers. The Qwen files' dense width (ffn) is unused,
+    # their experts' width comes from its own key; OLMoE and Mixtral's experts are `ffn` wide.
+    TinySpec("qwen3moe", "qwen3_moe", head_dim=32, rope_theta=1e6, experts=8, experts_used=2, expert_ffn=32),
+    TinySpec("olmoe", "olmoe", ffn=32, rms_eps=1e-5, experts=8, experts_used=2),   # the converter writes eps 1e-5
+    TinySpec("qwen2moe", "qwen2_moe", rope_theta=1e6, experts=8, experts_used=2, expert_ffn=32, shared_ffn=64),
+    TinySpec("mixtral", "mixtral", arch="llama", ffn=32, experts=8, experts_used=2),
 )}
 
 # Long-context RoPE (tests/unit/test_rope_scaling.py, tests/data/rope_scaling_reference.json): original contexts
@@ -128,17 +142,23 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
         out[p + "self_attn.k_proj.weight"] = matrix(kv_rows, s.hidden)
         out[p + "self_attn.v_proj.weight"] = matrix(kv_rows, s.hidden)
         out[p + "self_attn.o_proj.weight"] = matrix(s.hidden, q_rows)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             out[p + "self_attn.q_proj.bias"] = (0.1 * rng.standard_normal(q_rows)).astype(F32)
             out[p + "self_attn.k_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
             out[p + "self_attn.v_proj.bias"] = (0.1 * rng.standard_normal(kv_rows)).astype(F32)
-        if arch in ("qwen3", "gemma3"):     # QK-norm
+        if arch in ("qwen3", "gemma3", "qwen3moe"):     # QK-norm
             out[p + "self_attn.q_norm.weight"] = norm(s.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(s.head_dim)
+        if arch == "olmoe":                 # QK-norm over the whole q and k projections
+            out[p + "self_attn.q_norm.weight"] = norm(q_rows)
+            out[p + "self_attn.k_norm.weight"] = norm(kv_rows)
         out[p + "post_attention_layernorm.weight"] = norm(s.hidden)
         if gemma:
             out[p + "pre_feedforward_layernorm.weight"] = norm(s.hidden)
             out[p + "post_feedforward_layernorm.weight"] = norm(s.hidden)
+        if s.experts:
+            out.update(_experts(s, p, matrix))
+            continue
         out[p + "mlp.gate_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.up_proj.weight"] = matrix(s.ffn, s.hidden)
         out[p + "mlp.down_proj.weight"] = matrix(s.hidden, s.ffn)
@@ -150,6 +170,32 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
     out["model.norm.weight"] = norm(s.hidden)
     if not s.tied:
         out["lm_head.weight"] = matrix(s.vocab, s.hidden)
+    return out
+
+
+def _experts(s: TinySpec, p: str, matrix: Any) -> dict[str, np.ndarray]:
+    """A layer's mixture of experts under the checkpoint's names: one tensor per expert and
+    projection (Mixtral's w1 = gate, w3 = up, w2 = down), the router, a shared expert (qwen2moe)."""
+    out: dict[str, np.ndarray] = {}
+    width = s.expert_width
+    if s.architecture == "llama":       # Mixtral
+        out[p + "block_sparse_moe.gate.weight"] = matrix(s.experts, s.hidden)
+        for e in range(s.experts):
+            q = f"{p}block_sparse_moe.experts.{e}."
+            out[q + "w1.weight"], out[q + "w3.weight"] = matrix(width, s.hidden), matrix(width, s.hidden)
+            out[q + "w2.weight"] = matrix(s.hidden, width)
+        return out
+    out[p + "mlp.gate.weight"] = matrix(s.experts, s.hidden)
+    for e in range(s.experts):
+        q = f"{p}mlp.experts.{e}."
+        out[q + "gate_proj.weight"], out[q + "up_proj.weight"] = matrix(width, s.hidden), matrix(width, s.hidden)
+        out[q + "down_proj.weight"] = matrix(s.hidden, width)
+    if s.shared_ffn:
+        q = p + "mlp.shared_expert."
+        out[q + "gate_proj.weight"], out[q + "up_proj.weight"] = (matrix(s.shared_ffn, s.hidden),
+                                                                  matrix(s.shared_ffn, s.hidden))
+        out[q + "down_proj.weight"] = matrix(s.hidden, s.shared_ffn)
+        out[p + "mlp.shared_expert_gate.weight"] = matrix(1, s.hidden)
     return out
 
 
@@ -170,6 +216,12 @@ def hf_config(family: str) -> dict[str, Any]:
     if arch == "phi3":
         del config["attention_bias"], config["head_dim"]
         config.update(sliding_window=s.sliding_window, original_max_position_embeddings=s.context)
+    if s.experts:
+        config.update(_hf_experts(s))
+    if arch == "qwen2moe":
+        del config["attention_bias"], config["head_dim"]
+    if s.hf_model_type == "mixtral":
+        del config["attention_bias"]
     if arch == "gemma2":
         config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
                       sliding_window=s.sliding_window,
@@ -184,6 +236,20 @@ def hf_config(family: str) -> dict[str, Any]:
                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
         del config["hidden_act"], config["rope_theta"]
     config.update(s.hf_extra)
+    return config
+
+
+def _hf_experts(s: TinySpec) -> dict[str, Any]:
+    """The config keys of a mixture of experts: every layer sparse, top-k renormalised as the
+    family's released models do (Qwen3-MoE: yes; OLMoE, Qwen2-MoE: no; Mixtral always)."""
+    if s.hf_model_type == "mixtral":
+        return {"num_local_experts": s.experts, "num_experts_per_tok": s.experts_used}
+    config: dict[str, Any] = {"num_experts": s.experts, "num_experts_per_tok": s.experts_used,
+                              "norm_topk_prob": s.architecture == "qwen3moe"}
+    if s.architecture in ("qwen3moe", "qwen2moe"):
+        config.update(moe_intermediate_size=s.expert_width, decoder_sparse_step=1, mlp_only_layers=[])
+    if s.shared_ffn:
+        config.update(shared_expert_intermediate_size=s.shared_ffn, qkv_bias=True)
     return config
 
 
@@ -206,9 +272,12 @@ def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
     return np.array(out, dtype=F32)
 
 
-def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32") -> Path:
+def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
+               readable_tokenizer: bool = False) -> Path:
     """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
-    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0)."""
+    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0).
+    `readable_tokenizer`: the last token is "ab", which the file's one merge makes, so that
+    Tokenizer.from_gguf reads it (as `forge serve` does); the weights are the same."""
     s = spec(family)
     sd = state_dict(family)
     path = Path(path)
@@ -229,6 +298,13 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
         writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     if s.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    if s.experts:                                          # as the converter writes them (no norm-top-k key)
+        writer.add_uint32(f"{a}.expert_count", s.experts)
+        writer.add_uint32(f"{a}.expert_used_count", s.experts_used)
+        if a in ("qwen2moe", "qwen3moe"):
+            writer.add_uint32(f"{a}.expert_feed_forward_length", s.expert_width)
+        if s.shared_ffn:
+            writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.shared_ffn)
     for key, value in s.gguf_extra.items():                # gemma2's soft-capping, RoPE scaling
         if isinstance(value, str):
             writer.add_string(f"{a}.{key}", value)
@@ -237,6 +313,8 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
         else:
             writer.add_float32(f"{a}.{key}", value)
     tokens = _tokens(s.vocab)
+    if readable_tokenizer:
+        tokens[-1] = "ab"
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -254,7 +332,9 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
         if is_norm and gemma:
             w = w + np.float32(1.0)        # the converter folds Gemma's (1 + w) into the file
         w = np.ascontiguousarray(w, dtype=F32)
-        if qtype != gguf.GGMLQuantizationType.F32 and name.startswith("blk.") and w.ndim == 2:
+        # The routers stay float32, as llama.cpp's converter and quantizer keep them.
+        if (qtype != gguf.GGMLQuantizationType.F32 and name.startswith("blk.") and w.ndim >= 2
+                and not name.endswith("ffn_gate_inp.weight")):
             writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, w)
@@ -285,12 +365,15 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
             put(p + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"], is_norm=True)
         else:
             put(p + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
-        if a == "phi3":
+        if s.experts:
+            _put_experts(s, sd, h, p, put)
+        elif a == "phi3":
             put(p + "ffn_up.weight", sd[h + "mlp.gate_up_proj.weight"])
+            put(p + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
         else:
             put(p + "ffn_gate.weight", sd[h + "mlp.gate_proj.weight"])
             put(p + "ffn_up.weight", sd[h + "mlp.up_proj.weight"])
-        put(p + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
+            put(p + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
     put("output_norm.weight", sd["model.norm.weight"], is_norm=True)
     if not s.tied:
         put("output.weight", sd["lm_head.weight"])
@@ -308,6 +391,21 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32")
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _put_experts(s: TinySpec, sd: dict[str, np.ndarray], h: str, p: str, put: Any) -> None:
+    """A layer's experts as the converter writes them: each projection of every expert stacked into
+    one 3-D tensor [experts, rows, cols], the router as ffn_gate_inp, the shared expert's parts."""
+    mixtral = s.architecture == "llama"
+    moe = h + ("block_sparse_moe." if mixtral else "mlp.")
+    put(p + "ffn_gate_inp.weight", sd[moe + "gate.weight"])
+    names = {"gate": "w1", "up": "w3", "down": "w2"} if mixtral else {x: f"{x}_proj" for x in ("gate", "up", "down")}
+    for proj, hf in names.items():
+        put(p + f"ffn_{proj}_exps.weight", np.stack([sd[f"{moe}experts.{e}.{hf}.weight"] for e in range(s.experts)]))
+    if s.shared_ffn:
+        for proj in ("gate", "up", "down"):
+            put(p + f"ffn_{proj}_shexp.weight", sd[f"{moe}shared_expert.{proj}_proj.weight"])
+        put(p + "ffn_gate_inp_shexp.weight", sd[moe + "shared_expert_gate.weight"])     # [1, H]
 
 
 def write_spm_tokenizer_gguf(path: str | os.PathLike[str], vocab: list[dict[str, Any]], *,

@@ -1,6 +1,7 @@
 """Produce the reference data forge's model families are tested against, with Hugging Face transformers.
 
-    tests/data/tiny_families_reference.json   per family (llama, qwen2, qwen3, gemma3): a tiny random
+    tests/data/tiny_families_reference.json   per family (tests/tiny_families.SPECS: the dense ones and
+        the mixtures of experts qwen3moe, olmoe, qwen2moe, Mixtral): a tiny random
         checkpoint (tests/tiny_families.py) loaded into the family's transformers model; its float32
         logits at every position of a 20-token input
     tests/data/rope_scaling_reference.json    per long-context RoPE case (YaRN, LongRoPE: tiny_families.
@@ -92,16 +93,38 @@ TOKENIZER_TEXTS = [
 ]
 
 
-@torch.no_grad()
-def tiny_case(family: str, ids: list[int] | None = None) -> dict[str, Any]:
+def tiny_model(family: str) -> Any:
+    """The family's transformers model holding the tiny checkpoint's weights. A mixture of experts
+    goes through a saved checkpoint and from_pretrained: transformers stacks the per-expert tensors
+    into its own fused parameters there (its checkpoint conversion), as it does for a released model."""
     spec = tiny_families.spec(family)
     config = AutoConfig.for_model(spec.hf_model_type, **tiny_families.hf_config(family))
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {k: torch.from_numpy(v) for k, v in tiny_families.state_dict(family).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if spec.experts:
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            config.save_pretrained(tmp)
+            save_file(state, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+            model, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager",
+                                                               output_loading_info=True)
+        missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+        missing = [*missing, *info.get("mismatched_keys", [])]
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+        missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (spec.tied and k == "lm_head.weight")]
     if missing or unexpected:
         sys.exit(f"{family}: checkpoint names differ from the model's: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+@torch.no_grad()
+def tiny_case(family: str, ids: list[int] | None = None) -> dict[str, Any]:
+    spec = tiny_families.spec(family)
+    model = tiny_model(family)
     model.eval()
     ids = tiny_families.input_ids(family) if ids is None else ids
     logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()     # [T, V]

@@ -5,7 +5,8 @@ logits transformers computes for a tiny random checkpoint (tests/tiny_families.p
 of a 20-token input. Here the same weights are written to GGUF as llama.cpp's converter lays them out
 and run by forge: the whole input in one prefill, and as a short prefill followed by one-token decode
 steps over the paged cache (gemma3's sliding window of 8 is crossed both ways), under the numpy
-reference and the default kernels.
+reference and the default kernels. The mixtures of experts (qwen3moe, olmoe, qwen2moe, and Mixtral as a
+llama file with experts) run the same way; tests/unit/test_moe.py tests their parts.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
 
     path = write_tiny_llama(tmp_path / "m.gguf", arch="mamba")
     with pytest.raises(ModelLoadError, match=r"m.gguf: architecture 'mamba' is not supported \(only 'llama', "
-                                             r"'qwen2', 'qwen3', 'gemma2', 'gemma3', 'phi3'\)"):
+                                             r"'qwen2', 'qwen3', 'gemma2', 'gemma3', 'phi3', 'qwen3moe', "
+                                             r"'olmoe', 'qwen2moe'\)"):
         LlamaModel.load(path)
 
 
@@ -107,20 +109,6 @@ def test_bias_on_a_family_without_biases_is_refused(tmp_path: Path) -> None:
         LlamaModel.load(tmp_path / "q3.gguf")
 
 
-def test_a_mixture_of_experts_is_refused_by_name(tmp_path: Path) -> None:
-    import gguf
-
-    path = tmp_path / "moe.gguf"
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_uint32("llama.expert_count", 8)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ModelLoadError, match=r"moe.gguf: a mixture of experts \(8 experts\) is not supported"):
-        LlamaModel.load(path)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_quantized_blocks_run_on_the_kernels_as_on_numpy(tmp_path: Path, name: str) -> None:
     """The kernels take each family's matrices from the file's blocks (phi3's q, k and v as row
@@ -129,6 +117,9 @@ def test_quantized_blocks_run_on_the_kernels_as_on_numpy(tmp_path: Path, name: s
     ids, _ = _reference(name)
     kernel = LlamaModel.load(path, choose_kernels("onnxruntime"))
     assert not kernel.weights.is_dense
+    if tiny_families.SPECS[name].experts:    # the experts read from the file's blocks, not dequantized
+        assert all(layer.moe is not None and layer.moe.gate_up.is_kernel and layer.moe.down.is_kernel
+                   for layer in kernel.weights.layers)
     want = _run(LlamaModel.load(path), ids, 5)
     got = _run(kernel, ids, 5)
     np.testing.assert_allclose(got, want, atol=ATOL * max(1.0, float(np.abs(want).max()) / 10), rtol=0)
@@ -159,3 +150,30 @@ def test_rope_scaling_matters(tmp_path: Path) -> None:
     model.weights.rope_freqs = None
     unscaled = LlamaModel(model.config, model.weights)
     assert np.abs(_run(unscaled, ids, len(ids)) - expected).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "olmoe", "qwen2moe", "mixtral"])
+def test_the_routing_options_matter(tmp_path: Path, name: str) -> None:
+    """The references tell each family's routing apart: forge with the top k's renormalisation
+    flipped, OLMoE's QK-norm per head, or Qwen2-MoE without its shared expert would not match."""
+    from dataclasses import replace
+
+    from forge.models.llama.llama_model import head_norm_
+
+    ids, expected = _reference(name)
+    path = tiny_families.write_gguf(name, tmp_path / "m.gguf")
+    model = LlamaModel.load(path)
+    moe = model.config.moe
+    assert moe is not None and moe.num_experts == 8 and moe.num_used == 2
+    assert moe.norm_top_k == (name in ("qwen3moe", "mixtral"))
+    object.__setattr__(model.config, "moe", replace(moe, norm_top_k=not moe.norm_top_k))
+    assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2
+    model = LlamaModel.load(path)
+    if name == "olmoe":
+        model._qk_norm = head_norm_             # q [nh, hd] weights broadcast, each head normed alone
+        assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2
+    if name == "qwen2moe":
+        for layer in model.weights.layers:
+            assert layer.moe is not None
+            layer.moe.shared_gate_up = None
+        assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2

@@ -39,7 +39,8 @@ BAD_FILES: list[tuple[str, dict[str, Any], str]] = [
     ("2^20 KV heads", {"metadata": {"attention.head_count_kv": 2**20}}, "KV heads"),
     ("a feed-forward tensor one row short", {"one_row_short": ("blk.1.ffn_up.weight",)},
      "'blk.1.ffn_up.weight' has shape (47, 32), expected (48, 32)"),
-    ("experts", {"metadata": {"expert_count": 2**40}}, "mixture of experts"),
+    ("2^40 experts and no expert tensors", {"metadata": {"expert_count": 2**40, "expert_used_count": 2}},
+     "tensor 'blk.0.ffn_gate_inp.weight' is missing"),
 ]
 
 

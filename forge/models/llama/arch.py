@@ -14,6 +14,14 @@ entry in ARCHITECTURES (and a reference test: docs/models.md), not a new model c
              scores and final logits soft-capped: cap * tanh(x / cap)
     phi3     q/k/v in one tensor and gate/up in another; RoPE over halves; every layer on a sliding
              window when the file names one
+    qwen3moe qwen3's attention; a mixture of experts in every layer (forge.models.llama.mixture),
+             the top k's weights renormalised
+    olmoe    QK-norm over the whole q and k projections (not per head); RoPE over halves; a
+             mixture of experts, the top k's softmax weights as they are
+    qwen2moe qwen2's attention; a mixture of experts beside a shared expert whose output a sigmoid
+             gate scales
+    (llama)  a llama file with {arch}.expert_count (Mixtral): a mixture of experts, the top k's
+             weights renormalised (the softmax of their logits)
 
 RoPE over halves (llama.cpp's "NEOX" style: dims i and i + d/2 rotate together) is turned into
 Llama's adjacent pairs when the weights are loaded, by reordering the q/k rows of each head (and
@@ -44,6 +52,12 @@ class Architecture:
     fused_qkv: bool = False            # blk.N.attn_qkv.weight: the q, k and v rows in one tensor
     fused_gate_up: bool = False        # blk.N.ffn_up.weight: the gate rows, then the up rows
     softcapping: bool = False          # {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping
+    qk_norm_whole: bool = False        # QK-norm over the whole q and k projections (olmoe), not each head
+    experts: bool = False              # every layer a mixture of experts ({arch}.expert_count required);
+                                       # a llama file has one when it names an expert_count
+    norm_top_k: bool = True            # the top k's weights renormalised to sum 1, unless the file's
+                                       # {arch}.expert_weights_norm says otherwise
+    shared_expert: bool = False        # blk.N.ffn_{gate,up,down}_shexp.weight, gated by ffn_gate_inp_shexp
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -57,5 +71,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("gemma3", rope_style="halves", qk_norm=True, sandwich_norms=True, activation="gelu_tanh",
                      scale_embeddings=True, sliding_window_period=6, sliding_rope_base=10000.0),
         Architecture("phi3", rope_style="halves", fused_qkv=True, fused_gate_up=True, sliding_window_period=1),
+        Architecture("qwen3moe", rope_style="halves", qk_norm=True, experts=True),
+        Architecture("olmoe", rope_style="halves", qk_norm=True, qk_norm_whole=True, experts=True, norm_top_k=False),
+        Architecture("qwen2moe", rope_style="halves", attention_bias=True, experts=True, norm_top_k=False,
+                     shared_expert=True),
     )
 }

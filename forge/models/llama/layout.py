@@ -13,6 +13,8 @@ from forge.models.gguf_file import GGUFFile
 from forge.models.llama.llama_config import LlamaConfig
 
 Shape = tuple[int, ...]
+# A [1, H] tensor that older converters wrote squeezed, [H] (llama.cpp reads both): the shared expert's gate.
+SQUEEZED = "ffn_gate_inp_shexp.weight"
 
 
 def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
@@ -34,7 +36,7 @@ def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
         tensor = reader.tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{c.name}: tensor {name!r} is missing")
-        if tuple(tensor.shape) != shape:
+        if tuple(tensor.shape) != shape and not (name.endswith(SQUEEZED) and tuple(tensor.shape) == shape[1:]):
             raise ModelLoadError(f"{c.name}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape} "
                                  "from the metadata")
 
@@ -57,15 +59,20 @@ def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[
             shapes[p + "attn_q.weight"] = (q_rows, hidden)
             shapes[p + "attn_k.weight"] = shapes[p + "attn_v.weight"] = (kv_rows, hidden)
         shapes[p + "attn_output.weight"] = (hidden, q_rows)
-        if arch.fused_gate_up:
+        if c.moe is not None:
+            shapes.update(_expert_shapes(c, p))
+        elif arch.fused_gate_up:
             shapes[p + "ffn_up.weight"] = (2 * ffn, hidden)
+            shapes[p + "ffn_down.weight"] = (hidden, ffn)
         else:
             shapes[p + "ffn_gate.weight"] = shapes[p + "ffn_up.weight"] = (ffn, hidden)
-        shapes[p + "ffn_down.weight"] = (hidden, ffn)
+            shapes[p + "ffn_down.weight"] = (hidden, ffn)
         if arch.attention_bias:
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = shapes[p + "attn_v.bias"] = (kv_rows,)
-        if arch.qk_norm:
+        if arch.qk_norm and arch.qk_norm_whole:
+            shapes[p + "attn_q_norm.weight"], shapes[p + "attn_k_norm.weight"] = (q_rows,), (kv_rows,)
+        elif arch.qk_norm:
             shapes[p + "attn_q_norm.weight"] = shapes[p + "attn_k_norm.weight"] = (hd,)
         if arch.sandwich_norms:
             shapes[p + "post_attention_norm.weight"] = shapes[p + "post_ffw_norm.weight"] = (hidden,)
@@ -73,4 +80,21 @@ def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[
         shapes["rope_freqs.weight"] = (c.rope_dim // 2,)
     if c.rope_scaling.kind == "longrope":           # both factor sets, or the missing one is named
         shapes["rope_factors_long.weight"] = shapes["rope_factors_short.weight"] = (c.rope_dim // 2,)
+    return shapes
+
+
+def _expert_shapes(config: LlamaConfig, p: str) -> dict[str, Shape]:
+    """Layer p's mixture of experts: the router, each projection of every expert as one 3-D tensor
+    [experts, out, in], and the shared expert's parts."""
+    moe, hidden = config.moe, config.hidden_size
+    assert moe is not None
+    num, ffn = moe.num_experts, moe.expert_ffn
+    shapes: dict[str, Shape] = {p + "ffn_gate_inp.weight": (num, hidden),
+                                p + "ffn_gate_exps.weight": (num, ffn, hidden),
+                                p + "ffn_up_exps.weight": (num, ffn, hidden),
+                                p + "ffn_down_exps.weight": (num, hidden, ffn)}
+    if config.arch.shared_expert:
+        shapes[p + "ffn_gate_shexp.weight"] = shapes[p + "ffn_up_shexp.weight"] = (moe.shared_ffn, hidden)
+        shapes[p + "ffn_down_shexp.weight"] = (hidden, moe.shared_ffn)
+        shapes[p + SQUEEZED] = (1, hidden)
     return shapes

@@ -27,6 +27,17 @@ MAX_CONTEXT_LENGTH = 2**24
 
 
 @dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """A mixture of experts in every layer: each token's top k of num_experts experts, by the router."""
+    num_experts: int          # {arch}.expert_count
+    num_used: int             # {arch}.expert_used_count: the k of each token's top k
+    expert_ffn: int           # one expert's feed-forward width ({arch}.expert_feed_forward_length)
+    shared_ffn: int = 0       # the shared expert's width (qwen2moe); 0: none
+    norm_top_k: bool = True   # the top k's softmax weights renormalised to sum 1
+    weights_scale: float = 1.0  # the experts' weights times this ({arch}.expert_weights_scale)
+
+
+@dataclass(frozen=True, slots=True)
 class LlamaConfig:
     name: str                 # the model file's name, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf"
     vocab_size: int
@@ -49,6 +60,7 @@ class LlamaConfig:
     sliding_window: int = 0   # keys a sliding-window layer's query sees (its own included); 0: none
     attn_softcap: float = 0.0   # attention scores soft-capped at this (cap * tanh(x / cap)); 0: none
     final_softcap: float = 0.0  # the same for the output logits
+    moe: MoeConfig | None = None  # every layer's MLP a mixture of experts (forge.models.llama.mixture)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends to the last sliding_window positions only."""
@@ -111,9 +123,6 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
     name = os.path.basename(os.fspath(path))
     arch = architecture_of(reader, name)
     a = arch.name
-    experts = field_value(reader, f"{a}.expert_count")
-    if isinstance(experts, int) and experts > 0:
-        raise ModelLoadError(f"{name}: a mixture of experts ({experts} experts) is not supported")
     hidden = _required_int(reader, f"{a}.embedding_length", name)
     num_heads, num_kv_heads, head_dim, rope_dim = _head_shape(reader, a, name, hidden)
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
@@ -126,12 +135,13 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         raise ModelLoadError(f"{name}: the token list is missing or shorter than the special token ids")
     context = _context_length(reader, a, name)
     scaling = _rope_scaling(reader, a, name, context)
+    ffn = _required_int(reader, f"{a}.feed_forward_length", name)
     return LlamaConfig(
         name=name,
         vocab_size=vocab,
         num_layers=_required_int(reader, f"{a}.block_count", name),
         hidden_size=hidden,
-        intermediate_size=_required_int(reader, f"{a}.feed_forward_length", name),
+        intermediate_size=ffn,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
@@ -148,7 +158,44 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
         sliding_window=_sliding_window(reader, arch, name),
         attn_softcap=_optional_number(reader, f"{a}.attn_logit_softcapping", 0.0) if arch.softcapping else 0.0,
         final_softcap=_optional_number(reader, f"{a}.final_logit_softcapping", 0.0) if arch.softcapping else 0.0,
+        moe=_mixture(reader, arch, name, ffn),
     )
+
+
+# llama.cpp's expert gating functions ({arch}.expert_gating_func): 0 none (the family's own, softmax
+# for every family here), 1 softmax; sigmoid (2) and others belong to families forge does not run.
+SOFTMAX_GATING = (0, 1)
+
+
+def _mixture(reader: GGUFFile, arch: Architecture, name: str, ffn: int) -> MoeConfig | None:
+    """The file's mixture of experts, None for a dense model. A width the file does not name is the
+    dense feed-forward width (as llama.cpp reads OLMoE's and Mixtral's files)."""
+    a = arch.name
+    if field_value(reader, f"{a}.expert_count") in (None, 0) and not arch.experts:
+        return None
+    num_experts = _required_int(reader, f"{a}.expert_count", name)
+    num_used = _required_int(reader, f"{a}.expert_used_count", name)
+    if num_used > num_experts:
+        raise ModelLoadError(f"{name}: each token's {num_used} experts (expert_used_count) are more than the "
+                             f"{num_experts} there are")
+    gating = field_value(reader, f"{a}.expert_gating_func")
+    if gating is not None and gating not in SOFTMAX_GATING:
+        raise ModelLoadError(f"{name}: expert gating function {gating!r} is not supported (only softmax)")
+    norm = field_value(reader, f"{a}.expert_weights_norm")
+    scale = _optional_number(reader, f"{a}.expert_weights_scale", 1.0)
+    return MoeConfig(
+        num_experts=num_experts,
+        num_used=num_used,
+        expert_ffn=_optional_int(reader, f"{a}.expert_feed_forward_length", name, ffn),
+        shared_ffn=_optional_int(reader, f"{a}.expert_shared_feed_forward_length", name, ffn)
+        if arch.shared_expert else 0,
+        norm_top_k=norm if isinstance(norm, bool) else arch.norm_top_k,
+        weights_scale=scale or 1.0,             # 0: unset, as llama.cpp reads it
+    )
+
+
+def _optional_int(reader: GGUFFile, key: str, name: str, default: int) -> int:
+    return default if field_value(reader, key) is None else _required_int(reader, key, name)
 
 
 def _context_length(reader: GGUFFile, a: str, name: str) -> int:

@@ -26,6 +26,7 @@ from forge.models.llama.attention_plan import plan_attention
 from forge.models.llama.kv_cache import KVCache
 from forge.models.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
 from forge.models.llama.llama_config import LlamaConfig, config_from_reader
+from forge.models.llama.mixture import mixture
 from forge.models.llama.rope import RopeTables, apply_rope
 from forge.models.llama.weights import LayerWeights, LlamaWeights, load_weights
 
@@ -82,6 +83,14 @@ def head_norm_(x: F32, weight: F32, eps: float) -> None:
     x *= weight
 
 
+def projection_norm_(x: F32, weight: F32, eps: float) -> None:
+    """RMSNorm over all heads of each row together, in place (OLMoE's QK-norm over the whole q or k
+    projection): x is [T, heads, hd] (a view is fine), weight [heads, hd]."""
+    sum_sq = np.einsum("thd,thd->t", x, x)                       # [T]
+    x *= (1.0 / np.sqrt(sum_sq * np.float32(1.0 / (x.shape[1] * x.shape[2])) + np.float32(eps)))[:, None, None]
+    x *= weight
+
+
 def gelu_tanh_gated(gate_up: F32) -> F32:
     """GELU(gate) * up, GELU by its tanh approximation, for gate_up = [gate | up] [T, 2F]; [T, F]."""
     half = gate_up.shape[1] // 2
@@ -127,8 +136,10 @@ class LlamaModel:
         # keeps the whole forward on the numpy reference.
         self.compiled_ops = weights.kernels != "numpy" and compiled.library() is not None
         # Big steps split their rows over the pool only when the pool does the matmuls (dense
-        # weights): kernels run each product on threads of their own.
-        self._rows_split = weights.is_dense
+        # weights): kernels run each product on threads of their own. A mixture of experts keeps
+        # the step's rows together, so that each expert's weights are read once per step.
+        self._rows_split = weights.is_dense and config.moe is None
+        self._qk_norm = projection_norm_ if config.arch.qk_norm_whole else head_norm_
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
@@ -271,8 +282,8 @@ class LlamaModel:
                 heads += layer.qkv_bias
             heads = heads.reshape(hi - lo, -1, c.head_dim)                      # [n, nh + 2 nkv, hd]
             if layer.q_norm is not None and layer.k_norm is not None:
-                head_norm_(heads[:, :nh], layer.q_norm, c.rms_eps)
-                head_norm_(heads[:, nh : nh + nkv], layer.k_norm, c.rms_eps)
+                self._qk_norm(heads[:, :nh], layer.q_norm, c.rms_eps)
+                self._qk_norm(heads[:, nh : nh + nkv], layer.k_norm, c.rms_eps)
             apply_rope(heads[:, : nh + nkv], rotation[lo:hi])
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
@@ -286,12 +297,19 @@ class LlamaModel:
             xt = x[lo:hi]                                                       # [n, H] view
             out = mm(attn[lo:hi], layer.wo)
             xt += out if layer.post_attn_norm is None else self._norm(out, layer.post_attn_norm, eps)
-            out = mm(self._activation(mm(self._norm(xt, layer.ffn_norm, eps), layer.w_gate_up)), layer.w_down)
+            out = self._mlp(layer, self._norm(xt, layer.ffn_norm, eps), mm)
             xt += out if layer.post_ffn_norm is None else self._norm(out, layer.post_ffn_norm, eps)
 
     # Looked up at each call, not bound at load, so that scripts/ab/profile_step.py can time them.
     def _norm(self, x: F32, weight: F32, eps: float) -> F32:
         return (rms_norm_compiled if self.compiled_ops else rms_norm)(x, weight, eps)
+
+    def _mlp(self, layer: LayerWeights, x: F32, mm: MatmulFn) -> F32:
+        """The layer's MLP of its normed input x [n, H]: gated, or a mixture of experts."""
+        if layer.moe is not None and self.config.moe is not None:
+            return mixture(x, layer.moe, self.config.moe, mm, self._activation)
+        assert layer.w_gate_up is not None and layer.w_down is not None
+        return mm(self._activation(mm(x, layer.w_gate_up)), layer.w_down)
 
     def _activation(self, gate_up: F32) -> F32:
         if self.gelu:

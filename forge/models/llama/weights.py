@@ -7,7 +7,8 @@ array for forge.models.llama.linear: C-contiguous, except w_down, an F-ordered v
 another per layer; a tied head is C-contiguous [H, V] and the embedding its transposed view (measured
 faster than the other way round). Keeps no copy of the file's bytes once loading is done. The q/k rows
 stay in the file's RoPE order for Llama files; a family that rotates halves has each head's q/k rows
-(and their biases and QK-norm weights) reordered into pairs here (forge.models.llama.arch).
+(and their biases and QK-norm weights) reordered into pairs here (forge.models.llama.arch). A mixture
+of experts keeps its experts as views of the file's 3-D tensors (forge.models.llama.experts).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from forge.kernels.quant_blocks import SUPPORTED, affine_blocks, check_blocks
 from forge.kernels.quant_linear import BlockMatrix, as_blocks
 from forge.models.gguf_file import GGUFFile
 from forge.models.llama.dequant import dequantize
+from forge.models.llama.experts import ExpertStack, MoeWeights
 from forge.models.llama.layout import check_layout
 from forge.models.llama.linear import Q8Matrix
 from forge.models.llama.llama_config import LlamaConfig
@@ -58,13 +60,14 @@ class LayerWeights:
     wqkv: Weight         # [H, (nh + 2 * nkv) * hd]   columns: q heads, then k heads, then v heads
     wo: Weight           # [nh * hd, H]
     ffn_norm: F32        # [H]
-    w_gate_up: Weight    # [H, 2 * F]                 columns: gate, then up
-    w_down: Weight       # [F, H]                     dense: F-ordered, a view of the file's [H, F]
+    w_gate_up: Weight | None   # [H, 2 * F]           columns: gate, then up; None in a mixture of experts
+    w_down: Weight | None      # [F, H]               dense: F-ordered, a view of the file's [H, F]
     qkv_bias: F32 | None = None        # [(nh + 2 * nkv) * hd]  qwen2
-    q_norm: F32 | None = None          # [hd]  QK-norm (qwen3, gemma3)
-    k_norm: F32 | None = None          # [hd]
+    q_norm: F32 | None = None          # [hd]  QK-norm (qwen3, gemma3); [nh, hd] over the whole q (olmoe)
+    k_norm: F32 | None = None          # [hd]                              [nkv, hd]
     post_attn_norm: F32 | None = None  # [H]   sandwich norms (gemma3): after attention's projection
     post_ffn_norm: F32 | None = None   # [H]   and after the MLP, before each residual add
+    moe: MoeWeights | None = None      # the MLP as a mixture of experts (forge.models.llama.mixture)
 
 
 @dataclass(slots=True)
@@ -88,17 +91,19 @@ class LlamaWeights:
     @property
     def is_dense(self) -> bool:
         """Every matrix a float32 array (the numpy reference)."""
-        return all(isinstance(w, np.ndarray) for layer in self.layers
-                   for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)) and isinstance(self.head, np.ndarray)
+        return all(w is None or isinstance(w, np.ndarray) for layer in self.layers
+                   for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)) and isinstance(
+            self.head, np.ndarray) and all(layer.moe.is_dense for layer in self.layers if layer.moe is not None)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the weights (a tied head shares the embedding's memory, dense or in blocks)."""
         held: list[Any] = [self.embedding, self.out_norm]
         for layer in self.layers:
-            held += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down]
+            held += [w for w in (layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up,
+                                 layer.w_down) if w is not None]
             held += [w for w in (layer.qkv_bias, layer.q_norm, layer.k_norm, layer.post_attn_norm,
-                                 layer.post_ffn_norm) if w is not None]
+                                 layer.post_ffn_norm, layer.moe) if w is not None]
         tied_dense = (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
                       and np.shares_memory(self.head, self.embedding))
         tied_blocks = (isinstance(self.head, BlockMatrix) and isinstance(self.embedding, QuantEmbedding)
@@ -171,6 +176,15 @@ class _TensorSource:
             parts.append((blocks, int(tensor.tensor_type)))
         return BlockMatrix(parts, shapes[0][1], fast=self.fast)
 
+    def experts(self, names: list[str], in_features: int) -> ExpertStack:
+        """The 3-D expert tensors `names` ([experts, rows_i, in] each, checked by the layout) side by
+        side, as views of the file: multiplied from their blocks by the compiled products under the
+        blocks and onnxruntime backends where those read the types, else dequantized per step."""
+        parts = [(self._tensor(n).data, self._tensor(n).tensor_type) for n in names]
+        kernel = (self._kernels is not None and compiled.library() is not None and in_features % 32 == 0
+                  and all(int(qtype) in products.QMATMUL_TYPES for _, qtype in parts))
+        return ExpertStack(parts, in_features, kernel=kernel, fast=self.fast)
+
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any
         type they keep)."""
@@ -201,6 +215,9 @@ class _TensorSource:
 
     def has(self, name: str) -> bool:
         return name in self._tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensor(name).shape)
 
     def load(self, name: str, shape: tuple[int, ...]) -> F32:
         """The tensor as float32 in numpy order ([out, in] for matrices); may view the file."""
@@ -276,17 +293,21 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
             wqkv = src.matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                               [(q_rows, hidden), (kv_rows, hidden), (kv_rows, hidden)],
                               row_orders=[q_order, k_order, None])
-        if arch.fused_gate_up:   # one [gate + up rows, H] tensor: forge's own [gate | up] order
-            w_gate_up = src.matrix([p + "ffn_up.weight"], [(2 * ffn, hidden)])
-        else:
-            w_gate_up = src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)])
+        w_gate_up = w_down = None                  # a mixture of experts has no dense MLP
+        if c.moe is None:
+            if arch.fused_gate_up:   # one [gate + up rows, H] tensor: forge's own [gate | up] order
+                w_gate_up = src.matrix([p + "ffn_up.weight"], [(2 * ffn, hidden)])
+            else:
+                w_gate_up = src.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [(ffn, hidden), (ffn, hidden)])
+            w_down = src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True)
         layer = LayerWeights(
             attn_norm=src.owned(p + "attn_norm.weight", (hidden,)),
             wqkv=wqkv,
             wo=src.matrix([p + "attn_output.weight"], [(hidden, q_rows)]),
             ffn_norm=src.owned(p + "ffn_norm.weight", (hidden,)),
             w_gate_up=w_gate_up,
-            w_down=src.matrix([p + "ffn_down.weight"], [(hidden, ffn)], f_ordered=True),
+            w_down=w_down,
+            moe=_moe_weights(src, c, p) if c.moe is not None else None,
         )
         if arch.attention_bias:
             layer.qkv_bias = np.concatenate([
@@ -294,7 +315,10 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
                 _rows(src.owned(p + "attn_k.bias", (c.num_kv_heads * hd,)), k_order),
                 src.owned(p + "attn_v.bias", (c.num_kv_heads * hd,)),
             ])
-        if arch.qk_norm:
+        if arch.qk_norm and arch.qk_norm_whole:   # over all of q (k): its rows in q's (k's) new order
+            layer.q_norm = _rows(src.owned(p + "attn_q_norm.weight", (q_rows,)), q_order).reshape(c.num_heads, hd)
+            layer.k_norm = _rows(src.owned(p + "attn_k_norm.weight", (kv_rows,)), k_order).reshape(-1, hd)
+        elif arch.qk_norm:
             layer.q_norm = _rows(src.owned(p + "attn_q_norm.weight", (hd,)), head_order)
             layer.k_norm = _rows(src.owned(p + "attn_k_norm.weight", (hd,)), head_order)
         if arch.sandwich_norms:
@@ -339,6 +363,22 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         kernels=kernels.name if kernels is not None else "numpy",
         fast=src.fast,
     )
+
+
+def _moe_weights(src: _TensorSource, c: LlamaConfig, p: str) -> MoeWeights:
+    """Layer p's router, experts (views of the file's 3-D tensors) and shared expert."""
+    assert c.moe is not None
+    hidden, num, shared = c.hidden_size, c.moe.num_experts, c.moe.shared_ffn
+    moe = MoeWeights(router=src.matrix([p + "ffn_gate_inp.weight"], [(num, hidden)]),
+                     gate_up=src.experts([p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], hidden),
+                     down=src.experts([p + "ffn_down_exps.weight"], c.moe.expert_ffn))
+    if c.arch.shared_expert:
+        moe.shared_gate_up = src.matrix([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"],
+                                        [(shared, hidden), (shared, hidden)])
+        moe.shared_down = src.matrix([p + "ffn_down_shexp.weight"], [(hidden, shared)], f_ordered=True)
+        gate = p + "ffn_gate_inp_shexp.weight"                  # [1, H], or [H] as older converters wrote it
+        moe.shared_gate = src.owned(gate, src.shape(gate)).reshape(hidden, 1)
+    return moe
 
 
 def _rows(array: F32, order: I64 | None) -> F32:

@@ -1,0 +1,93 @@
+"""How a layer's experts are held: every expert's projection as a view of the file's 3-D tensor.
+
+llama.cpp's converter stacks each projection of a layer's experts into one tensor [experts, rows,
+cols] (ffn_gate_exps, ffn_up_exps, ffn_down_exps). An ExpertStack hands out expert e's [in, out]
+weight for forge.models.llama.linear's matmul: a BlockMatrix over that expert's own rows of the
+file's blocks (the compiled products, forge.kernels.quant_linear: no copy), or, for the numpy
+reference and for types the compiled products do not read, that expert's rows dequantized when a
+step uses it. Nothing proportional to the model is decoded or copied at load: the experts stay in
+the file's pages, quantized. The arithmetic of the block is forge.models.llama.mixture's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from gguf.constants import GGMLQuantizationType
+
+from forge.kernels.quant_linear import BlockMatrix, as_blocks
+from forge.models.llama.dequant import dequantize
+from forge.models.llama.weight_types import Weight
+
+F32 = npt.NDArray[np.float32]
+# One part of a stack: the file's tensor [experts, rows, bytes per row] (a quantized type) or
+# [experts, rows, cols] (a plain one), and its type.
+ExpertPart = tuple[npt.NDArray[Any], GGMLQuantizationType]
+
+
+class ExpertStack:
+    """One projection of every expert of a layer, the parts side by side (gate then up): expert e's
+    weight W_e [in, out] = the parts' rows of expert e, transposed. Thread-safe (read-only)."""
+
+    def __init__(self, parts: list[ExpertPart], in_features: int, *, kernel: bool, fast: bool = False) -> None:
+        self._parts = parts                  # views of the file's mapping: they keep it alive
+        self.num_experts = int(parts[0][0].shape[0])
+        self.in_features = in_features
+        self.out_features = sum(int(data.shape[1]) for data, _ in parts)
+        self.nbytes = sum(int(data.nbytes) for data, _ in parts)       # the file's pages, counted once
+        # Per expert a BlockMatrix over its rows of every part: a few ctypes words each, no weights.
+        self._kernels = [BlockMatrix([(as_blocks(data[e], data.shape[1]), int(qtype)) for data, qtype in parts],
+                                     in_features, fast=fast)
+                         for e in range(self.num_experts)] if kernel else None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[in, out] of each expert's weight."""
+        return self.in_features, self.out_features
+
+    @property
+    def is_kernel(self) -> bool:
+        """Whether the compiled products multiply the file's blocks (else: dequantized per step)."""
+        return self._kernels is not None
+
+    def __getitem__(self, expert: int) -> Weight:
+        """Expert `expert`'s weight [in, out]: its BlockMatrix, or its rows dequantized now (a
+        float32 copy of this expert only, F-ordered when there is one part)."""
+        if self._kernels is not None:
+            return self._kernels[expert]
+        rows = [dequantize(data[expert], qtype).astype(np.float32, copy=False) for data, qtype in self._parts]
+        if len(rows) == 1:
+            return rows[0].T                                             # [in, out] view of [out, in]
+        out: F32 = np.concatenate(rows).T                                # [in, sum of rows]
+        return out
+
+    def reads(self, array: npt.NDArray[Any]) -> bool:
+        """Whether `array`'s memory is (part of) what this stack reads."""
+        return any(np.shares_memory(data, array) for data, _ in self._parts)
+
+
+@dataclass(slots=True)
+class MoeWeights:
+    """A layer's mixture of experts (forge.models.llama.mixture): the router, the experts, and
+    qwen2moe's shared expert with its gate."""
+    router: Weight                         # [H, E]    logits of every expert for a token
+    gate_up: ExpertStack                   # expert e: [H, 2 F]   columns: gate, then up
+    down: ExpertStack                      # expert e: [F, H]
+    shared_gate_up: Weight | None = None   # [H, 2 Fs]  the shared expert (qwen2moe)
+    shared_down: Weight | None = None      # [Fs, H]
+    shared_gate: Weight | None = None      # [H, 1]     its output times sigmoid(x @ shared_gate)
+
+    @property
+    def is_dense(self) -> bool:
+        """Every part a float32 array or dequantized per step (the numpy reference)."""
+        return not (self.gate_up.is_kernel or self.down.is_kernel) and all(
+            w is None or isinstance(w, np.ndarray) for w in (self.router, self.shared_gate_up, self.shared_down,
+                                                              self.shared_gate))
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.router, self.gate_up, self.down, self.shared_gate_up, self.shared_down, self.shared_gate)
+        return sum(int(w.nbytes) for w in parts if w is not None)

@@ -29,6 +29,7 @@ from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_messages
 from forge.api.openai.openai_prepare import template_messages
+from forge.api.sse import sse_event
 from forge.messages import Submit
 from forge.text.tool_calls import ToolCallReader
 
@@ -109,7 +110,7 @@ def message_body(choice: Choice, shape: MessageShape) -> dict[str, Any]:
 async def message_events(reader: ChoiceReader, shape: MessageShape) -> AsyncIterator[bytes]:
     """The stream: message_start at once, a ping after the first block starts and whenever nothing
     comes for a while (a long prefill), each delta's block events, then message_delta and message_stop."""
-    yield wire.sse_event(wire.message_start(message_id=shape.message_id, model=shape.model,
+    yield sse_event(wire.message_start(message_id=shape.message_id, model=shape.model,
                                             input_tokens=reader.num_prompt_tokens))
     blocks, calls, pinged = wire.ContentBlocks(), shape.calls(), False
     async for item in reader.deltas():
@@ -120,7 +121,7 @@ async def message_events(reader: ChoiceReader, shape: MessageShape) -> AsyncIter
         if delta.error is not None:
             failure = reader.failure()
             assert failure is not None
-            yield wire.sse_event(wire.error_body(failure.status, failure.message))
+            yield sse_event(wire.error_body(failure.status, failure.message))
             return                                  # the message ends here, without message_stop
         ended = delta.finish_reason is not None
         text, events = delta.text, []
@@ -129,11 +130,11 @@ async def message_events(reader: ChoiceReader, shape: MessageShape) -> AsyncIter
             events = blocks.push([wire.ThinkingDelta(choice.parts.reasoning)])
         events += blocks.push(wire.text_events(calls, text, final=ended)) + (blocks.close() if ended else [])
         for event in events:
-            yield wire.sse_event(event)
+            yield sse_event(event)
             if not pinged and event["type"] == "content_block_start":
                 yield wire.PING
                 pinged = True
         if ended:
             reason, sequence, usage = _ending(choice, blocks)
-            yield wire.sse_event(wire.message_delta(stop_reason=reason, stop_sequence=sequence, usage=usage))
-            yield wire.sse_event(wire.MESSAGE_STOP)
+            yield sse_event(wire.message_delta(stop_reason=reason, stop_sequence=sequence, usage=usage))
+            yield sse_event(wire.MESSAGE_STOP)

@@ -45,6 +45,7 @@ from forge.api.responses.responses_schema import (
     wire_param,
 )
 from forge.api.responses.responses_store import ResponseStore
+from forge.api.sse import sse_event
 from forge.errors import RequestError
 from forge.messages import Submit
 from forge.text.tool_calls import ToolCallReader
@@ -175,7 +176,7 @@ class ResponsesRoutes:
         numbers = itertools.count()
 
         def frame(event: dict[str, Any]) -> bytes:
-            return wire.sse_event({**event, "sequence_number": next(numbers)})
+            return sse_event({**event, "sequence_number": next(numbers)})
 
         yield frame({"type": "response.created", "response": shape.body("in_progress")})
         yield frame({"type": "response.in_progress", "response": shape.body("in_progress")})

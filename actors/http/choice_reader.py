@@ -1,8 +1,9 @@
-"""Response assembly: one response's choices read from its ResponseGroup, as one JSON body or SSE frames.
+"""One response's choices read from its ResponseGroup, to their ends or delta by delta.
 
 A ChoiceReader accumulates each choice's text, logprobs, token counts and timing as deltas arrive
-(observing the latency metrics on the way); the functions below turn what it read into the OpenAI
-wire shapes (forge.api.openai.openai_schema). Nothing here admits, routes or aborts: the gateway does that.
+(observing the latency metrics on the way), and says what the response failed with, if it did. What it
+read becomes a wire format's body or stream elsewhere (actors/http/openai_render.py, the routes' renderers).
+Nothing here admits, routes or aborts: the lifetime does that.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -18,12 +18,10 @@ from starlette.requests import Request
 from actors.http.choice_feed import ChoiceFeed
 from actors.ops.metrics import ModelMetrics
 from actors.runtime.stream_demux import REJECTED, SHUTDOWN, SLOW_READER, ResponseGroup
-from forge.api.openai import openai_output as wire
-from forge.api.openai.openai_output import FinishReason, ResponseHeader, TokenLogprob, Usage
+from forge.api.openai.openai_output import FinishReason, TokenLogprob, Usage
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
 from forge.sampling.reasoning import ReasoningParts, ReasoningReader
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
 # tokens, and one gap per token would flood the histogram with one figure.
@@ -194,154 +192,3 @@ class ChoiceReader:
         return RequestError(f"the engine failed while generating this response ({error})", status=500,
                             type="server_error", code="engine_fault")
 
-
-def _error_frame(reader: ChoiceReader) -> bytes:
-    """A choice the engine failed ends its stream part with OpenAI's error envelope as an SSE event
-    (the other choices carry on; the stream still ends with [DONE])."""
-    error = reader.failure()
-    assert error is not None
-    return wire.sse_frame(wire.error_body(error.message, error.type, error.param, error.code))
-
-
-# ---- /v1/completions ---------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class CompletionShape:
-    """What a completion response needs besides its choices."""
-    header: ResponseHeader
-    n: int                          # choices per prompt
-    echoes: list[str]               # per choice: the prompt text it repeats ("" without echo)
-    want_logprobs: bool
-
-
-def _completion_logprobs(entries: list[TokenLogprob], start: int) -> dict[str, Any]:
-    """Logprobs with each token's text offset, counted from `start` in the choice's text."""
-    offsets = []
-    for entry in entries:
-        offsets.append(start)
-        start += len(entry.text)
-    return wire.completion_logprobs(entries, offsets)
-
-
-def completion_body(reader: ChoiceReader, shape: CompletionShape) -> dict[str, Any]:
-    items = []
-    for k, c in enumerate(reader.choices):
-        echo = shape.echoes[k]
-        lp = _completion_logprobs(c.logprobs, len(echo)) if shape.want_logprobs else None
-        items.append(wire.completion_choice(k, echo + c.text, c.finish_reason or "length", lp))
-    return wire.completion_response(shape.header, items, reader.usage(shape.n))
-
-
-async def completion_frames(reader: ChoiceReader, shape: CompletionShape) -> AsyncIterator[bytes]:
-    header = shape.header
-    offsets = [len(echo) for echo in shape.echoes]     # where each choice's next token starts
-    for k, echo in enumerate(shape.echoes):
-        if echo:
-            yield wire.sse_frame(wire.completion_chunk(header, index=k, text=echo))
-    async for item in reader.deltas():
-        if item is None:
-            yield wire.SSE_PING
-            continue
-        k, delta, choice = item
-        if delta.error is not None:
-            yield _error_frame(reader)
-            continue
-        # Text held back (half a character, a possible stop string) still sends its logprobs.
-        if not delta.text and delta.finish_reason is None and not (shape.want_logprobs and delta.logprobs):
-            continue
-        lp = None
-        if shape.want_logprobs:
-            entries = choice.logprobs[-len(delta.logprobs):] if delta.logprobs else []
-            lp = _completion_logprobs(entries, offsets[k])
-            offsets[k] += sum(len(e.text) for e in entries)
-        yield wire.sse_frame(wire.completion_chunk(header, index=k, text=delta.text,
-                                                 finish_reason=choice.finish_reason, logprobs=lp))
-    if header.include_usage:
-        yield wire.sse_frame(wire.completion_usage_chunk(header, reader.usage(shape.n)))
-
-
-# ---- /v1/chat/completions ----------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class ToolReading:
-    """Tool calls are read out of each choice's text (forge.text.tool_calls); at most max_calls per choice."""
-    max_calls: int | None = None
-
-
-def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
-              tools: ToolReading | None = None) -> dict[str, Any]:
-    items = []
-    split = reader.reasoning is not None
-    for k, c in enumerate(reader.choices):
-        reason: FinishReason = c.finish_reason or "length"
-        lp = wire.chat_logprobs(c.logprobs) if want_logprobs else None
-        reasoning = (c.reasoning or None) if split else None
-        text = c.content if split else c.text
-        if tools is None:
-            # Only a reasoning model's section with nothing after it leaves content null (as vLLM's).
-            items.append(wire.chat_choice(k, None if reasoning and not text else text, reason, lp,
-                                          reasoning=reasoning))
-            continue
-        message = read_message(text, max_calls=tools.max_calls)
-        if message.tool_calls and reason == "stop":
-            reason = "tool_calls"
-        calls = [wire.tool_call(t.id, t.name, t.arguments) for t in message.tool_calls]
-        items.append(wire.chat_choice(k, message.content, reason, lp, calls, reasoning=reasoning))
-    return wire.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
-
-
-async def chat_frames(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
-                      tools: ToolReading | None = None) -> AsyncIterator[bytes]:
-    calls = [ToolCallReader(max_calls=tools.max_calls) for _ in reader.choices] if tools is not None else None
-    for k in range(len(reader.choices)):
-        yield wire.sse_frame(wire.chat_role_chunk(header, index=k))
-    async for item in reader.deltas():
-        if item is None:
-            yield wire.SSE_PING
-            continue
-        k, delta, choice = item
-        if delta.error is not None:
-            yield _error_frame(reader)
-            continue
-        lp = wire.chat_logprobs(choice.logprobs[-len(delta.logprobs):]) if want_logprobs and delta.logprobs else None
-        reason = choice.finish_reason if delta.finish_reason is not None else None
-        text = delta.text
-        if reader.reasoning is not None:
-            text = choice.parts.content
-            if choice.parts.reasoning:
-                yield wire.sse_frame(wire.chat_reasoning_chunk(header, index=k, reasoning=choice.parts.reasoning,
-                                                               logprobs=lp))
-                lp = None
-        if calls is None:
-            if text or lp is not None or (delta.logprobs and reader.reasoning is None):
-                yield wire.sse_frame(wire.chat_content_chunk(header, index=k, content=text, logprobs=lp))
-        else:
-            events = calls[k].push(text) + (calls[k].finish() if reason is not None else [])
-            for frame in _tool_frames(header, k, events, lp):
-                yield frame
-            if reason == "stop" and calls[k].num_calls:
-                reason = "tool_calls"
-        if reason is not None:
-            yield wire.sse_frame(wire.chat_finish_chunk(header, index=k, finish_reason=reason))
-    if header.include_usage:
-        yield wire.sse_frame(wire.chat_usage_chunk(header, reader.usage(len(reader.choices))))
-
-
-def _tool_frames(header: ResponseHeader, k: int, events: list[ToolEvent], lp: dict[str, Any] | None) -> list[bytes]:
-    """Content and tool-call chunks for one delta's events; its logprobs ride on the first content chunk,
-    or on an empty one."""
-    frames = []
-    for event in events:
-        match event:
-            case ContentDelta(text=text):
-                frames.append(wire.sse_frame(wire.chat_content_chunk(header, index=k, content=text, logprobs=lp)))
-                lp = None
-            case CallStart(index=i, id=call_id, name=name):
-                frames.append(wire.sse_frame(wire.chat_tool_call_chunk(header, index=k, call_index=i,
-                                                                      call_id=call_id, name=name)))
-            case ArgumentsDelta(index=i, text=text):
-                frames.append(wire.sse_frame(wire.chat_tool_call_chunk(header, index=k, call_index=i,
-                                                                      arguments=text)))
-    if lp is not None:
-        frames.append(wire.sse_frame(wire.chat_content_chunk(header, index=k, content="", logprobs=lp)))
-    return frames

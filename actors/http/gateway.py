@@ -2,9 +2,10 @@
 
 Requests are validated at the edge (forge.api.openai.openai_schema) and admitted against explicit bounds
 before any tokenizing work (actors/http/admission.py). Each response's choices go to the tokenizer as
-Submits and are read back from the stream demultiplexer (actors.http.choice_reader assembles the body or
-the SSE frames; actors.http.lifetime admits, submits and reads them); a client that goes away, in any
-phase, aborts its requests through the same path, so their blocks are freed at the next step.
+Submits and are read back from the stream demultiplexer (actors.http.lifetime admits, submits and reads them;
+a chat runs the one generation route, actors.http.generation; actors.http.openai_render writes OpenAI's
+bodies and SSE frames); a client that goes away, in any phase, aborts its requests through the same path,
+so their blocks are freed at the next step.
 Every error a request meets is a RequestError, rendered as OpenAI's error envelope.
 """
 
@@ -27,17 +28,11 @@ from starlette.routing import Match, Route
 
 from actors.http.admission import Admission
 from actors.http.browser_guard import BrowserGuard, BrowserPolicy
-from actors.http.choice_reader import (
-    CompletionShape,
-    ToolReading,
-    chat_body,
-    chat_frames,
-    completion_body,
-    completion_frames,
-)
 from actors.http.edge import error_response_for, json_response, rejection_reason
+from actors.http.generation import ToolReading, generate_chat, params_for
 from actors.http.lifetime import DEFAULT_MAX_UNSENT_TOKENS, ResponseLifetime
 from actors.http.model_resolver import ModelResolver
+from actors.http.openai_render import ChatRenderer, CompletionFrames, CompletionShape, completion_body
 from actors.http.openapi import openapi_document
 from actors.http.routes.anthropic_route import MessagesRoutes
 from actors.http.routes.embeddings_route import EmbeddingsRoutes
@@ -52,16 +47,10 @@ from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet
 from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import ResponseHeader
-from forge.api.openai.openai_prepare import (
-    prepare_chat,
-    prepare_completion,
-    prepare_generate,
-    template_messages,
-)
+from forge.api.openai.openai_prepare import prepare_chat, prepare_completion, prepare_generate
 from forge.api.responses.responses_store import DEFAULT_MAX_RESPONSES, DEFAULT_TTL_S, ResponseStore
 from forge.errors import RequestError
 from forge.messages import Submit
-from forge.sampling.sampling_params import SamplingParams
 
 log = structlog.get_logger("forge.gateway")
 
@@ -275,7 +264,7 @@ class Gateway:
         submits = []
         for i, prompt in enumerate(prompts):
             for j in range(n):
-                rid, p = f"{base}-{i * n + j}", _params_for(params, j)
+                rid, p = f"{base}-{i * n + j}", params_for(params, j)
                 if isinstance(prompt, str):
                     submits.append(Submit(request_id=rid, params=p, text=prompt))
                 else:
@@ -285,29 +274,16 @@ class Gateway:
         shape = CompletionShape(header=self._header(pipe, base, req.include_usage), n=n, echoes=echoes,
                                 want_logprobs=req.logprobs is not None)
         if req.stream:
-            return self.life.sse(request, pipe, reader, completion_frames(reader, shape))
+            return self.life.sse(request, pipe, reader, CompletionFrames(reader, shape).stream())
         return await self.life.respond(request, pipe, reader, lambda: completion_body(reader, shape))
 
     async def _chat(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name, max_model_len=pipe.max_model_len)
-        await self.life.check_constraint(pipe, prep.constraint)
-        req, functions = prep.request, prep.functions
-        params, reasoning = pipe.thinking(prep)
-        messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, functions)
-        base = wire.new_request_id("chatcmpl")
-        request.state.response_id = base
-        submits = [Submit(request_id=f"{base}-{j}", params=_params_for(params, j), messages=messages,
-                          tools=template_tools, template_kwargs=req.chat_template_kwargs) for j in range(req.n)]
-        reader = await self.life.start(request, pipe, submits, len(body), arrival)
-        reader.split_reasoning(reasoning)
-        header = self._header(pipe, base, req.include_usage)
-        want_logprobs = params.logprobs is not None
-        tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if functions else None
-        if req.stream:
-            return self.life.sse(request, pipe, reader,
-                             chat_frames(reader, header, want_logprobs=want_logprobs, tools=tools))
-        return await self.life.respond(request, pipe, reader,
-                                   lambda: chat_body(reader, header, want_logprobs=want_logprobs, tools=tools))
+        req = prep.request
+        tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if prep.functions else None
+        return await generate_chat(self.life, request, pipe, prep, lambda: ChatRenderer(
+            self._header(pipe, wire.new_request_id("chatcmpl"), req.include_usage),
+            want_logprobs=prep.params.logprobs is not None, tools=tools), num_bytes=len(body), arrival=arrival)
 
     def _header(self, pipe: ModelHandle, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,
@@ -322,14 +298,6 @@ def _slash_hint(request: Request) -> str:
     if other and any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes):
         return f" ({other} is one)"
     return ""
-
-
-def _params_for(params: SamplingParams, j: int) -> SamplingParams:
-    """The j-th choice's parameters: a seeded request's choices differ by their seeds, seed + j wrapped in
-    signed 64 bits (2^63 - 1 then -2^63), so that every seed the API takes serves any n."""
-    if j == 0 or params.seed is None:
-        return params
-    return msgspec.structs.replace(params, seed=(params.seed + j + 2**63) % 2**64 - 2**63)
 
 
 def _echo_text(pipe: ModelHandle, prompt: str | list[int]) -> str:

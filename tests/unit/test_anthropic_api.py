@@ -13,6 +13,7 @@ from forge.api.anthropic import anthropic_output as wire
 from forge.api.anthropic.anthropic_schema import chat_request, decode_count_tokens, decode_messages, prepare_messages
 from forge.api.openai.openai_prepare import prepare_chat
 from forge.api.openai.openai_schema import NamedToolChoice
+from forge.api.sse import sse_event
 from forge.errors import InvalidRequest
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
@@ -218,7 +219,7 @@ def test_errors_take_the_type_of_their_status(status: int, kind: str) -> None:
 
 
 def test_every_event_is_named_by_its_type() -> None:
-    frame = wire.sse_event(wire.message_delta(stop_reason="end_turn", stop_sequence=None,
+    frame = sse_event(wire.message_delta(stop_reason="end_turn", stop_sequence=None,
                                               usage=wire.usage(prompt_tokens=3, cached_tokens=0, output_tokens=1)))
     name, data, end = frame.split(b"\n", 2)
     assert name == b"event: message_delta" and json.loads(data.removeprefix(b"data: "))["type"] == "message_delta"

@@ -25,6 +25,7 @@ from forge.api.responses.responses_schema import (
     wire_param,
 )
 from forge.api.responses.responses_store import ResponseStore
+from forge.api.sse import sse_event
 from forge.errors import InvalidRequest
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
@@ -248,7 +249,7 @@ def test_a_thinking_section_is_a_reasoning_item_before_the_message() -> None:
 
 
 def test_every_frame_is_named_by_its_type() -> None:
-    frame = wire.sse_event({"type": "response.created", "sequence_number": 0})
+    frame = sse_event({"type": "response.created", "sequence_number": 0})
     name, data = frame.decode().removesuffix("\n\n").split("\n")
     assert name == "event: response.created" and json.loads(data.removeprefix("data: "))["sequence_number"] == 0
 

@@ -8,18 +8,18 @@
     DELETE /v1/responses/{id}     forget it
 
 A response is a chat request in another wire format (forge/api/responses/responses_schema.py turns it into one, after
-the stored conversation it continues): it runs through the same preparation, admission, tokenizer and
-engine as a chat completion, through the same response lifetime (actors/http/lifetime.py), and is read back
-with the same tool-call reader; only the shapes written here differ (forge/api/responses/responses_output.py). Errors
-are OpenAI's envelope, as on chat. The store is this gateway's memory (forge/api/responses/responses_store.py).
+the stored conversation it continues): it runs the one generation route of a chat completion
+(actors/http/generation.py: the same preparation, admission, tokenizer, engine and response lifetime), and
+is read back with the same tool-call reader; only its renderer differs (ResponseRenderer and its stream's
+frames here, the shapes forge/api/responses/responses_output.py's). Errors are OpenAI's envelope, as on chat.
+The store is this gateway's memory (forge/api/responses/responses_store.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -29,11 +29,11 @@ from starlette.routing import Route
 
 from actors.http.choice_reader import Choice, ChoiceReader
 from actors.http.edge import json_response
+from actors.http.generation import Renderer, ToolReading, generate_chat
 from actors.http.lifetime import ResponseLifetime
+from actors.http.stream_writer import StreamFrames
 from actors.runtime.model_handle import ModelHandle
 from forge.api.anthropic.anthropic_output import text_events
-from forge.api.openai.openai_output import SSE_PING
-from forge.api.openai.openai_prepare import template_messages
 from forge.api.responses import responses_output as wire
 from forge.api.responses.responses_schema import (
     Conversation,
@@ -45,30 +45,10 @@ from forge.api.responses.responses_schema import (
     wire_param,
 )
 from forge.api.responses.responses_store import ResponseStore
+from forge.api.sse import sse_event
 from forge.errors import RequestError
-from forge.messages import Submit
+from forge.messages import TextDelta
 from forge.text.tool_calls import ToolCallReader
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseShape:
-    """What one response's body or events need besides what the reader reads."""
-    response_id: str
-    created_at: int
-    model: str
-    echoed: dict[str, Any]          # the request's settings, repeated in every response object
-    has_tools: bool                 # tool calls are read out of the text
-    max_calls: int | None
-    store: bool
-    conversation: Conversation      # what this response continues: the stored one, then its input
-
-    def calls(self) -> ToolCallReader | None:
-        return ToolCallReader(max_calls=self.max_calls) if self.has_tools else None
-
-    def body(self, status: wire.Status, output: list[dict[str, Any]] | None = None,
-             usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
-        return wire.response(response_id=self.response_id, created_at=self.created_at, model=self.model,
-                             status=status, echoed=self.echoed, output=output or [], usage=usage, error=error)
 
 
 def not_found(response_id: str, param: str | None = None) -> RequestError:
@@ -118,24 +98,13 @@ class ResponsesRoutes:
 
     async def _start(self, request: Request, pipe: ModelHandle, req: ResponsesRequest, num_bytes: int,
                      arrival: float) -> Response:
-        history = self._history(req)
-        conversation, prep = prepare_response(req, history, served_model_name=pipe.serving.served_model_name,
+        name = pipe.serving.served_model_name
+        conversation, prep = prepare_response(req, self._history(req), served_model_name=name,
                                               max_model_len=pipe.max_model_len)
-        await self._life.check_constraint(pipe, prep.constraint)
-        messages, template_tools = template_messages(pipe.template.supports_tools, prep.messages, prep.functions)
-        shape = ResponseShape(response_id=wire.new_response_id(), created_at=int(time.time()),
-                              model=pipe.serving.served_model_name,
-                              echoed=wire.echo(req), has_tools=bool(prep.functions), max_calls=max_calls(req),
-                              store=req.store, conversation=conversation)
-        request.state.response_id = shape.response_id
-        params, reasoning = pipe.thinking(prep)
-        submit = Submit(request_id=f"{shape.response_id}-0", params=params, messages=messages,
-                        tools=template_tools, template_kwargs=prep.request.chat_template_kwargs)
-        reader = await self._life.start(request, pipe, [submit], num_bytes, arrival)
-        reader.split_reasoning(reasoning)
-        if req.stream:
-            return self._life.sse(request, pipe, reader, self._events(reader, shape), done=None)
-        return await self._life.respond(request, pipe, reader, lambda: self._body(reader.choices[0], shape))
+        tools = ToolReading(max_calls=max_calls(req)) if prep.functions else None
+        return await generate_chat(self._life, request, pipe, prep, lambda: ResponseRenderer(
+            wire.new_response_id(), created_at=int(time.time()), model=name, echoed=wire.echo(req), tools=tools,
+            store=self.store if req.store else None, conversation=conversation), num_bytes=num_bytes, arrival=arrival)
 
     def _history(self, req: ResponsesRequest) -> Conversation:
         """The conversation previous_response_id names (404 when it is not stored, or no longer)."""
@@ -146,61 +115,93 @@ class ResponsesRoutes:
             raise not_found(req.previous_response_id, param="previous_response_id")
         return stored.conversation
 
-    def _finish(self, shape: ResponseShape, choice: Choice, items: wire.OutputItems) -> dict[str, Any]:
+
+class ResponseRenderer(Renderer):
+    """One response's answer: the response object, or its typed events (no [DONE]); a finished response
+    is stored (when asked) with the conversation it ends."""
+
+    def __init__(self, response_id: str, *, created_at: int, model: str, echoed: dict[str, Any],
+                 tools: ToolReading | None, store: ResponseStore | None, conversation: Conversation) -> None:
+        """`echoed`: the request's settings, repeated in every response object; `tools`: how tool calls are
+        read out of the text; `store`: where it is kept (None: store false); `conversation`: what it
+        continues, the stored one, then its input."""
+        super().__init__(response_id)
+        self.created_at, self.model, self.echoed = created_at, model, echoed
+        self.tools, self.store, self.conversation = tools, store, conversation
+
+    def calls(self) -> ToolCallReader | None:
+        return self.tools.reader() if self.tools is not None else None
+
+    def response(self, status: wire.Status, output: list[dict[str, Any]] | None = None,
+                 usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return wire.response(response_id=self.response_id, created_at=self.created_at, model=self.model,
+                             status=status, echoed=self.echoed, output=output or [], usage=usage, error=error)
+
+    def finish(self, choice: Choice, items: wire.OutputItems) -> dict[str, Any]:
         """The finished response object, stored (when asked) with the conversation it ends."""
         output = items.items()
         usage = wire.usage(prompt_tokens=choice.counts.prompt, cached_tokens=choice.counts.cached,
                            output_tokens=choice.counts.completion,
                            reasoning_tokens=min(choice.counts.reasoning, choice.counts.completion))
-        body = shape.body(wire.status(choice.finish_reason), output, usage)
-        if shape.store:
+        body = self.response(wire.status(choice.finish_reason), output, usage)
+        if self.store is not None:
             said = tuple(msgspec.convert(output, list[Item]))      # the output items, as a client would replay them
-            self.store.put(shape.response_id, body, shape.conversation + said, now=time.monotonic())
+            self.store.put(self.response_id, body, self.conversation + said, now=time.monotonic())
         return body
 
-    def _body(self, choice: Choice, shape: ResponseShape) -> dict[str, Any]:
+    def body(self, reader: ChoiceReader) -> dict[str, Any]:
+        choice = reader.choices[0]
         items = wire.OutputItems()
         if choice.splitter is not None:             # a reasoning model: its section, then what follows
             items.push_reasoning(choice.reasoning)
-            items.push(text_events(shape.calls(), choice.content, final=True))
+            items.push(text_events(self.calls(), choice.content, final=True))
         else:
-            items.push(text_events(shape.calls(), choice.text, final=True))
+            items.push(text_events(self.calls(), choice.text, final=True))
         items.close(wire.status(choice.finish_reason))
-        return self._finish(shape, choice, items)
+        return self.finish(choice, items)
 
-    async def _events(self, reader: ChoiceReader, shape: ResponseShape) -> AsyncIterator[bytes]:
-        """The stream: response.created and response.in_progress at once, each delta's item events,
-        then response.completed or response.incomplete (stored first, so a client that saw it may
-        continue it). Every event is numbered in the order sent."""
-        numbers = itertools.count()
+    def frames(self, reader: ChoiceReader) -> StreamFrames:
+        return ResponseFrames(reader, self)
 
-        def frame(event: dict[str, Any]) -> bytes:
-            return wire.sse_event({**event, "sequence_number": next(numbers)})
 
-        yield frame({"type": "response.created", "response": shape.body("in_progress")})
-        yield frame({"type": "response.in_progress", "response": shape.body("in_progress")})
-        items, calls = wire.OutputItems(), shape.calls()
-        async for item in reader.deltas():
-            if item is None:
-                yield SSE_PING
-                continue
-            _, delta, choice = item
-            if delta.error is not None:
-                failure = reader.failure()
-                assert failure is not None
-                yield frame(wire.error_event(message=failure.message, code=failure.code, param=failure.param))
-                error = {"code": "server_error", "message": failure.message}
-                yield frame({"type": "response.failed", "response": shape.body("failed", items.items(), error=error)})
-                return
-            text, events = delta.text, []
-            if choice.splitter is not None:
-                text = choice.parts.content
-                events = items.push_reasoning(choice.parts.reasoning)
-            events += items.push(text_events(calls, text, final=delta.finish_reason is not None))
-            if delta.finish_reason is not None:
-                events += items.close(wire.status(choice.finish_reason))
-            for event in events:
-                yield frame(event)
-            if delta.finish_reason is not None:
-                body = self._finish(shape, choice, items)
-                yield frame({"type": f"response.{body['status']}", "response": body})
+class ResponseFrames(StreamFrames):
+    """The stream: response.created and response.in_progress at once, each delta's item events, then
+    response.completed or response.incomplete (stored first, so a client that saw it may continue it);
+    an engine fault is an `error` event, then response.failed. Every event is numbered in the order sent."""
+
+    failure_ends_stream = True
+
+    def __init__(self, reader: ChoiceReader, renderer: ResponseRenderer) -> None:
+        super().__init__(reader)
+        self.renderer = renderer
+        self._numbers = itertools.count()
+        self._items, self._calls = wire.OutputItems(), renderer.calls()
+
+    def _frame(self, event: dict[str, Any]) -> bytes:
+        return sse_event({**event, "sequence_number": next(self._numbers)})
+
+    def opening(self) -> Iterator[bytes]:
+        yield self._frame({"type": "response.created", "response": self.renderer.response("in_progress")})
+        yield self._frame({"type": "response.in_progress", "response": self.renderer.response("in_progress")})
+
+    def failed(self, error: RequestError) -> Iterator[bytes]:
+        yield self._frame(wire.error_event(message=error.message, code=error.code, param=error.param))
+        failure = {"code": "server_error", "message": error.message}
+        yield self._frame({"type": "response.failed",
+                           "response": self.renderer.response("failed", self._items.items(), error=failure)})
+
+    def delta(self, _index: int, delta: TextDelta, choice: Choice) -> Iterator[bytes]:   # one choice
+        items = self._items
+        ended = delta.finish_reason is not None
+        text, events = delta.text, []
+        if choice.splitter is not None:
+            text = choice.parts.content
+            events = items.push_reasoning(choice.parts.reasoning)
+        events += items.push(text_events(self._calls, text, final=ended))
+        if ended:
+            events += items.close(wire.status(choice.finish_reason))
+        for event in events:
+            yield self._frame(event)
+        if ended:
+            body = self.renderer.finish(choice, items)
+            yield self._frame({"type": f"response.{body['status']}", "response": body})

@@ -1,6 +1,6 @@
 """Response shapes of forge's Anthropic-compatible Messages API: the message body, its content blocks,
 the stream's events, usage, stop reasons and the error envelope. Pure builders of plain dicts ready for
-msgspec.json.encode, and the SSE framing (every event named: `event: <type>` then its JSON).
+msgspec.json.encode; each event is framed named by its type (forge/api/sse.py's sse_event), the ping too.
 
 The content blocks are built from the tool-call reader's events (forge.text.tool_calls) in order, one way for
 both shapes: a stream sends the block events as each delta adds them, a body is the blocks they make,
@@ -15,13 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgspec
-
+from forge.api.sse import sse_event
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
-
-_encoder = msgspec.json.Encoder()
 
 # An error's status -> its type in the Messages API's envelope. forge answers overload (and loading,
 # draining) with 503 and Retry-After on every route, so here too: clients retry a 503 as they do a 529.
@@ -37,12 +34,6 @@ def new_message_id() -> str:
 def tool_use_id(call_id: str) -> str:
     """The Messages API's id of a call forge's reader named ("call_<hex>" -> "toolu_<hex>")."""
     return f"toolu_{call_id.removeprefix('call_')}"
-
-
-def sse_event(event: dict[str, Any]) -> bytes:
-    """One server-sent event, named by the payload's own type."""
-    name: str = event["type"]
-    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
 
 
 PING = sse_event({"type": "ping"})

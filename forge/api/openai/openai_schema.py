@@ -118,7 +118,28 @@ class NamedToolChoice(_OpenAIWire, frozen=True, kw_only=True):
     function: NamedFunction
 
 
-class _Sampling(_OpenAIWire, frozen=True, kw_only=True):
+class SamplingExtras(_OpenAIWire, frozen=True, kw_only=True):
+    """The sampling parameters every generation request of OpenAI's APIs takes beside its own: completions,
+    chat completions and the Responses API (forge/api/responses/responses_schema.py) inherit them, and
+    sampling_extras carries them from a Responses request to the chat request it means, so a new one is
+    declared here once (and read in forge/api/openai/openai_prepare.py's to_sampling_params)."""
+
+    seed: Seed | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_tokens: MinTokens = 0
+    ignore_eos: bool = False
+
+
+def sampling_extras(req: SamplingExtras) -> dict[str, Any]:
+    """The request's SamplingExtras by name, for the request of another wire format it is passed on to."""
+    return {name: getattr(req, name) for name in SamplingExtras.__struct_fields__}
+
+
+class _Sampling(SamplingExtras, frozen=True, kw_only=True):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -128,9 +149,6 @@ class _Sampling(_OpenAIWire, frozen=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Stop | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    seed: Seed | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
@@ -142,11 +160,6 @@ class _Sampling(_OpenAIWire, frozen=True, kw_only=True):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     # forge extras
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    repetition_penalty: RepetitionPenalty = 1.0
-    min_tokens: MinTokens = 0
-    ignore_eos: bool = False
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     skip_special_tokens: bool = True
     cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None   # vLLM's: tenant isolation

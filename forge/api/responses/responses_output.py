@@ -1,5 +1,5 @@
-"""Response shapes of forge's Responses API: the response object, its output items, usage, the typed
-stream events and their SSE framing (`event: <type>` then its JSON, numbered by `sequence_number`).
+"""Response shapes of forge's Responses API: the response object, its output items, usage and the typed
+stream events (framed by forge/api/sse.py's sse_event, numbered by `sequence_number`).
 Pure builders of plain dicts ready for msgspec.json.encode; errors are OpenAI's envelope
 (forge/api/openai/openai_output.py), as on chat.
 
@@ -30,12 +30,6 @@ def new_response_id() -> str:
 
 def _new_item_id(kind: Literal["msg", "fc", "rs"]) -> str:
     return f"{kind}_{uuid.uuid4().hex}"
-
-
-def sse_event(event: dict[str, Any]) -> bytes:
-    """One server-sent event, named by the payload's own type."""
-    name: str = event["type"]
-    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
 
 
 # ---- the response object --------------------------------------------------------------------------------

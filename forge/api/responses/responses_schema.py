@@ -22,20 +22,16 @@ from forge.api.openai.openai_schema import (
     JsonSchemaFormat,
     MaxTokens,
     MessageToolCall,
-    MinP,
-    MinTokens,
     NamedFunction,
     NamedToolChoice,
-    Penalty,
-    RepetitionPenalty,
     ResponseFormat,
-    Seed,
+    SamplingExtras,
     Temperature,
     ThinkingBudget,
     Tool,
     ToolCallFunction,
-    TopK,
     TopP,
+    sampling_extras,
 )
 from forge.api.wire_decode import decode_body
 from forge.errors import InvalidRequest
@@ -153,7 +149,7 @@ class ReasoningConfig(_ResponsesWire, frozen=True, kw_only=True):
 
 # ---- the request ----------------------------------------------------------------------------------------
 
-class ResponsesRequest(_ResponsesWire, frozen=True, kw_only=True):
+class ResponsesRequest(_ResponsesWire, SamplingExtras, frozen=True, kw_only=True):
     """POST /v1/responses."""
 
     model: str | None = None
@@ -175,15 +171,7 @@ class ResponsesRequest(_ResponsesWire, frozen=True, kw_only=True):
     user: str | None = None
     background: bool = False                                 # only false is served
     conversation: str | dict[str, Any] | None = None          # not served: refused if given
-    # as chat has them: forge's sampling extras
-    seed: Seed | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    repetition_penalty: RepetitionPenalty = 1.0
-    min_tokens: MinTokens = 0
-    ignore_eos: bool = False
+    # forge's sampling extras are inherited as chat's are (SamplingExtras); these two are chat's own
     thinking_budget: ThinkingBudget | None = None                              # chat's: wins over the effort
     chat_template_kwargs: dict[str, Any] | None = None                        # chat's: the template's variables
 
@@ -296,7 +284,7 @@ def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompl
     """The chat request a response means: instructions as a first system message, then the stored
     conversation and this input (`conversation`, chat_messages); functions nested as chat's tools;
     text.format as response_format; max_output_tokens as max_completion_tokens; reasoning.effort as
-    reasoning_effort."""
+    reasoning_effort; the sampling extras as they are."""
     messages = chat_messages(conversation)
     if req.instructions is not None:
         messages.insert(0, ChatMessage(role="system", content=req.instructions))
@@ -307,12 +295,10 @@ def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompl
     tool_choice = (NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
                    if isinstance(choice, ToolChoiceFunction) else choice)
     return ChatCompletionRequest(
-        model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
-        temperature=req.temperature, top_p=req.top_p, stream=req.stream, seed=req.seed,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, top_k=req.top_k,
-        min_p=req.min_p, repetition_penalty=req.repetition_penalty, response_format=_response_format(req.text.format),
-        tools=tools, tool_choice=tool_choice, parallel_tool_calls=req.parallel_tool_calls,
-        min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+        **sampling_extras(req), model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature, top_p=req.top_p, stream=req.stream,
+        response_format=_response_format(req.text.format), tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
         reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         thinking_budget=req.thinking_budget, chat_template_kwargs=req.chat_template_kwargs)
 

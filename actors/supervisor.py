@@ -149,7 +149,7 @@ class Daemon:
         def refresh() -> None:                    # each loaded model's gauges and cache counters
             for entry in models.loaded():
                 if entry.actors is not None:
-                    entry.actors.refresh_metrics(publisher)
+                    entry.actors.refresh_metrics()
 
         self.metrics.on_scrape(refresh)
         try:

@@ -32,7 +32,7 @@ def peek(body: bytes) -> Peek:
     """The body's `model` and `keep_alive`, before its route decodes it (which answers bad JSON with 400)."""
     try:
         return msgspec.json.decode(body, type=Peek)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):      # the route's own decoding says what is wrong (400)
         return Peek()
 
 

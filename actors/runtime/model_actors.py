@@ -47,14 +47,17 @@ class ModelActors:
     allocator: AllocatorActor | None = None
     worker: ModelWorkerActor | None = None
     encoder: EncoderActor | None = None
+    publisher: KvEventPublisher | None = None     # where its allocator sends KV events (--kv-events)
 
     def _actors(self) -> list[TokenizerActor | SchedulerActor | AllocatorActor | ModelWorkerActor | EncoderActor]:
         """Its actors in start order: each one's peers downstream are running before it."""
         return [a for a in (self.allocator, self.worker, self.scheduler, self.tokenizer, self.encoder) if a is not None]
 
-    def refresh_metrics(self, publisher: KvEventPublisher | None = None) -> None:
-        """Its gauges and cache counters (and its KV events', with `publisher`) up to date (a scrape's first step)."""
+    def refresh_metrics(self) -> None:
+        """Its gauges and cache counters (and its KV events') up to date (a scrape's first step, and its last
+        as it unloads)."""
         if self.scheduler is not None and self.allocator is not None:
+            publisher = self.publisher
             self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics(),
                                  publisher.statistics() if publisher is not None else None)
 
@@ -120,7 +123,7 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
         load=scheduler.load, reasoning_parser=served.reasoning_parser,
         thinking_close_ids=tuple(loaded.tokenizer.encode(CLOSING_TEXT, add_special_tokens=False)))
     return ModelActors(served=served, handle=handle, tokenizer=tokenizer, scheduler=scheduler,
-                       allocator=allocator, worker=worker, metrics=own)
+                       allocator=allocator, worker=worker, metrics=own, publisher=publisher)
 
 
 def wire_encoder(encoder: LoadedEncoder, cfg: EngineConfig, metrics: Metrics, *,

@@ -6,6 +6,7 @@ routes that take it. A flag or field added, renamed or re-defaulted without its 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 from pathlib import Path
@@ -101,3 +102,56 @@ def test_every_request_field_is_in_the_api_reference_for_the_routes_that_take_it
                                            f"in docs/api.md only: {sorted(set(doc) - (completion | chat))}")
     for name, (on_completions, on_chat) in doc.items():
         assert (name in completion, name in chat) == (on_completions, on_chat), name
+
+
+# ---- every path the docs name exists ------------------------------------------------------------
+
+ROOT = DOC.parents[1]
+# docs/benchmarks-history.md is a record of what was measured when: it names files as they were then.
+MAPS = [p for p in sorted(ROOT.glob("docs/*.md")) if p.name != "benchmarks-history.md"] + [ROOT / "README.md"]
+TOP = ("forge", "actors", "tests", "scripts", "deploy", "docs", "forge_bench", ".ci")
+PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./-]*[\w/])")
+# forge.llm.LLM, not forge.service (a unit file) nor forge.example.com
+DOTTED = re.compile(r"(?<![\w./-])((?:forge|actors)(?:\.[A-Za-z_]\w*)+)(?![\w-])")
+BARE = re.compile(r"(?<![\w/.-])([\w-]+\.(?:py|c|h|sh|html|service|socket|conf|toml))\b")
+
+
+def _named(pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    return [(doc.name, m.group(1).rstrip(".")) for doc in MAPS for m in pattern.finditer(doc.read_text())]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    """forge/engine/core.py, scripts/peer/, deploy/forge.service...: a module moved or renamed without
+    its docs fails here."""
+    missing = sorted({(doc, path) for doc, path in _named(PATH) if not (ROOT / path).exists()})
+    assert not missing, missing
+
+
+def test_every_module_the_docs_name_by_its_dotted_name_exists() -> None:
+    """forge.llm.LLM, actors.runtime.kv_publisher: a dotted name whose first two parts are a module or package
+    of forge/ or actors/ imports, and the rest are its attributes (forge.example.com, a host, is not one)."""
+    def is_module(parts: list[str]) -> bool:
+        path = ROOT.joinpath(*parts)
+        return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+    def resolves(dotted: str) -> bool:
+        parts = dotted.split(".")
+        depth = max(i for i in range(2, len(parts) + 1) if is_module(parts[:i]))
+        obj: object = importlib.import_module(".".join(parts[:depth]))
+        for attr in parts[depth:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+
+    named = {(doc, name) for doc, name in _named(DOTTED) if is_module(name.split(".")[:2])}
+    missing = sorted((doc, name) for doc, name in named if not resolves(name))
+    assert named and not missing, missing
+
+
+def test_every_file_the_docs_name_alone_is_in_the_tree() -> None:
+    """A file named without its folder (llama_model.py, qmatmul.c, forge.service): some file of the tree
+    has that name (module names are unique across the tree: tests/unit/test_layers.py)."""
+    names = {p.name for top in TOP for p in (ROOT / top).rglob("*")} | {p.name for p in ROOT.iterdir()}
+    missing = sorted({(doc, name) for doc, name in _named(BARE) if name not in names})
+    assert not missing, missing

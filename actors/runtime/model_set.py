@@ -100,6 +100,7 @@ class ModelSet:
         self._retry_after_s = retry_after_s
         self._on_swap = on_swap
         self._tg: TaskGroup | None = None
+        self._refusal: RequestError | None = None     # set once draining: what a request that would wait gets
         self.num_swaps = 0
 
     # ---- lookups ------------------------------------------------------------------------------
@@ -151,6 +152,8 @@ class ModelSet:
             entry.num_active += 1
             entry.last_used = time.monotonic()
             return entry.actors
+        if self._refusal is not None:
+            raise self._refusal
         waiter = _Waiter(since=time.monotonic())
         entry.waiters.append(waiter)
         try:
@@ -177,7 +180,9 @@ class ModelSet:
         self._schedule()
 
     def fail_waiters(self, error: RequestError) -> int:
-        """Fail every request waiting for a model (the daemon is draining); how many there were."""
+        """Fail every request waiting for a model, and those that would wait from now on (the daemon is
+        draining); how many were waiting."""
+        self._refusal = error
         num = 0
         for entry in self.entries.values():
             for waiter in entry.waiters:

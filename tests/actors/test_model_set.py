@@ -139,9 +139,12 @@ async def test_waiters_fail_when_the_daemon_drains(tiny_paths: dict[str, Path]) 
             await anyio.sleep(0.05)
             num = models.fail_waiters(CapacityError("draining", code="draining", retry_after_s=5))
             await anyio.sleep(0.05)
+            await wait_b()                             # one that would wait from now on fails at once
+            await models.acquire("a")                  # one for a loaded model is served, as the drain's are
+            models.release("a")
             models.release("a")
             tg.cancel_scope.cancel()
-    assert num == 1 and [e.code for e in failed] == ["draining"] and models.entries["b"].waiters == []
+    assert num == 1 and [e.code for e in failed] == ["draining", "draining"] and models.entries["b"].waiters == []
 
 
 async def test_requests_during_a_load_share_it(tiny_paths: dict[str, Path]) -> None:

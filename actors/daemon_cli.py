@@ -39,6 +39,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ResponseStore(max_responses=args.responses_store_size, ttl_s=args.responses_ttl)   # checks both
         if args.max_unsent_tokens < 1:
             raise ValueError(f"--max-unsent-tokens must be at least 1, got {args.max_unsent_tokens}")
+        if not args.model_turn_wait >= 0:
+            raise ValueError(f"--model-turn-wait must be at least 0 seconds, got {args.model_turn_wait}")
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
     from forge.models.hub import CATALOG
@@ -80,7 +82,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_unsent_tokens=args.max_unsent_tokens,
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
-        models_memory=models_memory, preload=preload, kv_events=kv_events)
+        models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events)
     listen = hypercorn_config(args.addr)
     if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
         try:    # the address tried before anything starts: a port in use is one line, not a crash report
@@ -222,7 +224,13 @@ def register(sub: Any) -> None:
     serve.add_argument("--max-loaded-models", type=int,
                        default=int(env("FORGE_MAX_LOADED_MODELS", "0") or 0) or None,
                        help="with several models: most loaded at once; loading another unloads the least "
-                            "recently used idle one [FORGE_MAX_LOADED_MODELS; no limit]")
+                            "recently used idle one, or a busy one drains first when a request for another "
+                            "has waited --model-turn-wait [FORGE_MAX_LOADED_MODELS; no limit]")
+    serve.add_argument("--model-turn-wait", type=float,
+                       default=float(env("FORGE_MODEL_TURN_WAIT", "3") or 3),
+                       help="with several models and no room to load one: seconds its oldest request waits "
+                            "before a busy loaded model stops admitting, drains and makes room "
+                            "[FORGE_MODEL_TURN_WAIT; 3]")
     serve.add_argument("--models-memory", default=env("FORGE_MODELS_MEMORY", None),
                        help="with several models: weights + K/V the loaded ones may hold (e.g. 4GiB) "
                             "[FORGE_MODELS_MEMORY; no limit]")

@@ -30,11 +30,11 @@ from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor
 from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
 from actors.runtime.model_actors import ModelActors, wire_actors, wire_encoder
-from actors.runtime.model_set import ModelEntry, ModelSet
+from actors.runtime.model_set import DEFAULT_TURN_AFTER_S, ModelEntry, ModelSet
 from actors.runtime.scheduler_actor import SchedulerActor
 from forge.config import EngineConfig
 from forge.engine.assembly import EngineParts, build_engine
-from forge.errors import ForgeError, RequestError
+from forge.errors import CapacityError, ForgeError, RequestError
 from forge.models.bert.encoder import LoadedEncoder
 from forge.models.loading import LoadedModel, load_draft, load_served
 from forge.sampling.structured import Grammars
@@ -56,6 +56,7 @@ class DaemonConfig:
     models: list[ModelEntry] = field(default_factory=list)
     max_loaded_models: int | None = None
     models_memory: int | None = None          # bytes of weights + K/V the loaded models may hold
+    model_turn_wait: float = DEFAULT_TURN_AFTER_S   # seconds a model waits for room before a busy one yields
     preload: list[str] = field(default_factory=list)
     kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.runtime.kv_publisher)
 
@@ -119,6 +120,9 @@ class Daemon:
         if not self.gateway.is_draining:
             log.info("draining", inflight=self.gateway.admission.num_inflight)
             self.gateway.is_draining = True
+            if self.models is not None:           # requests still waiting for a model's load will not get it
+                self.models.fail_waiters(CapacityError("the server is shutting down", code="draining",
+                                                       retry_after_s=self.config.gateway.retry_after_s))
         self._stop.set()
 
     def _entries(self) -> tuple[list[ModelEntry], list[str]]:
@@ -141,7 +145,7 @@ class Daemon:
                 raise ForgeError("--kv-events publishes one prefix cache: serve one model with it")
             self.kv_publisher = self.gateway.fleet.kv_publisher = KvEventPublisher(cfg.kv_events)
         models = ModelSet(entries, self._build, max_loaded=cfg.max_loaded_models, max_memory=cfg.models_memory,
-                          retry_after_s=cfg.gateway.retry_after_s,
+                          retry_after_s=cfg.gateway.retry_after_s, turn_after_s=cfg.model_turn_wait,
                           on_swap=lambda model_id: self.metrics.model_swaps.labels(model_name=model_id).inc())
         self.models = models
         publisher = self.kv_publisher

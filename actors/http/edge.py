@@ -1,12 +1,14 @@
 """The HTTP edge's small parts: JSON and error responses, the API key check, reading a body within limits.
 
-The Messages API's routes (/v1/messages...) speak that API's edge: errors in its envelope, and the key
-taken from `x-api-key` as well as `Authorization: Bearer`. Every other route speaks OpenAI's.
+The Messages API's routes (/v1/messages...), and the model list asked for with Anthropic's
+`anthropic-version` header, speak that API's edge: errors in its envelope, and the key taken from
+`x-api-key` as well as `Authorization: Bearer`. Every other route speaks OpenAI's.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -26,11 +28,17 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 MESSAGES_PATH = "/v1/messages"
+MODELS_PATH = "/v1/models"
+ANTHROPIC_VERSION = "anthropic-version"         # the header every Anthropic client sends
 
 
-def speaks_messages(path: str) -> bool:
-    """Whether the route at `path` is one of the Messages API's."""
-    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+def speaks_messages(path: str, headers: Mapping[str, str] | None = None) -> bool:
+    """Whether the route at `path` speaks the Messages API's edge: one of that API's routes, or the model
+    list when `headers` carry anthropic-version (Anthropic's client lists models on the same path)."""
+    if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
+        return True
+    on_models = path == MODELS_PATH or path.startswith(MODELS_PATH + "/")
+    return on_models and headers is not None and ANTHROPIC_VERSION in headers
 
 
 def error_response(exc: RequestError) -> Response:
@@ -42,9 +50,9 @@ def messages_error_response(exc: RequestError) -> Response:
     return json_response(anthropic.error_body(exc.status, exc.message, exc.param), exc.status, exc.headers)
 
 
-def error_response_for(path: str, exc: RequestError) -> Response:
-    """The error in the envelope of the API the route at `path` speaks."""
-    return messages_error_response(exc) if speaks_messages(path) else error_response(exc)
+def error_response_for(path: str, exc: RequestError, headers: Mapping[str, str] | None = None) -> Response:
+    """The error in the envelope of the API the route at `path` (asked with `headers`) speaks."""
+    return messages_error_response(exc) if speaks_messages(path, headers) else error_response(exc)
 
 
 def check_key(request: Request, key: str | None) -> None:
@@ -54,7 +62,7 @@ def check_key(request: Request, key: str | None) -> None:
         return
     given = request.headers.get("authorization", "")
     tokens = [given[7:] if given[:7].lower() == "bearer " else ""]
-    if speaks_messages(request.url.path):
+    if speaks_messages(request.url.path, request.headers):
         tokens.append(request.headers.get("x-api-key", ""))
     matches = [hmac.compare_digest(token.encode(), key.encode()) for token in tokens]
     if not any(matches):

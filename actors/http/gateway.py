@@ -119,7 +119,6 @@ class Gateway:
             Route("/stats", self.stats_route, methods=["GET"]),
             Route("/dashboard", self.dashboard, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -149,18 +148,20 @@ class Gateway:
         message = {404: f"route {request.url.path} not found{_slash_hint(request)}", 405: "method not allowed"}.get(
             exc.status_code, str(exc.detail))
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response_for(request.url.path, RequestError(message, status=exc.status_code, type=kind))
+        return error_response_for(request.url.path, RequestError(message, status=exc.status_code, type=kind),
+                                  request.headers)
 
     async def _request_error(self, request: Request, exc: RequestError) -> Response:
         self._count_refused(exc)
-        return error_response_for(request.url.path, exc)
+        return error_response_for(request.url.path, exc, request.headers)
 
     def _count_refused(self, exc: RequestError) -> None:
         self.metrics.request_rejected.labels(reason=rejection_reason(exc)).inc()
 
     async def _unexpected(self, request: Request, _exc: Exception) -> Response:
         log.exception("request_failed", path=request.url.path)
-        return error_response_for(request.url.path, RequestError("internal error", status=500, type="server_error"))
+        return error_response_for(request.url.path, RequestError("internal error", status=500, type="server_error"),
+                                  request.headers)
 
     def _total_load(self, request: Request) -> int:
         """Sequences running and waiting, summed over every loaded model (a router's /get_load)."""
@@ -221,16 +222,6 @@ class Gateway:
         served without one; its script runs under a content security policy that allows only it."""
         page = dashboard_page()
         return Response(page.html, media_type="text/html; charset=utf-8", headers=page.headers)
-
-    async def models(self, request: Request) -> Response:
-        cards = []
-        for entry in self.resolver.check_open(request).entries.values():
-            card = wire.model_card(entry.model_id, created=0, max_model_len=0)
-            card.update(entry.card())
-            if card["max_model_len"] == 0:
-                card["max_model_len"] = None        # not known until it loads
-            cards.append(card)
-        return json_response(wire.model_list(cards))
 
     # ---- generation -------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """Which model a request is for, and the checks every route makes before it reads one: key, draining, loading.
 
 The daemon serves a set of models (actors.runtime.model_set; one model served is a set of one). A body
-names its model: `acquire` finds it in the set (404 naming the ids there are), loads it if need be
-(the wait counted against the admission bounds, 503 past them) and holds it until `release`, so that
-it is never unloaded under a response; a body that names none gets the model used last. A route with no
-body to name one (/get_server_info, /flush_cache) gets the loaded model used last (`recent`).
+names its model: `acquire` finds it in the set (404 naming the ids there are), loads it if need be or
+waits for its turn (the wait counted against the admission bounds, 503 past them) and holds it until
+`release`, so that it is never unloaded under a response; a body that names none gets the model used
+last. A route with no body to name one (/get_server_info, /flush_cache) gets the loaded model used
+last (`recent`).
 """
 
 from __future__ import annotations
@@ -92,11 +93,12 @@ class ModelResolver:
         keep_alive = peeked.keep_alive if peeked.keep_alive is not None else request.headers.get("x-keep-alive")
         if keep_alive is not None:
             entry.keep_alive = parse_keep_alive(keep_alive)
-        if entry.state == "loaded":
+        if models.can_take(model_id):
             wired = await models.acquire(model_id)
         else:
-            # Waiting for a load counts against the admission bounds like a queued request (503 past them);
-            # a body past --max-queued-tokens on its own is its route's 400 (request_too_large), not a 503 here.
+            # Waiting for a load (or for the model's turn) counts against the admission bounds like a queued
+            # request (503 past them); a body past --max-queued-tokens on its own is its route's 400
+            # (request_too_large), not a 503 here.
             guess = min(len(body) // 4, self.admission.max_queued_tokens)
             with self.admission.admitting(lambda: (0, 0), 1, guess):
                 wired = await models.acquire(model_id)

@@ -52,6 +52,7 @@ _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
 
 _RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_MODEL_ID = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
 _TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "additionalProperties": False,
                 "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}
@@ -145,7 +146,10 @@ def openapi_document() -> dict[str, Any]:
                                  parameters=_RESPONSE_ID)},
         "/v1/embeddings": {"post": _operation("createEmbedding", "Embed inputs (pooled final hidden states)",
                                               body=embeddings, ok=_json(_EMBEDDINGS, "the embeddings"))},
-        "/v1/models": {"get": _operation("listModels", "The models served, with their states")},
+        "/v1/models": {"get": _operation("listModels", "The models served, with their states (Anthropic's "
+                                                       "Models API shape with an anthropic-version header)")},
+        "/v1/models/{model_id}": {"get": _operation("getModel", "One model served, as the list has it",
+                                                    parameters=_MODEL_ID)},
         "/models/load": {"post": _operation("loadModel", "Load a model now (several models; 404 with one)",
                                             body=_MODEL_NAMED, ok=_json(_MODEL_CARD, "the model, loaded"))},
         "/models/unload": {"post": _operation(

@@ -148,7 +148,9 @@ RESPONSES_HOSTILE: list[tuple[str, dict[str, Any] | None, int, str]] = [
      "input[0].call_id"),
     ("temperature 3", {"temperature": 3}, 400, "temperature"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),
-    ("a hosted tool", {"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ("a tool with no type", {"tools": [{"name": "web_search"}]}, 400, "tools[0].type"),
+    ("a namespace of a function with a bad schema", {"tools": [{"type": "namespace", "name": "ns", "tools": [
+        {**WEATHER, "parameters": {"type": "array"}}]}]}, 400, "tools[0].tools[0].parameters"),
     ("a function name with a space", {"tools": [{**WEATHER, "name": "bad name"}]}, 400, "tools[0].name"),
     ("tool_choice required without tools", {"tool_choice": "required"}, 400, "tool_choice"),
     ("tool_choice naming another function", {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "x"}},

@@ -1,7 +1,8 @@
 """The Messages API (POST /v1/messages, /v1/messages/count_tokens) through the official `anthropic`
 client against the real server and the real default model: a message is the chat completion of the
 same prompt, streamed or not; tool calls round-trip; stop sequences, the length limit, the key as
-x-api-key, errors in the Messages API's envelope (overload included), and a client that leaves."""
+x-api-key, errors in the Messages API's envelope (overload included), a client that leaves, and the
+model list as the client lists it."""
 
 from __future__ import annotations
 
@@ -247,3 +248,38 @@ async def test_overload_is_a_503_overloaded_error_with_retry_after(make_daemon: 
     assert refused.value.body == {"type": "error", "error": {"type": "overloaded_error",
                                                              "message": "the server is overloaded; retry later"}}
     assert counted.status_code == 200                            # counting runs nothing: not admitted
+
+
+async def test_the_model_list_answers_anthropics_client_in_its_shape(make_daemon: MakeDaemon) -> None:
+    """GET /v1/models with anthropic-version (as the `anthropic` client sends it) is the Models API's
+    list, keyed by x-api-key, its errors in that API's envelope; without the header, OpenAI's list."""
+    with anyio.fail_after(HANG_GUARD_S):
+        async with serving(make_daemon(gateway={"api_key": KEY}), key=KEY) as (client, url):
+            listed = [model async for model in client.models.list()]
+            page = await client.models.list(limit=1)
+            one = await client.models.retrieve(SERVED_MODEL)
+            with pytest.raises(anthropic.NotFoundError) as missing:
+                await client.models.retrieve("claude-nonesuch")
+            with pytest.raises(anthropic.BadRequestError) as bad_limit:
+                await client.models.list(limit=0)
+            version = {"anthropic-version": "2023-06-01"}
+            bearer = {"Authorization": f"Bearer {KEY}"}
+            async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+                raw = await http.get("/v1/models", headers={"x-api-key": KEY, **version})
+                openai_shape = await http.get("/v1/models", headers=bearer)
+                openai_one = await http.get(f"/v1/models/{SERVED_MODEL}", headers=bearer)
+                unkeyed = await http.get("/v1/models", headers={"x-api-key": "wrong", **version})
+    assert [m.id for m in listed] == [SERVED_MODEL] and listed[0].type == "model"
+    assert listed[0].display_name == SERVED_MODEL and listed[0].created_at.year == 1970   # release date not known
+    assert listed[0].max_input_tokens == listed[0].max_tokens == 1024                     # the context served
+    assert page.data == listed and page.has_more is False
+    assert page.first_id == page.last_id == SERVED_MODEL
+    assert one == listed[0]
+    assert missing.value.body["error"]["type"] == "not_found_error"                       # type: ignore[index]
+    assert bad_limit.value.body["error"]["type"] == "invalid_request_error"               # type: ignore[index]
+    assert raw.json() == {"data": [listed[0].model_dump(mode="json", exclude_none=True) | {
+        "created_at": "1970-01-01T00:00:00Z"}], "has_more": False, "first_id": SERVED_MODEL, "last_id": SERVED_MODEL}
+    assert openai_shape.json()["object"] == "list" and openai_shape.json()["data"][0]["object"] == "model"
+    assert openai_shape.json()["data"][0]["id"] == SERVED_MODEL and openai_shape.json()["data"][0]["state"] == "loaded"
+    assert openai_one.json() == openai_shape.json()["data"][0]
+    assert unkeyed.status_code == 401 and unkeyed.json()["type"] == "error"             # Anthropic's envelope

@@ -2,7 +2,9 @@
 `openai` client and the OpenAI Agents SDK against the real server and the real default model: a
 response is the chat completion of the same prompt, streamed or not; structured outputs parse; a
 function call round-trips; previous_response_id continues a stored conversation (from the prefix
-cache); GET, DELETE and 404s; the key; a client that leaves. Bad fields: tests/integration/test_hostile.py."""
+cache); GET, DELETE and 404s; the key; a client that leaves; bodies as OpenAI's Codex CLI sends them
+(namespaced functions, hosted tools declined with a warning, no max_output_tokens). Bad fields:
+tests/integration/test_hostile.py."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import openai
 import pytest
 
 from actors.supervisor import Daemon, running_daemon
+from forge.api.responses.responses_schema import DEFAULT_MAX_OUTPUT_TOKENS
 from tests.integration.harness import (
     HANG_GUARD_S,
     SERVED_MODEL,
@@ -265,3 +268,85 @@ async def test_the_routes_need_the_key_and_a_client_that_leaves_frees_its_reques
     assert generated_tokens(daemon) < 400
     assert_error(unkeyed, 401, type="authentication_error")
     assert_error(missing, 404, code="response_not_found")
+
+
+# What OpenAI's Codex CLI sends (wire_api = "responses"): its instructions, a developer message and the
+# user's, its functions flat, an MCP server's in a namespace, a custom tool and hosted tools it would let
+# OpenAI run, no max_output_tokens, and its other fields (store false, include, prompt_cache_key, text).
+SEARCH = {"type": "function", "name": "search", "description": "Search the project's documentation.",
+          "strict": False, "parameters": {"type": "object", "required": ["query"], "additionalProperties": False,
+                                          "properties": {"query": {"type": "string", "maxLength": 40}}}}
+DOCS = {"type": "namespace", "name": "mcp__docs__", "description": "The documentation server.", "tools": [SEARCH]}
+SHELL = {"type": "function", "name": "shell", "description": "Runs a shell command.", "strict": False,
+         "parameters": {"type": "object", "required": ["command"], "additionalProperties": False,
+                        "properties": {"command": {"type": "array", "items": {"type": "string"}}}}}
+HOSTED = [{"type": "custom", "name": "apply_patch", "description": "Edit files.",
+           "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+          {"type": "local_shell"}, {"type": "web_search", "external_web_access": False}]
+
+
+def codex_body(text: str, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED_MODEL, "instructions": "You are a coding agent. Answer briefly.", "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "cwd: /src"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+        "tools": [SHELL, *HOSTED, DOCS], "tool_choice": "auto", "parallel_tool_calls": False,
+        "store": False, "stream": True, "include": [], "prompt_cache_key": "0199-thread",
+        "text": {"verbosity": "low"}, "temperature": 0, **fields}
+
+
+def events(raw: bytes) -> list[dict[str, Any]]:
+    out = []
+    for frame in (f for f in raw.decode().split("\n\n") if f):
+        name, data = frame.split("\n")
+        out.append(json.loads(data.removeprefix("data: ")))
+        assert out[-1]["type"] == name.removeprefix("event: ")
+    return out
+
+
+async def test_codex_s_request_is_served_with_its_hosted_tools_declined_and_a_default_bound(
+        make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon()
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            reply = await http.post("/v1/responses", json=codex_body("Say hello."))
+            await wait_idle(daemon)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    warning = reply.headers["warning"]
+    assert warning.startswith('299 forge "') and all(f"tools[{i}]" in warning for i in (1, 2, 3))
+    frames = events(reply.content)
+    created, last = frames[0]["response"], frames[-1]["response"]
+    assert frames[0]["type"] == "response.created" and frames[-1]["type"] in ("response.completed",
+                                                                              "response.incomplete")
+    assert [(w["param"], w["code"]) for w in created["warnings"]] == [
+        ("tools[1]", "tool_not_served"), ("tools[2]", "tool_not_served"), ("tools[3]", "tool_not_served")]
+    assert "'web_search'" in created["warnings"][2]["message"] and last["warnings"] == created["warnings"]
+    assert [t["type"] for t in last["tools"]] == ["function", "namespace"]             # what the model was offered
+    assert last["max_output_tokens"] == DEFAULT_MAX_OUTPUT_TOKENS                      # no bound sent: the default
+    assert last["output"] and last["usage"]["output_tokens"] < DEFAULT_MAX_OUTPUT_TOKENS
+
+
+async def test_a_namespaced_function_is_called_by_its_name_and_namespace_and_its_output_answered(
+        make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon()
+    asked = "Search the documentation for the word turns."
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            called = await http.post("/v1/responses", json=codex_body(
+                asked, tools=[DOCS, *HOSTED], tool_choice="required", max_output_tokens=60))
+            frames = events(called.content)
+            [call] = frames[-1]["response"]["output"]
+            turn = codex_body(asked, max_output_tokens=40)
+            turn["input"] += [{k: v for k, v in call.items() if k not in ("id", "status")},
+                              {"type": "function_call_output", "call_id": call["call_id"], "output": "No results."}]
+            answered = await http.post("/v1/responses", json=turn)
+            plain = await http.post("/v1/responses", json={**turn, "stream": False})
+            await wait_idle(daemon)
+    assert called.status_code == 200, called.text
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "search", "mcp__docs__")
+    assert "query" in json.loads(call["arguments"])
+    added = next(f for f in frames if f["type"] == "response.output_item.added")
+    assert added["item"]["name"] == "search" and added["item"]["namespace"] == "mcp__docs__"
+    assert answered.status_code == 200 and events(answered.content)[-1]["type"] in ("response.completed",
+                                                                                    "response.incomplete")
+    assert plain.status_code == 200 and plain.json()["output"] and "warnings" in plain.json()

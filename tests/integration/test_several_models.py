@@ -140,6 +140,57 @@ async def test_one_loaded_model_at_a_time_swaps_and_answers_each(default_model_p
     assert 'forge:model_loads_total{model_name="smollm2"} 2.0' in metrics
 
 
+async def test_one_loaded_model_at_a_time_takes_turns_under_mixed_traffic(default_model_path: Path,
+                                                                          gemma3_model_path: Path) -> None:
+    """--max-loaded-models 1 with both models' requests interleaved, one of them kept busy all along:
+    a request for the model not loaded waits for its turn (never 503 models_busy), the busy model
+    yields once that request has waited --model-turn-wait, and every request is answered as its model
+    alone answers it. The wait shows in /stats and counts in each request's time to first token."""
+    with anyio.fail_after(4 * HANG_GUARD_S):
+        daemon = several({SMOL: default_model_path, GEMMA: gemma3_model_path}, max_loaded_models=1,
+                         model_turn_wait=1.0)
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as client:
+            texts: dict[str, list[str]] = {SMOL: [], GEMMA: []}
+            seen: list[dict[str, tuple[str, int, bool]]] = []
+            done = anyio.Event()
+
+            async def one(model: str) -> None:
+                texts[model].append(await complete(client, model))
+
+            async def busy(model: str, num: int) -> None:   # one client that always has a request in flight
+                for _ in range(num):
+                    await one(model)
+
+            async def watch() -> None:
+                while not done.is_set():
+                    rows = (await client.get("/stats")).json()["models"]
+                    seen.append({r["id"]: (r["state"], r["waiting_for_load"], r["yielding"]) for r in rows})
+                    await anyio.sleep(0.1)
+
+            async with anyio.create_task_group() as watcher:
+                watcher.start_soon(watch)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(busy, SMOL, 6)
+                    for i in range(6):                     # and the others interleaved: gemma, smol, gemma, ...
+                        tg.start_soon(one, (GEMMA, SMOL)[i % 2])
+                        await anyio.sleep(0.3)
+                done.set()
+            await wait_until(lambda: is_idle_all(daemon))
+            metrics = (await client.get("/metrics")).text
+    assert len(texts[SMOL]) == 9 and len(texts[GEMMA]) == 3          # every request answered, none refused
+    assert len(set(texts[SMOL])) == 1 and len(set(texts[GEMMA])) == 1 and texts[SMOL][0] != texts[GEMMA][0]
+    assert scraped(metrics, "forge:request_success_total", model_name=SMOL) == 9
+    assert scraped(metrics, "forge:request_success_total", model_name=GEMMA) == 3
+    assert scraped(metrics, "forge:time_to_first_token_seconds_count", model_name=GEMMA) == 3
+    assert scraped(metrics, "forge:time_to_first_token_seconds_sum", model_name=GEMMA) > 1.0   # waits and load
+    assert scraped(metrics, "forge:request_rejected_total") == 0
+    assert any(row[GEMMA][1] > 0 and row[SMOL][0] == "loaded" for row in seen)   # gemma waited while smol served
+    assert any(row[SMOL][2] for row in seen)                                       # smol yielded its place
+    assert any(row[SMOL][1] > 0 and row[GEMMA][0] == "loaded" for row in seen)   # and then smol waited its turn
+    assert sample(daemon, "forge:model_swaps_total", {"model_name": SMOL}) >= 1
+    assert sample(daemon, "forge:model_swaps_total", {"model_name": GEMMA}) >= 1
+
+
 async def test_unknown_model_is_404_naming_the_available_ones(default_model_path: Path,
                                                               gemma3_model_path: Path) -> None:
     with anyio.fail_after(HANG_GUARD_S):

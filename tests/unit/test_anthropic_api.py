@@ -249,3 +249,21 @@ def test_thinking_is_chats_budget_and_thinking_blocks_are_left_out_of_the_prompt
     assert events[1]["delta"] == {"type": "thinking_delta", "thinking": "Hmm."}
     assert blocks.content() == [{"type": "thinking", "thinking": "Hmm.", "signature": ""},
                                 {"type": "text", "text": "Hi."}]
+
+
+def test_the_model_list_pages_as_the_models_api_does() -> None:
+    infos = [wire.model_info(name, max_model_len=None) for name in "abcde"]
+
+    def ids(page: dict[str, Any]) -> tuple[list[str], bool, str | None, str | None]:
+        return [m["id"] for m in page["data"]], page["has_more"], page["first_id"], page["last_id"]
+
+    assert ids(wire.model_page(infos)) == (list("abcde"), False, "a", "e")
+    assert ids(wire.model_page(infos, limit=2)) == (["a", "b"], True, "a", "b")
+    assert ids(wire.model_page(infos, limit=2, after_id="b")) == (["c", "d"], True, "c", "d")
+    assert ids(wire.model_page(infos, limit=2, after_id="d")) == (["e"], False, "e", "e")
+    assert ids(wire.model_page(infos, limit=2, before_id="d")) == (["b", "c"], True, "b", "c")
+    assert ids(wire.model_page(infos, after_id="e")) == ([], False, None, None)
+    assert infos[0] == {"type": "model", "id": "a", "display_name": "a", "created_at": "1970-01-01T00:00:00Z",
+                        "lifecycle": "active", "max_input_tokens": None, "max_tokens": None}
+    with pytest.raises(ValueError):
+        wire.model_page(infos, after_id="z")

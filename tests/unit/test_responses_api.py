@@ -13,6 +13,7 @@ from forge.api.openai.openai_prepare import prepare_chat
 from forge.api.openai.openai_schema import ContentPart, NamedToolChoice
 from forge.api.responses import responses_output as wire
 from forge.api.responses.responses_schema import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
     FunctionCallItem,
     Item,
     MessageItem,
@@ -25,6 +26,7 @@ from forge.api.responses.responses_schema import (
     wire_param,
 )
 from forge.api.responses.responses_store import ResponseStore
+from forge.api.responses.responses_tools import call_names, warning_header, warnings
 from forge.api.sse import sse_event
 from forge.errors import InvalidRequest
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
@@ -57,7 +59,12 @@ def body(**fields: Any) -> bytes:
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tools": [{**WEATHER, "parameters": {"type": "array"}}]}, "tools[0].parameters"),
-    ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ({"tools": [{"name": "no_type"}]}, "tools[0].type"),
+    ({"tools": [{"type": "namespace", "name": "ns", "tools": [{**WEATHER, "parameters": {"type": "array"}}]}]},
+     "tools[0].tools[0].parameters"),
+    ({"tools": [WEATHER, {"type": "namespace", "name": "ns", "tools": [WEATHER, WEATHER]}]}, "tools"),
+    ({"tools": [{"type": "namespace", "name": "bad name", "tools": []}]}, "tools[0].name"),
+    ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
@@ -143,7 +150,8 @@ def test_a_text_format_is_chat_s_response_format_and_closes_within_the_limit() -
                           served_model_name="m", max_model_len=512)
     assert ours.params == theirs.params and ours.params.close_within == 10 and ours.params.grammar
     plain = prepare_response(decode_responses(body()), (), served_model_name="m", max_model_len=512)[1]
-    assert plain.constraint is None and plain.params.max_tokens == 512
+    assert plain.constraint is None and plain.params.max_tokens == DEFAULT_MAX_OUTPUT_TOKENS   # not the context
+    assert wire.echo(decode_responses(body()))["max_output_tokens"] == DEFAULT_MAX_OUTPUT_TOKENS
 
 
 def test_a_stored_conversation_goes_before_the_input_and_instructions_before_both() -> None:
@@ -270,3 +278,68 @@ def test_the_store_forgets_the_oldest_past_its_size_and_each_past_its_ttl() -> N
         ResponseStore(max_responses=-1)
     with pytest.raises(ValueError):
         ResponseStore(ttl_s=0)
+
+
+# A request body as OpenAI's Codex CLI sends it (wire_api = "responses"): flat functions, a custom tool and
+# hosted ones it lets the server run, an MCP server's tools in a namespace, developer instructions.
+CODEX_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "name": "shell", "description": "Runs a shell command and returns its output.",
+     "strict": False, "parameters": {"type": "object", "additionalProperties": False, "required": ["command"],
+                                     "properties": {"command": {"type": "array", "items": {"type": "string"}},
+                                                    "workdir": {"type": "string"}}}},
+    {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+     "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+    {"type": "local_shell"},
+    {"type": "web_search", "external_web_access": False},
+    {"type": "namespace", "name": "mcp__docs__", "description": "The project's documentation server.",
+     "tools": [{"type": "function", "name": "search", "description": "Search the docs.", "strict": False,
+                "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
+               {"type": "custom", "name": "raw", "description": "x"}]},
+    {"type": "image_generation"}, {"type": "mcp", "server_label": "x", "server_url": "https://example.com"},
+]
+
+
+def test_codex_s_tools_offer_its_functions_flat_and_decline_what_forge_does_not_run() -> None:
+    req = decode_responses(body(tools=CODEX_TOOLS, tool_choice="auto", parallel_tool_calls=False, store=False,
+                                stream=True, include=["reasoning.encrypted_content"], prompt_cache_key="t",
+                                reasoning={"effort": "medium", "summary": "auto"}, text={"verbosity": "low"},
+                                instructions="You are a coding agent."))
+    chat = chat_request(req, input_items(req))
+    assert [t.function.name for t in chat.tools or ()] == ["shell", "mcp__docs__search"]
+    assert (chat.tools or [])[1].function.description == "The project's documentation server.\nSearch the docs."
+    assert call_names(req.tools) == {"shell": (None, "shell"), "mcp__docs__search": ("mcp__docs__", "search"),
+                                     "search": ("mcp__docs__", "search")}
+    notes = warnings(req.tools)
+    assert [(w["param"], w["code"]) for w in notes] == [
+        ("tools[1]", "tool_not_served"), ("tools[2]", "tool_not_served"), ("tools[3]", "tool_not_served"),
+        ("tools[4].tools[1]", "tool_not_served"), ("tools[5]", "tool_not_served"), ("tools[6]", "tool_not_served")]
+    assert "'web_search'" in notes[2]["message"]
+    header = warning_header(notes)
+    assert header is not None and header.startswith('299 forge "tools[1]: ') and header.count('"') == 2
+    echoed = wire.echo(req)
+    assert echoed["warnings"] == notes and [t["type"] for t in echoed["tools"]] == ["function", "namespace"]
+    assert echoed["tools"][1]["tools"] == [CODEX_TOOLS[4]["tools"][0]]
+    assert echoed["max_output_tokens"] == DEFAULT_MAX_OUTPUT_TOKENS
+    assert "warnings" not in wire.echo(decode_responses(body(tools=[WEATHER])))
+    only_hosted = decode_responses(body(tools=[{"type": "web_search"}], tool_choice="auto"))
+    assert chat_request(only_hosted, input_items(only_hosted)).tools is None    # offered nothing, refused nothing
+
+
+def test_a_namespaced_call_is_named_back_with_its_namespace_and_replayed_under_its_flat_name() -> None:
+    req = decode_responses(body(tools=CODEX_TOOLS))
+    items = wire.OutputItems(call_names(req.tools))
+    text = '<tool_call>\n{"name": "mcp__docs__search", "arguments": {"query": "turns"}}\n</tool_call>'
+    events = items.push(ToolCallReader().push(text)) + items.close("completed")
+    [call] = items.items()
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "search", "mcp__docs__")
+    assert accumulate(events) == items.items()
+    replayed = decode_responses(body(tools=CODEX_TOOLS, input=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Find turns."}]},
+        {k: v for k, v in call.items() if k not in ("id", "status")},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "found"}]))
+    [_, assistant, tool] = chat_messages(input_items(replayed))
+    assert assistant.tool_calls is not None and assistant.tool_calls[0].function.name == "mcp__docs__search"
+    assert tool.role == "tool" and tool.tool_call_id == call["call_id"]
+    plain = wire.OutputItems(call_names(req.tools))
+    plain.push(ToolCallReader().push('<tool_call>\n{"name": "shell", "arguments": {"command": ["ls"]}}\n</tool_call>'))
+    assert "namespace" not in plain.items()[0] and plain.items()[0]["name"] == "shell"

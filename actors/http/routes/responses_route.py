@@ -45,6 +45,7 @@ from forge.api.responses.responses_schema import (
     wire_param,
 )
 from forge.api.responses.responses_store import ResponseStore
+from forge.api.responses.responses_tools import call_names, warning_header, warnings
 from forge.api.sse import sse_event
 from forge.errors import RequestError
 from forge.messages import TextDelta
@@ -102,9 +103,14 @@ class ResponsesRoutes:
         conversation, prep = prepare_response(req, self._history(req), served_model_name=name,
                                               max_model_len=pipe.max_model_len)
         tools = ToolReading(max_calls=max_calls(req)) if prep.functions else None
-        return await generate_chat(self._life, request, pipe, prep, lambda: ResponseRenderer(
+        response = await generate_chat(self._life, request, pipe, prep, lambda: ResponseRenderer(
             wire.new_response_id(), created_at=int(time.time()), model=name, echoed=wire.echo(req), tools=tools,
-            store=self.store if req.store else None, conversation=conversation), num_bytes=num_bytes, arrival=arrival)
+            names=call_names(req.tools), store=self.store if req.store else None, conversation=conversation),
+            num_bytes=num_bytes, arrival=arrival)
+        header = warning_header(warnings(req.tools))         # tools it does not run, left out: said, not refused
+        if header is not None:
+            response.headers["Warning"] = header
+        return response
 
     def _history(self, req: ResponsesRequest) -> Conversation:
         """The conversation previous_response_id names (404 when it is not stored, or no longer)."""
@@ -121,13 +127,15 @@ class ResponseRenderer(Renderer):
     is stored (when asked) with the conversation it ends."""
 
     def __init__(self, response_id: str, *, created_at: int, model: str, echoed: dict[str, Any],
-                 tools: ToolReading | None, store: ResponseStore | None, conversation: Conversation) -> None:
+                 tools: ToolReading | None, names: dict[str, tuple[str | None, str]], store: ResponseStore | None,
+                 conversation: Conversation) -> None:
         """`echoed`: the request's settings, repeated in every response object; `tools`: how tool calls are
-        read out of the text; `store`: where it is kept (None: store false); `conversation`: what it
-        continues, the stored one, then its input."""
+        read out of the text; `names`: a called name -> (namespace, name) as its item says them; `store`:
+        where it is kept (None: store false); `conversation`: what it continues, the stored one, then its
+        input."""
         super().__init__(response_id)
         self.created_at, self.model, self.echoed = created_at, model, echoed
-        self.tools, self.store, self.conversation = tools, store, conversation
+        self.tools, self.names, self.store, self.conversation = tools, names, store, conversation
 
     def calls(self) -> ToolCallReader | None:
         return self.tools.reader() if self.tools is not None else None
@@ -151,7 +159,7 @@ class ResponseRenderer(Renderer):
 
     def body(self, reader: ChoiceReader) -> dict[str, Any]:
         choice = reader.choices[0]
-        items = wire.OutputItems()
+        items = wire.OutputItems(self.names)
         if choice.splitter is not None:             # a reasoning model: its section, then what follows
             items.push_reasoning(choice.reasoning)
             items.push(text_events(self.calls(), choice.content, final=True))
@@ -175,7 +183,7 @@ class ResponseFrames(StreamFrames):
         super().__init__(reader)
         self.renderer = renderer
         self._numbers = itertools.count()
-        self._items, self._calls = wire.OutputItems(), renderer.calls()
+        self._items, self._calls = wire.OutputItems(renderer.names), renderer.calls()
 
     def _frame(self, event: dict[str, Any]) -> bytes:
         return sse_event({**event, "sequence_number": next(self._numbers)})

@@ -1,6 +1,7 @@
 """Response shapes of forge's Anthropic-compatible Messages API: the message body, its content blocks,
-the stream's events, usage, stop reasons and the error envelope. Pure builders of plain dicts ready for
-msgspec.json.encode; each event is framed named by its type (forge/api/sse.py's sse_event), the ping too.
+the stream's events, usage, stop reasons, the error envelope, and the model list in the Models API's
+shape. Pure builders of plain dicts ready for msgspec.json.encode; each event is framed named by its
+type (forge/api/sse.py's sse_event), the ping too.
 
 The content blocks are built from the tool-call reader's events (forge.text.tool_calls) in order, one way for
 both shapes: a stream sends the block events as each delta adds them, a body is the blocks they make,
@@ -52,6 +53,32 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     if param and param not in message:
         message = f"{param}: {message}"
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+# ---- the model list --------------------------------------------------------------------------------------
+
+# A model's created_at: the epoch, the Models API's value for a release date not known (as OpenAI's created 0)
+EPOCH = "1970-01-01T00:00:00Z"
+MAX_PAGE = 1000                 # the most models one page may hold (limit's range is 1-1000, default 20)
+
+
+def model_info(model_id: str, *, max_model_len: int | None) -> dict[str, Any]:
+    """A model as the Models API describes it; its context (max_input_tokens, max_tokens) is known once loaded."""
+    return {"type": "model", "id": model_id, "display_name": model_id, "created_at": EPOCH, "lifecycle": "active",
+            "max_input_tokens": max_model_len, "max_tokens": max_model_len}
+
+
+def model_page(infos: Sequence[dict[str, Any]], *, limit: int = 20, after_id: str | None = None,
+               before_id: str | None = None) -> dict[str, Any]:
+    """One page of the list: the `limit` models after `after_id` (or just before `before_id`), with
+    has_more and the page's first_id and last_id, as the Models API pages. An id not listed: ValueError."""
+    ids = [info["id"] for info in infos]
+    start = ids.index(after_id) + 1 if after_id is not None else 0
+    end = ids.index(before_id) if before_id is not None else len(ids)
+    window = list(infos[start:end])
+    page = window[-limit:] if before_id is not None and after_id is None else window[:limit]
+    return {"data": page, "has_more": len(window) > len(page),
+            "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None}
 
 
 # ---- usage, stop reasons, the body ----------------------------------------------------------------------

@@ -11,12 +11,13 @@ so a client accumulating the stream gets the body.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
 
-from forge.api.responses.responses_schema import FormatText, ResponsesRequest
+from forge.api.responses.responses_schema import FormatText, ResponsesRequest, output_bound
+from forge.api.responses.responses_tools import echoed, warnings
 from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
@@ -45,17 +46,21 @@ def usage(*, prompt_tokens: int, cached_tokens: int, output_tokens: int, reasoni
 
 
 def echo(req: ResponsesRequest) -> dict[str, Any]:
-    """The request's settings a response repeats (the clients' Response model requires several)."""
+    """The request's settings a response repeats (the clients' Response model requires several):
+    max_output_tokens as applied (the default when the request set none), the tools offered to the model,
+    and `warnings` (forge's) when tools it does not run were left out."""
     fmt = req.text.format
-    return {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+    notes = warnings(req.tools)
+    return {"instructions": req.instructions, "max_output_tokens": output_bound(req),
             "max_tool_calls": req.max_tool_calls, "metadata": req.metadata or {},
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "store": req.store, "temperature": req.temperature, "top_p": req.top_p,
             "text": {"format": msgspec.to_builtins(fmt) if not isinstance(fmt, FormatText) else {"type": "text"}},
             "tool_choice": msgspec.to_builtins(req.tool_choice) if req.tool_choice is not None else "auto",
-            "tools": [msgspec.to_builtins(t) for t in req.tools or ()], "truncation": "disabled",
+            "tools": echoed(req.tools), "truncation": "disabled",
             "user": req.user, "background": False,
-            "reasoning": msgspec.to_builtins(req.reasoning) if req.reasoning is not None else None}
+            "reasoning": msgspec.to_builtins(req.reasoning) if req.reasoning is not None else None,
+            **({"warnings": notes} if notes else {})}
 
 
 def response(*, response_id: str, created_at: int, model: str, status: Status, echoed: dict[str, Any],
@@ -88,12 +93,14 @@ class OutputItems:
     message item or opens one; a call opens a function_call item whose arguments arrive as JSON text;
     a reasoning model's thinking section (push_reasoning) is a reasoning item before them, its text one
     reasoning_text part. push(), push_reasoning() and close() return the stream's events for what they
-    added (without sequence numbers); items() is the output as the body has it.
+    added (without sequence numbers); items() is the output as the body has it. `names`: a called name ->
+    (namespace, name) as a call's item carries them (responses_tools.call_names; others as called).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, names: Mapping[str, tuple[str | None, str]] | None = None) -> None:
         self._items: list[dict[str, Any]] = []
         self._open: int | None = None                # the index of the item still growing
+        self._names = names or {}
 
     def push(self, events: Sequence[ToolEvent]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -107,9 +114,11 @@ class OutputItems:
                     item["content"][0]["text"] += text
                     out.append({"type": "response.output_text.delta", "item_id": item["id"],
                                 "output_index": self._open, "content_index": 0, "delta": text, "logprobs": []})
-                case CallStart(id=call_id, name=name):
-                    self._start(out, {"id": _new_item_id("fc"), "type": "function_call", "status": "in_progress",
-                                      "call_id": call_id, "name": name, "arguments": ""})
+                case CallStart(id=call_id, name=called):
+                    namespace, name = self._names.get(called, (None, called))
+                    item = {"id": _new_item_id("fc"), "type": "function_call", "status": "in_progress",
+                            "call_id": call_id, "name": name, "arguments": ""}
+                    self._start(out, item if namespace is None else {**item, "namespace": namespace})
                 case ArgumentsDelta(text=text) if text and self._open is not None:
                     item = self._items[self._open]
                     if item["type"] == "function_call":

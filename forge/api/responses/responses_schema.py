@@ -33,11 +33,15 @@ from forge.api.openai.openai_schema import (
     TopP,
     sampling_extras,
 )
+from forge.api.responses.responses_tools import Tool as ResponsesTool
+from forge.api.responses.responses_tools import call_names, check_tools, flat_name, normalise_tools, offered
 from forge.api.wire_decode import decode_body
 from forge.errors import InvalidRequest
 from forge.sampling.reasoning import Effort
 
-ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]   # as chat's function names
+# The most tokens a response writes when its request sets no max_output_tokens: a bound on an answer that
+# never ends (a small model repeating itself), not the whole context, which on a CPU is minutes of decoding.
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
 class _ResponsesWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,10 +84,11 @@ class MessageItem(_Item, frozen=True, kw_only=True, tag="message"):
 
 
 class FunctionCallItem(_Item, frozen=True, kw_only=True, tag="function_call"):
-    """An earlier call of the model's, as its output item had it."""
+    """An earlier call of the model's, as its output item had it (a namespaced function's with its namespace)."""
     call_id: str
     name: str
     arguments: str                                           # JSON text
+    namespace: str | None = None
 
 
 class FunctionCallOutputItem(_Item, frozen=True, kw_only=True, tag="function_call_output"):
@@ -99,15 +104,7 @@ class ReasoningItem(_Item, frozen=True, kw_only=True, tag="reasoning"):
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
-# ---- tools, tool choice, the text format ----------------------------------------------------------------
-
-class FunctionTool(_ResponsesWire, frozen=True, kw_only=True, tag_field="type", tag="function"):
-    """A function in the Responses API's flat shape (chat nests it under "function")."""
-    name: ToolName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
+# ---- tool choice, the text format (the tools: forge/api/responses/responses_tools.py) -------------------
 
 class ToolChoiceFunction(_ResponsesWire, frozen=True, kw_only=True, tag_field="type", tag="function"):
     name: str
@@ -163,7 +160,7 @@ class ResponsesRequest(_ResponsesWire, SamplingExtras, frozen=True, kw_only=True
     top_p: TopP = 1.0
     text: TextConfig = TextConfig()
     reasoning: ReasoningConfig | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[ResponsesTool] | None = None                # functions, namespaces; others declined, not run
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool = True
     max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
@@ -182,11 +179,14 @@ Conversation = tuple[Item, ...]
 # ---- decoding -------------------------------------------------------------------------------------------
 
 def normalise_input(raw: Any) -> Any:
-    """An input item with a role and no "type" is a message (the API's "easy input message")."""
+    """An input item with a role and no "type" is a message (the API's "easy input message"); a tool of a
+    type forge does not run is kept apart (responses_tools.normalise_tools), not refused."""
     if isinstance(raw, dict) and isinstance(raw.get("input"), list):
         items = [{**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item
                  else item for item in raw["input"]]
-        return {**raw, "input": items}
+        raw = {**raw, "input": items}
+    if isinstance(raw, dict) and "tools" in raw:
+        raw = {**raw, "tools": normalise_tools(raw["tools"])}
     return raw
 
 
@@ -219,15 +219,10 @@ def _check(req: ResponsesRequest) -> None:
 
 
 def _check_tools(req: ResponsesRequest) -> None:
-    names = [t.name for t in req.tools or ()]
-    if len(set(names)) != len(names):
-        raise InvalidRequest("tool names must be unique", param="tools")
-    for i, tool in enumerate(req.tools or ()):
-        if tool.parameters is not None and tool.parameters.get("type", "object") != "object":
-            raise InvalidRequest("a function's parameters must be a JSON schema of type object",
-                                 param=f"tools[{i}].parameters")
+    check_tools(req.tools)
+    names = call_names(req.tools)
     choice = req.tool_choice
-    if choice is not None and choice != "none" and not names:
+    if (choice == "required" or isinstance(choice, ToolChoiceFunction)) and not names:
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")
     if isinstance(choice, ToolChoiceFunction) and choice.name not in names:
         raise InvalidRequest(f"tool_choice names the function {choice.name!r}, which is not in tools",
@@ -256,8 +251,10 @@ def chat_messages(items: Conversation) -> list[ChatMessage]:
         match item:
             case MessageItem(role=role, content=content):
                 out.append(ChatMessage(role=role, content=_parts(content)))
-            case FunctionCallItem(call_id=call_id, name=name, arguments=arguments):
-                call = MessageToolCall(id=call_id, function=ToolCallFunction(name=name, arguments=arguments))
+            case FunctionCallItem(call_id=call_id, name=name, arguments=arguments, namespace=namespace):
+                called = name if namespace is None or name.startswith(flat_name(namespace, "")) else (
+                    flat_name(namespace, name))          # the name the model was offered it under
+                call = MessageToolCall(id=call_id, function=ToolCallFunction(name=called, arguments=arguments))
                 last = out[-1] if out else None
                 if last is not None and last.role == "assistant":
                     out[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or ()), call])
@@ -282,25 +279,44 @@ def _text(output: str | list[Part]) -> str:
 
 def chat_request(req: ResponsesRequest, conversation: Conversation) -> ChatCompletionRequest:
     """The chat request a response means: instructions as a first system message, then the stored
-    conversation and this input (`conversation`, chat_messages); functions nested as chat's tools;
-    text.format as response_format; max_output_tokens as max_completion_tokens; reasoning.effort as
-    reasoning_effort; the sampling extras as they are."""
+    conversation and this input (`conversation`, chat_messages); the functions offered (flat, and each
+    namespace's under its flat name) as chat's tools; text.format as response_format; max_output_tokens
+    (or DEFAULT_MAX_OUTPUT_TOKENS) as max_completion_tokens; reasoning.effort as reasoning_effort; the
+    sampling extras as they are."""
     messages = chat_messages(conversation)
     if req.instructions is not None:
         messages.insert(0, ChatMessage(role="system", content=req.instructions))
-    tools = [Tool(type="function", function=FunctionDefinition(name=t.name, description=t.description,
-                                                               parameters=t.parameters, strict=t.strict))
-             for t in req.tools or ()] or None
+    tools = [Tool(type="function", function=FunctionDefinition(
+        name=flat_name(namespace, f.name), description=_described(f.description, about),
+        parameters=f.parameters, strict=f.strict)) for namespace, f, about in offered(req.tools)] or None
     choice = req.tool_choice
-    tool_choice = (NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
-                   if isinstance(choice, ToolChoiceFunction) else choice)
+    if isinstance(choice, ToolChoiceFunction):
+        namespace, name = call_names(req.tools)[choice.name]
+        tool_choice: Any = NamedToolChoice(type="function", function=NamedFunction(name=flat_name(namespace, name)))
+    else:
+        tool_choice = choice if tools is not None or choice == "none" else None   # every tool declined: none
     return ChatCompletionRequest(
-        **sampling_extras(req), model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
+        **sampling_extras(req), model=req.model, messages=messages, max_completion_tokens=output_bound(req),
         temperature=req.temperature, top_p=req.top_p, stream=req.stream,
         response_format=_response_format(req.text.format), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
         reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         thinking_budget=req.thinking_budget, chat_template_kwargs=req.chat_template_kwargs)
+
+
+def output_bound(req: ResponsesRequest) -> int:
+    """The most tokens the response writes: max_output_tokens, else DEFAULT_MAX_OUTPUT_TOKENS (or min_tokens,
+    if more). The context's end bounds it too."""
+    if req.max_output_tokens is not None:
+        return req.max_output_tokens
+    return max(DEFAULT_MAX_OUTPUT_TOKENS, req.min_tokens)
+
+
+def _described(description: str | None, namespace_description: str | None) -> str | None:
+    """A namespaced function's description, after its namespace's (what the model reads of the group)."""
+    if namespace_description is None:
+        return description
+    return namespace_description if description is None else f"{namespace_description}\n{description}"
 
 
 def _response_format(fmt: TextFormat) -> ResponseFormat | None:

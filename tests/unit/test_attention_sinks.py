@@ -82,7 +82,7 @@ def test_the_numpy_reference_is_the_definition(lens: list[int], prefill: bool, k
     query_lens = [n if prefill else 1 for n in lens]
     batch, config, k, v, _, q, sinks = case(seed, lens, query_lens, kv_heads, group, 16, block_size)
     got = attend(plan_attention(batch, config, block_size, 2, window=window), q, k, v, sinks=sinks)
-    np.testing.assert_allclose(got, by_definition(batch, q, k, v, sinks, window), atol=2e-6, rtol=0)
+    np.testing.assert_allclose(got, by_definition(batch, q, k, v, sinks, window), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("prefill", [False, True])
@@ -97,7 +97,7 @@ def test_a_sink_far_below_the_scores_is_none_and_far_above_takes_all_the_weight(
 
 @settings(max_examples=30, deadline=None)
 @given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_heads=st.sampled_from([1, 2, 8]),
-       group=st.sampled_from([1, 3, 4]), kv_dtype=st.sampled_from(KV_CACHE_DTYPES),
+       group=st.sampled_from([1, 3, 4, 8]), kv_dtype=st.sampled_from(KV_CACHE_DTYPES),   # 8 x 8: gpt-oss's heads
        block_size=st.sampled_from([1, 4, 16]), head_dim=st.sampled_from([32, 64, 128]),
        window=st.sampled_from([0, 5, 40]), by_position=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_the_compiled_decode_kernel_takes_the_sinks_as_numpy_does(
@@ -137,7 +137,7 @@ def test_the_decode_kernel_built_without_avx512_takes_the_sinks_alike(kv_dtype: 
 
 @settings(max_examples=30, deadline=None)
 @given(lens=st.lists(st.integers(4, 200), min_size=1, max_size=4), cached=st.floats(0.0, 0.9),
-       kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 3, 4]), head_dim=st.sampled_from([32, 64]),
+       kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 3, 8]), head_dim=st.sampled_from([32, 64]),
        block_size=st.sampled_from([1, 16]), window=st.sampled_from([0, 5, 40]),
        kv_dtype=st.sampled_from(KV_CACHE_DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_the_compiled_prefill_kernel_takes_the_sinks_as_numpy_does(

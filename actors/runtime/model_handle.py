@@ -94,6 +94,8 @@ class ModelHandle:
         from the first token, so the text is all content."""
         if self.reasoning_parser == "none" or prep.constraint is not None:
             return prep.params, None
+        if self.reasoning_parser == "harmony":      # read by channel: the text keeps the markers; no budget
+            return msgspec.structs.replace(prep.params, skip_special_tokens=False), ReasoningReading(harmony=True)
         thinking = Thinking(budget=prep.thinking_budget, close_ids=self.thinking_close_ids)
         return (msgspec.structs.replace(prep.params, thinking=thinking),
                 ReasoningReading(starts_inside=self.reasoning_parser == "deepseek_r1"))

@@ -91,3 +91,21 @@ def test_the_markers_stay_in_the_text_when_special_tokens_are_kept() -> None:
     assert tok.decode(ids) == "ab"
     assert tok.decode(ids, skip_special_tokens=False) == "<|channel|>a<|message|>b<|end|>"
     assert read(tok.decode(ids, skip_special_tokens=False)) == ("b", "")
+
+
+def test_a_chats_reasoning_effort_reaches_a_harmony_template_as_its_level() -> None:
+    """gpt-oss's template writes "Reasoning: low|medium|high": a request's reasoning_effort becomes the
+    nearest level, unless its chat_template_kwargs name one; other formats' kwargs are the request's."""
+    from types import SimpleNamespace
+
+    from actors.runtime.model_handle import ModelHandle
+
+    def kwargs(parser: str, effort: str | None, given: dict[str, str] | None = None) -> object:
+        prep = SimpleNamespace(request=SimpleNamespace(reasoning_effort=effort, chat_template_kwargs=given))
+        return ModelHandle.template_kwargs(SimpleNamespace(reasoning_parser=parser), prep)  # type: ignore[arg-type]
+
+    assert kwargs("harmony", "xhigh") == {"reasoning_effort": "high"}
+    assert kwargs("harmony", "minimal", {"x": "1"}) == {"x": "1", "reasoning_effort": "low"}
+    assert kwargs("harmony", "high", {"reasoning_effort": "low"}) == {"reasoning_effort": "low"}
+    assert kwargs("harmony", None) is None
+    assert kwargs("qwen3", "high", {"enable_thinking": "x"}) == {"enable_thinking": "x"}

@@ -87,8 +87,8 @@ class EngineConfig:
     # "last" by default, the only token that has seen the whole input under causal attention.
     pooling: str = "last"
     # How chat reads a reasoning model's thinking section (forge.sampling.reasoning): "auto" from the chat template
-    # (it mentions <think>: "deepseek_r1" when its generation prompt ends inside an open section, else
-    # "qwen3"), "none" (the text is all content), or a format by name.
+    # (it writes harmony's channels: "harmony"; it mentions <think>: "deepseek_r1" when its generation prompt ends
+    # inside an open section, else "qwen3"), "none" (the text is all content), or a format by name.
     reasoning_parser: str = "auto"
     # Write down every change to the prefix cache's set of blocks as a KV event (forge.engine.kv_events),
     # which the daemon publishes to routers with --kv-events.

@@ -87,8 +87,9 @@ def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -
                         "last token, mean over the input, or first token [FORGE_POOLING; last]")
     g.add_argument("--reasoning-parser", choices=list(PARSERS), default=env("FORGE_REASONING_PARSER", "auto"),
                    help="how chat splits a reasoning model's thinking section (<think>...</think>) from its "
-                        "answer: auto (from the chat template), none, qwen3 (the model opens the section) or "
-                        "deepseek_r1 (the output starts inside it) [FORGE_REASONING_PARSER; auto]")
+                        "answer: auto (from the chat template), none, qwen3 (the model opens the section), "
+                        "deepseek_r1 (the output starts inside it) or harmony (gpt-oss's channels) "
+                        "[FORGE_REASONING_PARSER; auto]")
     g.add_argument("--max-step-ms", type=_step_ms, default=env("FORGE_MAX_STEP_MS", "300"),
                    help="while sequences decode, size each step to about this many milliseconds by its "
                         "measured cost (less prompt per step, steadier streams); off: the token budget "

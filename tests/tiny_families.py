@@ -19,6 +19,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from tests import tiny_gpt_oss
 from tests.tiny_gguf import BOS_ID, EOS_ID, SPECIAL_TOKENS, _tokens, permute_rows
 
 F32 = np.float32
@@ -81,6 +82,16 @@ SPECS: dict[str, TinySpec] = {s.family: s for s in (
     TinySpec("olmoe", "olmoe", ffn=32, rms_eps=1e-5, experts=8, experts_used=2),   # the converter writes eps 1e-5
     TinySpec("qwen2moe", "qwen2_moe", rope_theta=1e6, experts=8, experts_used=2, expert_ffn=32, shared_ffn=64),
     TinySpec("mixtral", "mixtral", arch="llama", ffn=32, experts=8, experts_used=2),
+    # gpt-oss-20b's shapes but smaller: 32 experts, top 4, heads of 64 (4 x 64 wider than the width of 64),
+    # layers 0 and 2 on a window of 8, its RoPE (YaRN x32 over 4,096 positions, base 150,000, the range
+    # unrounded) and context; the experts in MXFP4 (tests/tiny_gpt_oss.py)
+    TinySpec("gpt-oss", "gpt_oss", ffn=32, layers=4, head_dim=64, rope_theta=150000.0, rms_eps=1e-5,
+             context=131072, sliding_window=8, experts=32, experts_used=4,
+             hf_extra={"rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 4096,
+                                           "rope_theta": 150000.0}},
+             gguf_extra={"rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                         "rope.scaling.original_context_length": 4096}),
 )}
 
 # Long-context RoPE (tests/unit/test_rope_scaling.py, tests/data/rope_scaling_reference.json): original contexts
@@ -156,6 +167,9 @@ def state_dict(family: str) -> dict[str, np.ndarray]:
         if gemma:
             out[p + "pre_feedforward_layernorm.weight"] = norm(s.hidden)
             out[p + "post_feedforward_layernorm.weight"] = norm(s.hidden)
+        if arch == "gpt-oss":                # biases, sinks, and its experts in MXFP4's values
+            out.update(tiny_gpt_oss.layer(s, p, rng, matrix))
+            continue
         if s.experts:
             out.update(_experts(s, p, matrix))
             continue
@@ -216,7 +230,9 @@ def hf_config(family: str) -> dict[str, Any]:
     if arch == "phi3":
         del config["attention_bias"], config["head_dim"]
         config.update(sliding_window=s.sliding_window, original_max_position_embeddings=s.context)
-    if s.experts:
+    if arch == "gpt-oss":
+        config.update(tiny_gpt_oss.hf_config(s))
+    elif s.experts:
         config.update(_hf_experts(s))
     if arch == "qwen2moe":
         del config["attention_bias"], config["head_dim"]
@@ -275,7 +291,8 @@ def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
 def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
                readable_tokenizer: bool = False) -> Path:
     """The family's tiny model as llama.cpp's converter would write it: all tensors float32, or
-    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0).
+    the matrices of the blocks in `quant` (a type gguf quantizes from numpy, e.g. Q8_0); gpt-oss's
+    experts always in MXFP4, as its converter repacks the released checkpoint's.
     `readable_tokenizer`: the last token is "ab", which the file's one merge makes, so that
     Tokenizer.from_gguf reads it (as `forge serve` does); the weights are the same."""
     s = spec(family)
@@ -301,7 +318,7 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
     if s.experts:                                          # as the converter writes them (no norm-top-k key)
         writer.add_uint32(f"{a}.expert_count", s.experts)
         writer.add_uint32(f"{a}.expert_used_count", s.experts_used)
-        if a in ("qwen2moe", "qwen3moe"):
+        if a in ("qwen2moe", "qwen3moe", "gpt-oss"):
             writer.add_uint32(f"{a}.expert_feed_forward_length", s.expert_width)
         if s.shared_ffn:
             writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.shared_ffn)
@@ -332,9 +349,9 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
         if is_norm and gemma:
             w = w + np.float32(1.0)        # the converter folds Gemma's (1 + w) into the file
         w = np.ascontiguousarray(w, dtype=F32)
-        # The routers stay float32, as llama.cpp's converter and quantizer keep them.
+        # The routers and biases stay float32, as llama.cpp's converter and quantizer keep them.
         if (qtype != gguf.GGMLQuantizationType.F32 and name.startswith("blk.") and w.ndim >= 2
-                and not name.endswith("ffn_gate_inp.weight")):
+                and not name.endswith(("ffn_gate_inp.weight", ".bias"))):
             writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, w)
@@ -363,9 +380,13 @@ def write_gguf(family: str, path: str | os.PathLike[str], *, quant: str = "F32",
             put(p + "post_attention_norm.weight", sd[h + "post_attention_layernorm.weight"], is_norm=True)
             put(p + "ffn_norm.weight", sd[h + "pre_feedforward_layernorm.weight"], is_norm=True)
             put(p + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"], is_norm=True)
+        elif a == "gpt-oss":              # its converter maps the norm before the MLP to post_attention_norm
+            put(p + "post_attention_norm.weight", sd[h + "post_attention_layernorm.weight"])
         else:
             put(p + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
-        if s.experts:
+        if a == "gpt-oss":
+            tiny_gpt_oss.put_layer(sd, h, p, put, lambda n, blocks, t: writer.add_tensor(n, blocks, raw_dtype=t))
+        elif s.experts:
             _put_experts(s, sd, h, p, put)
         elif a == "phi3":
             put(p + "ffn_up.weight", sd[h + "mlp.gate_up_proj.weight"])

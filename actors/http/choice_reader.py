@@ -22,6 +22,7 @@ from forge.api.openai.openai_output import FinishReason, TokenLogprob, Usage
 from forge.errors import RequestError
 from forge.messages import TextDelta, TokenCounts
 from forge.sampling.reasoning import ReasoningParts, ReasoningReader
+from forge.text.harmony import HarmonyReader
 
 # Most inter-token gaps observed for one delta: a stalled reader's coalesced delta may hold many
 # tokens, and one gap per token would flood the histogram with one figure.
@@ -31,8 +32,10 @@ MAX_GAPS_PER_DELTA = 64
 @dataclass(frozen=True, slots=True)
 class ReasoningReading:
     """Each choice's text is split into a thinking section and content (forge.sampling.reasoning); starts_inside:
-    the generation prompt opened the section (deepseek_r1)."""
+    the generation prompt opened the section (deepseek_r1); harmony: by gpt-oss's channels instead
+    (forge.text.harmony: analysis as reasoning, final as content, calls to functions as forge's tool calls)."""
     starts_inside: bool = False
+    harmony: bool = False
 
 
 @dataclass(slots=True)
@@ -43,7 +46,7 @@ class Choice:
     reasoning: str = ""
     content: str = ""
     parts: ReasoningParts = ReasoningParts()
-    splitter: ReasoningReader | None = None
+    splitter: ReasoningReader | HarmonyReader | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_string: str | None = None           # the stop string that ended it, if one did
@@ -74,7 +77,8 @@ class ChoiceReader:
         self.reasoning = reading
         if reading is not None:
             for c in self.choices:
-                c.splitter = ReasoningReader(starts_inside=reading.starts_inside)
+                c.splitter = (HarmonyReader() if reading.harmony
+                              else ReasoningReader(starts_inside=reading.starts_inside))
 
     @property
     def num_completion_tokens(self) -> int:

@@ -77,7 +77,7 @@ async def generate_chat(life: ResponseLifetime, request: Request, pipe: ModelHan
     base = renderer.response_id
     request.state.response_id = base
     submits = [Submit(request_id=f"{base}-{j}", params=params_for(params, j), messages=messages,
-                      tools=template_tools, template_kwargs=req.chat_template_kwargs) for j in range(req.n)]
+                      tools=template_tools, template_kwargs=pipe.template_kwargs(prep)) for j in range(req.n)]
     reader = await life.start(request, pipe, submits, num_bytes, arrival)
     reader.split_reasoning(reasoning)
     if req.stream:

@@ -94,9 +94,25 @@ class ModelHandle:
         from the first token, so the text is all content."""
         if self.reasoning_parser == "none" or prep.constraint is not None:
             return prep.params, None
+        if self.reasoning_parser == "harmony":      # read by channel: the text keeps the markers; no budget
+            return msgspec.structs.replace(prep.params, skip_special_tokens=False), ReasoningReading(harmony=True)
         thinking = Thinking(budget=prep.thinking_budget, close_ids=self.thinking_close_ids)
         return (msgspec.structs.replace(prep.params, thinking=thinking),
                 ReasoningReading(starts_inside=self.reasoning_parser == "deepseek_r1"))
+
+    def template_kwargs(self, prep: PreparedChat) -> dict[str, Any] | None:
+        """A chat's variables for the template: its chat_template_kwargs, and for harmony (gpt-oss, whose
+        template writes "Reasoning: low|medium|high" into its system message) its reasoning_effort at the
+        nearest of those levels, unless the kwargs name one."""
+        kwargs, effort = prep.request.chat_template_kwargs, prep.request.reasoning_effort
+        if self.reasoning_parser != "harmony" or effort is None or "reasoning_effort" in (kwargs or {}):
+            return kwargs
+        return {**(kwargs or {}), "reasoning_effort": HARMONY_EFFORTS[effort]}
+
+
+# OpenAI's effort levels as harmony's three (its template says "Reasoning: ..." in the system message).
+HARMONY_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+                   "xhigh": "high", "max": "high"}
 
 
 def only_embeds(name: str) -> RequestError:

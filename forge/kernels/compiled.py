@@ -112,7 +112,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     for name in [*_DECODE_BY_STORAGE.values(), *(n.replace("attention_", "attention_pool_")
                                                   for n in _DECODE_BY_STORAGE.values())]:
         fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p]
+        fn.argtypes = [p, p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p, p]
         fn.restype = ctypes.c_int
     lib.forge_decode_by_position.argtypes = [i64]
     lib.forge_decode_by_position.restype = i64
@@ -123,7 +123,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
     lib.paged_prefill_attention.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, p, p, p, p, i64, i64, i64, i64, i64,
-                                            i64, p, i64, p, ctypes.c_int]
+                                            i64, p, i64, p, ctypes.c_int, p]
     lib.paged_prefill_attention.restype = ctypes.c_int
     lib.paged_prefill_attention_supports.argtypes = [i64]
     lib.paged_prefill_attention_supports.restype = ctypes.c_int
@@ -185,10 +185,11 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
                            rows: I64, block_tables: I64,
                            context_lens: I64, scratch: F32, out: F32, first_keys: I64 | None = None,
                            softcap: float = 0.0, on_pool: bool = False, scales: KVScales | None = None,
-                           lib: ctypes.CDLL | None = None) -> None:
+                           lib: ctypes.CDLL | None = None, sinks: F32 | None = None) -> None:
     """Decode attention of `rows` (one query each) into out[rows]: see paged_attention.c. With
     first_keys [S], row s sees keys first_keys[s] .. context_lens[s] - 1 only (a sliding window);
-    with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first. `on_pool`:
+    with softcap > 0, scores are soft-capped (softcap * tanh(score / softcap)) first; with sinks
+    [nh], each head's logit joins its softmax's denominator (gpt-oss). `on_pool`:
     the (row, KV head) pairs split over the compiled products' threads (pool_threads), each on
     its own scores buffer (scratch unused), so one sequence's heads run in parallel too.
 
@@ -215,14 +216,14 @@ def paged_decode_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: np
     if first_keys is not None and (first_keys.shape != rows.shape or np.any(first_keys < 0)
                                    or np.any(first_keys >= context_lens)):
         raise ValueError("first_keys must give each row a first key in [0, its context length)")
-    k_scales, v_scales = _scale_pointers("paged_decode_attention", k_cache, scales)
+    k_scales, v_scales = scale_pointers("paged_decode_attention", k_cache, scales)
     if on_pool:
         kernel = kernel.replace("attention_", "attention_pool_")
     rc = getattr(lib, kernel)(
         ptr(q), ptr(k_cache), ptr(v_cache), k_scales, v_scales, ptr(rows), ptr(block_tables),
         block_tables.shape[1],
         ptr(context_lens), None if first_keys is None else ptr(first_keys), len(rows),
-        num_heads, num_kv_heads, head_dim, block_size, softcap, ptr(scratch), ptr(out))
+        num_heads, num_kv_heads, head_dim, block_size, softcap, sinks_at(sinks, num_heads), ptr(scratch), ptr(out))
     if rc == -2:
         raise MemoryError("paged_decode_attention: no memory for a thread's scores")
     if rc != 0:
@@ -277,15 +278,12 @@ def gelu_erf(x: F32, out: F32) -> None:
     lib.forge_gelu_erf(ptr(x), x.size, ptr(out))
 
 
-# The prefill kernel's key chunk (prefill_attention.c's KC): its scratch holds the gathered keys and
-# values, rounded up to it and one more.
-PREFILL_KEY_CHUNK = 64
-_KV_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2, np.dtype(np.int8): 3}
+KV_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2, np.dtype(np.int8): 3}
 INT8_GROUP = 32             # values per scale of an int8 cache (kv16.h's KV_INT8_GROUP)
 KVScales = tuple[npt.NDArray[np.float16], npt.NDArray[np.float16]]   # an int8 cache's K and V scales
 
 
-def _scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
+def scale_pointers(name: str, k_cache: npt.NDArray[np.generic],
                     scales: KVScales | None) -> tuple[int | None, int | None]:
     """An int8 cache's scale arrays as pointers (checked: C-contiguous float16 [..., head_dim / 32]
     beside the values), or None, None for the other storage types (which take none)."""
@@ -323,7 +321,7 @@ def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.ND
     checked before the step): a wrong one would write stray memory."""
     lib = library()
     assert lib is not None, "kv_store called without the compiled kernels"
-    kv_type = _KV_TYPE.get(values.dtype)
+    kv_type = KV_TYPE.get(values.dtype)
     row_len = math.prod(values.shape[2:])
     num_slots = values.shape[0] * values.shape[1]
     if (kv_type is None or x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != values.shape[2:]
@@ -340,55 +338,11 @@ def kv_store(x: F32, slots: I64, values: npt.NDArray[np.generic], scales: npt.ND
                        None if scales is None else ptr(scales), kv_type)
 
 
-def prefill_scratch_floats(num_keys: int, head_dim: int) -> int:
-    """Floats of scratch paged_prefill_attention needs for num_keys keys."""
-    chunk = PREFILL_KEY_CHUNK
-    return 2 * head_dim * (-(-num_keys // chunk) * chunk + chunk)
-
-
-def prefill_attention_supports(head_dim: int) -> bool:
-    """Whether paged_prefill_attention runs here for this head_dim (the compiled kernels built with
-    AVX-512, head_dim a multiple of 16 up to 64)."""
-    lib = library()
-    return lib is not None and bool(lib.paged_prefill_attention_supports(head_dim))
-
-
-def paged_prefill_attention(q: F32, k_cache: npt.NDArray[np.generic], v_cache: npt.NDArray[np.generic],
-                            tables: I64, row0: I64, pos0: I64, num_keys: I64, ranges: I64, window: int,
-                            scratch: F32, out: F32, scales: KVScales | None = None, fast: bool = False) -> None:
-    """Causal attention of chunks of query rows into out (see prefill_attention.c), for segments
-    s of one sequence's chunk each: the chunk's row row0[s] is at position pos0[s] (its positions
-    consecutive), its keys 0 .. num_keys[s] - 1 (with a sliding `window`, only each row's last
-    `window` positions) read through tables[s]; `ranges` [n, 3] holds rows [lo, hi) to compute and
-    their segment, a segment's ranges consecutive. q, out [T, nh, hd] float32; the caches
-    [num_blocks, block_size, nkv, hd] float32, float16, bfloat16 (uint16 bits) or int8 with
-    `scales` (as for paged_decode_attention); scratch at least prefill_scratch_floats(max(num_keys),
-    hd); prefill_attention_supports(hd) must hold. `fast`: bfloat16 pairs (AVX-512 BF16), see there."""
-    lib = library()
-    assert lib is not None, "paged_prefill_attention called without the compiled kernels"
-    kv_type = _KV_TYPE.get(k_cache.dtype)
-    if kv_type is None or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"no paged_prefill_attention for a {k_cache.dtype} / {v_cache.dtype} cache")
-    check("paged_prefill_attention", q, np.float32, k_cache, k_cache.dtype, v_cache, k_cache.dtype, tables, np.int64,
-           row0, np.int64, pos0, np.int64, num_keys, np.int64, ranges, np.int64, scratch, np.float32, out, np.float32)
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    num_segs = len(row0)
-    if (ranges.ndim != 2 or ranges.shape[1] != 3 or out.shape != q.shape or tables.ndim != 2
-            or tables.shape[0] != num_segs or pos0.shape != (num_segs,) or num_keys.shape != (num_segs,)
-            or (len(ranges) and (int(ranges[:, :2].min()) < 0 or int(ranges[:, :2].max()) > len(q)
-                                 or int(ranges[:, 2].min()) < 0 or int(ranges[:, 2].max()) >= num_segs))
-            or (num_segs and int(num_keys.max()) > tables.shape[1] * block_size)):
-        raise ValueError("paged_prefill_attention: ranges, tables or out disagree with q")
-    k_scales, v_scales = _scale_pointers("paged_prefill_attention", k_cache, scales)
-    rc = lib.paged_prefill_attention(ptr(q), ptr(k_cache), ptr(v_cache), k_scales, v_scales, kv_type,
-                                     ptr(tables), tables.shape[1],
-                                     ptr(row0), ptr(pos0), ptr(num_keys), ptr(ranges), len(ranges), window,
-                                     num_heads, num_kv_heads, head_dim, block_size, ptr(scratch), scratch.size,
-                                     ptr(out), int(fast))
-    if rc != 0:
-        raise ValueError(f"paged_prefill_attention: head_dim {head_dim} or a scratch of {scratch.size} floats is "
-                         "beyond the kernel's limits")
+def sinks_at(sinks: F32 | None, num_heads: int) -> int | None:
+    """The attention sinks' pointer (checked: C-contiguous float32 [num_heads]), or None for none."""
+    if sinks is not None and (sinks.dtype != np.float32 or sinks.shape != (num_heads,) or not sinks.flags.c_contiguous):
+        raise ValueError(f"attention sinks must be C-contiguous float32 [{num_heads}]")
+    return None if sinks is None else ptr(sinks)
 
 
 def check(kernel: str, *pairs: object) -> None:

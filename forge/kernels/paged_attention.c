@@ -2,7 +2,8 @@
  *
  * For each sequence and each KV head: the scores of the group's query heads against every key of
  * the context (read in place from the paged cache, no gather), a softmax, and the weighted sum of
- * the values, in one pass over the sequence's blocks. The cache may hold float32, float16,
+ * the values, in one pass over the sequence's blocks; a head's attention sink (gpt-oss), when given, joins
+ * its softmax's max and sum. The cache may hold float32, float16,
  * bfloat16 (raw uint16 bits) or int8 with a float16 scale per 32 values (kv16.h); every value is
  * widened to float32 as it is read, and all arithmetic is float32. The dot products keep 16 partial sums (vectorised). With AVX-512 (heads a multiple
  * of 16, no soft-capping) the keys go sixteen at a time: each query's sixteen vectors of partial
@@ -62,6 +63,17 @@ static float *scratch_buffer(int which, int64_t floats) {
         size[which] = buf[which] == NULL ? 0 : floats;
     }
     return buf[which];
+}
+
+/* A query head's attention sink (gpt-oss: a learned logit per head that joins the softmax's denominator
+ * and weighs no value; sinks NULL: none): it joins the head's max before the exponentials, and its
+ * exponential over that max joins the sum. */
+static inline float sink_max(const float *sinks, int64_t head, float max) {
+    return sinks != NULL && sinks[head] > max ? sinks[head] : max;
+}
+
+static inline float sink_weight(const float *sinks, int64_t head, float max) {
+    return sinks != NULL ? expf(sinks[head] - max) : 0.0f;
 }
 
 /* One K or V row widened to float32 (written as bits for bfloat16: a union may pun types in C). */
@@ -267,6 +279,8 @@ static inline const float *widen_i8(const int8_t *restrict src, const uint16_t *
  * context_lens: [S]  keys each sequence sees (its position + 1)
  * first_keys:   [S]  the first key each sequence sees (its sliding window's start), or NULL: 0
  * softcap:      scores become softcap * tanh(score / softcap) before the softmax (Gemma 2); 0: none
+ * sinks:        [nh]  each query head's attention sink, a logit in its softmax's denominator only
+ *               (gpt-oss), or NULL: none
  * scores:       scratch of at least group * max(context_lens) floats
  * out:          [T, nh, hd]  rows[...] written
  * Returns 0, or -1 when a group exceeds MAX_GROUP or hd MAX_HEAD_DIM (the caller refuses). */
@@ -285,7 +299,7 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
                                        const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
                                        const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
                                        int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
-                                       float *restrict out) {
+                                       const float *sinks, float *restrict out) {
     const int64_t group = nh / nkv, heads = (g1 - g0) * group;      /* query heads, g0 * group on */
     const int64_t kv_stride = nkv * hd, nv = hd / 16, span = len - first;
     float *scores = scratch_buffer(1, heads * span + heads * hd);      /* [heads, span], then [heads, hd] */
@@ -335,11 +349,12 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     }
     for (int64_t h = 0; h < heads; h++) {
         float *sh = scores + h * span, total = 0.0f;
+        maxes[h] = sink_max(sinks, g0 * group + h, maxes[h]);
         for (int64_t i = 0; i < span; i++) {
             sh[i] = expf(sh[i] - maxes[h]);
             total += sh[i];
         }
-        sums[h] = total;
+        sums[h] = total + sink_weight(sinks, g0 * group + h, maxes[h]);
     }
     memset(o, 0, (size_t)(heads * hd) * sizeof(float));
     for (p = first; p < len; p += 16) {
@@ -405,7 +420,7 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
                                        const uint16_t *k_scales, const uint16_t *v_scales, int64_t row,
                                        const int64_t *table, int64_t first, int64_t len, int64_t g0, int64_t g1,
                                        int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
-                                       float *restrict out) {
+                                       const float *sinks, float *restrict out) {
     const int64_t heads = g1 - g0, kv_stride = nkv * hd, span = len - first;
     float *scores = scratch_buffer(1, heads * span);                   /* [heads, span] */
     if (scores == NULL)
@@ -429,11 +444,12 @@ static int CAT(decode_heads_, KV_NAME)(const float *restrict q, const KV_T *rest
     }
     for (int64_t h = 0; h < heads; h++) {
         float *sh = scores + h * span, total = 0.0f;
+        maxes[h] = sink_max(sinks, g0 + h, maxes[h]);
         for (int64_t i = 0; i < span; i++) {
             sh[i] = expf(sh[i] - maxes[h]);
             total += sh[i];
         }
-        sums[h] = total;
+        sums[h] = total + sink_weight(sinks, g0 + h, maxes[h]);
     }
     float *og = out + (row * nh + g0) * hd;          /* [heads, hd]: the heads are adjacent */
     memset(og, 0, (size_t)(heads * hd) * sizeof(float));
@@ -462,7 +478,7 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t i0, int64_t i1,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
-                           float *restrict scores, float *restrict out) {
+                           const float *sinks, float *restrict scores, float *restrict out) {
     const int64_t group = nh / nkv;
     row_buffer buf;
     (void)buf;                                       /* unused by the float32 kernel */
@@ -482,7 +498,7 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
             (group == 1 || (g == 0 && (s + 1) * nkv <= i1))) {
             const int64_t end = (s + 1) * nkv < i1 ? (s + 1) * nkv : i1;  /* this sequence's heads in range */
             if (CAT(decode_heads_, KV_NAME)(q, k, v, k_scales, v_scales, row, table, first, len, g, g + end - i,
-                                            nh, nkv, hd, block_size, out) != 0)
+                                            nh, nkv, hd, block_size, sinks, out) != 0)
                 return -2;
             i = end - 1;
             continue;
@@ -492,7 +508,7 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
             const int64_t end = (s + 1) * nkv < i1 ? (s + 1) * nkv : i1;  /* this sequence's heads in range */
             if (end - i <= MAX_GROUP * 4) {
                 if (CAT(decode_heads_, KV_NAME)(q, k, v, k_scales, v_scales, row, table, first, len, g, g + end - i,
-                                                nh, nkv, hd, block_size, softcap, out) != 0)
+                                                nh, nkv, hd, block_size, softcap, sinks, out) != 0)
                     return -2;
                 i = end - 1;
                 continue;
@@ -544,11 +560,12 @@ static int CAT(decode_pairs_, KV_NAME)(const float *restrict q, const KV_T *rest
             }
             for (int64_t j = 0; j < group; j++) {
                 float *sj = scores + j * len, total = 0.0f;
+                maxes[j] = sink_max(sinks, g * group + j, maxes[j]);
                 for (int64_t p = first; p < len; p++) {
                     sj[p] = expf(sj[p] - maxes[j]);
                     total += sj[p];
                 }
-                sums[j] = total;
+                sums[j] = total + sink_weight(sinks, g * group + j, maxes[j]);
             }
             float *og = out + (row * nh + g * group) * hd;          /* [group, hd] */
 #if defined(__AVX512F__)
@@ -589,11 +606,12 @@ int CAT(paged_decode_attention_, KV_NAME)(const float *restrict q, const KV_T *r
                            int64_t table_width, const int64_t *restrict context_lens,
                            const int64_t *restrict first_keys, int64_t num_seqs,
                            int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float softcap,
-                           float *restrict scores, float *restrict out) {
+                           const float *sinks, float *restrict scores, float *restrict out) {
     if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
         return -1;
     return CAT(decode_pairs_, KV_NAME)(q, k, v, k_scales, v_scales, rows, block_tables, table_width, context_lens,
-                                       first_keys, 0, num_seqs * nkv, nh, nkv, hd, block_size, softcap, scores, out);
+                                       first_keys, 0, num_seqs * nkv, nh, nkv, hd, block_size, softcap, sinks, scores,
+                                       out);
 }
 
 typedef struct {
@@ -603,6 +621,7 @@ typedef struct {
     const int64_t *rows, *block_tables, *context_lens, *first_keys;
     int64_t table_width, num_seqs, nh, nkv, hd, block_size, max_len;
     float softcap;
+    const float *sinks;
     float *out;
     int failed;
 } CAT(decode_job_, KV_NAME);
@@ -625,7 +644,7 @@ static void CAT(decode_part_, KV_NAME)(const void *ctx, int index, int count) {
     if (scores == NULL) { ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1; return; }
     if (CAT(decode_pairs_, KV_NAME)(jb->q, jb->k, jb->v, jb->k_scales, jb->v_scales, jb->rows, jb->block_tables,
                                     jb->table_width, jb->context_lens, jb->first_keys, i0, i1, jb->nh, jb->nkv,
-                                    jb->hd, jb->block_size, jb->softcap, scores, jb->out) != 0)
+                                    jb->hd, jb->block_size, jb->softcap, jb->sinks, scores, jb->out) != 0)
         ((CAT(decode_job_, KV_NAME) *)ctx)->failed = 1;
 }
 
@@ -638,14 +657,14 @@ int CAT(paged_decode_attention_pool_, KV_NAME)(const float *restrict q, const KV
                            const int64_t *restrict block_tables, int64_t table_width,
                            const int64_t *restrict context_lens, const int64_t *restrict first_keys,
                            int64_t num_seqs, int64_t nh, int64_t nkv, int64_t hd, int64_t block_size,
-                           float softcap, float *restrict scores, float *restrict out) {
+                           float softcap, const float *sinks, float *restrict scores, float *restrict out) {
     (void)scores;
     if (nh / nkv > MAX_GROUP || hd > MAX_HEAD_DIM)
         return -1;
     int64_t max_len = 1;
     for (int64_t s = 0; s < num_seqs; s++) max_len = context_lens[s] > max_len ? context_lens[s] : max_len;
     CAT(decode_job_, KV_NAME) jb = {q, k, v, k_scales, v_scales, rows, block_tables, context_lens, first_keys, table_width, num_seqs,
-                                    nh, nkv, hd, block_size, max_len, softcap, out, 0};
+                                    nh, nkv, hd, block_size, max_len, softcap, sinks, out, 0};
     forge_run_parallel(CAT(decode_part_, KV_NAME), &jb, num_seqs * nkv > 1);
     return jb.failed ? -2 : 0;
 }

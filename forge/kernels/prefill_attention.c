@@ -9,7 +9,8 @@
  * an online softmax (running max and sum, the outputs rescaled when the max grows) and the values
  * weighted into its outputs, held in registers for the slice; the slice stays in L1 while the
  * block passes over it. Keys past a vector's position cost nothing beyond the slice that holds its
- * diagonal. float32 throughout; the exponential is a Cephes-style polynomial (~1 ulp). In the
+ * diagonal. An attention sink (gpt-oss) starts a vector's softmax at its logit with a sum of 1.
+ * float32 throughout; the exponential is a Cephes-style polynomial (~1 ulp). In the
  * `fast` numerics, with AVX-512 BF16, the two products instead take pairs rounded to bfloat16 by
  * VDPBF16PS (two multiply-adds a lane, summed in float32): each query's pairs of dimensions against
  * each key's, and each pair of keys' weights against their values; the gathered keys and values
@@ -60,6 +61,7 @@ typedef struct {
     const float *q;           /* [hd] the scaled query */
     float *o;                 /* [hd] where its output goes */
     int64_t first, last;      /* the keys it sees: first .. last (positions) */
+    const float *sink;        /* its head's attention sink (a logit in the softmax's denominator), or NULL */
 } vec_t;
 
 /* One chunk of KC keys (kc [hd][KC] transposed, vc [KC][hd], the first key key0) for NV query vectors
@@ -204,8 +206,8 @@ static inline __attribute__((always_inline)) void run_block(const vec_t *vecs, i
 #endif
     int64_t first = vecs[0].first, last = vecs[0].last;
     for (int64_t v = 0; v < count + NV; v++) {
-        m[v] = -INFINITY;
-        l[v] = 0.0f;
+        m[v] = vecs[v].sink != NULL ? *vecs[v].sink : -INFINITY;    /* a sink: the softmax starts from it */
+        l[v] = vecs[v].sink != NULL ? 1.0f : 0.0f;
         first = vecs[v].first < first ? vecs[v].first : first;
         last = vecs[v].last > last ? vecs[v].last : last;
     }
@@ -352,6 +354,8 @@ int paged_prefill_attention_supports(int64_t hd) {
  * out:        [T, nh, hd]  the ranges' rows written
  * fast:       1: the products in bfloat16 pairs where the build has AVX-512 BF16 (the `fast`
  *             numerics; else float32, as with 0)
+ * sinks:      [nh]  each query head's attention sink, a logit in its softmax's denominator only
+ *             (gpt-oss: the online softmax starts from it, a weight of 1 on no value), or NULL: none
  * Returns 0; -1 without AVX-512, for head_dim not a multiple of 16 up to 64, or a scratch too
  * small. */
 int paged_prefill_attention(const float *q, const void *k, const void *v, const uint16_t *k_scales,
@@ -359,7 +363,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
                             int64_t table_width, const int64_t *seg_row0, const int64_t *seg_pos0,
                             const int64_t *seg_keys, const int64_t *ranges, int64_t n_ranges, int64_t window,
                             int64_t nh, int64_t nkv, int64_t hd, int64_t block_size, float *scratch,
-                            int64_t scratch_floats, float *out, int fast) {
+                            int64_t scratch_floats, float *out, int fast, const float *sinks) {
 #if defined(__AVX512F__)
 #if defined(HAVE_BF16_PAIRS)
     const int bf = fast != 0;
@@ -403,6 +407,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
                         vecs[e].o = out + (row * nh + head) * hd;
                         vecs[e].last = pos;
                         vecs[e].first = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+                        vecs[e].sink = sinks != NULL ? sinks + head : NULL;
                     }
                     switch (hd / 16 + 4 * bf) {   /* a copy per head_dim and numerics, a set's outputs held in registers */
                     case 1: run_block(vecs, count, kt, vg, k0, 1, 0); break;
@@ -424,7 +429,7 @@ int paged_prefill_attention(const float *q, const void *k, const void *v, const 
 #else
     (void)q; (void)k; (void)v; (void)k_scales; (void)v_scales; (void)kv_type; (void)tables; (void)table_width; (void)seg_row0; (void)seg_pos0;
     (void)seg_keys; (void)ranges; (void)n_ranges; (void)window; (void)nh; (void)nkv; (void)hd; (void)block_size;
-    (void)scratch; (void)scratch_floats; (void)out; (void)fast;
+    (void)scratch; (void)scratch_floats; (void)out; (void)fast; (void)sinks;
     return -1;
 #endif
 }

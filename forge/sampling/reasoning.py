@@ -24,8 +24,8 @@ OPEN, CLOSE = "<think>", "</think>"
 CLOSING_TEXT = "\n</think>\n\n"
 # qwen3: the model opens the section itself (or, with the template's enable_thinking false, the prompt holds an
 # empty one and there is none); deepseek_r1: the generation prompt ends in '<think>\n', so the output starts
-# inside it.
-FORMATS = ("qwen3", "deepseek_r1")
+# inside it; harmony: gpt-oss's channels (forge.text.harmony reads them; no budget closes its analysis).
+FORMATS = ("qwen3", "deepseek_r1", "harmony")
 PARSERS = ("auto", "none", *FORMATS)
 # reasoning_effort (chat) and reasoning.effort (Responses) as a budget of thinking tokens, OpenAI's levels
 # (docs/api.md, "Reasoning models"): none skips the section, max leaves it unbounded.
@@ -35,9 +35,11 @@ Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 def detect_format(template_source: str, generation_prompt: str) -> str:
-    """The reasoning format `auto` picks for a chat template: "none" for one that never mentions `<think>`;
-    "deepseek_r1" when its rendered generation prompt (`generation_prompt`, a one-message conversation) ends
-    inside an open section; else "qwen3"."""
+    """The reasoning format `auto` picks for a chat template: "harmony" for one that writes harmony's channels
+    (gpt-oss); "none" for one that never mentions `<think>`; "deepseek_r1" when its rendered generation prompt
+    (`generation_prompt`, a one-message conversation) ends inside an open section; else "qwen3"."""
+    if "<|channel|>" in template_source and "<|message|>" in template_source:
+        return "harmony"
     if OPEN not in template_source:
         return "none"
     return "deepseek_r1" if ends_inside(generation_prompt) else "qwen3"

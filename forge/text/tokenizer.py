@@ -48,6 +48,10 @@ from forge.text.tokenizer_models import (
 # a request, as eos does (files name eos once; a chat model may end its turn with another token).
 END_OF_TURN_PIECES = frozenset({"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
                                 "<|endoftext|>", "<|end_of_text|>"})
+# OpenAI's harmony format (gpt-oss, a vocabulary with <|return|>): <|end|> closes every message, the
+# reasoning's too, and the reply goes on; <|return|> ends the reply and <|call|> a tool call (as
+# llama.cpp and the harmony library read them).
+HARMONY_END_PIECES = frozenset({"<|return|>", "<|call|>"})
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 class Tokenizer:
@@ -99,9 +103,12 @@ class Tokenizer:
         self.warnings: list[str] = []      # what the loader should tell the operator (an unknown pre-tokenizer)
         self._types = types
         self.special_ids = frozenset(i for i, t in enumerate(types) if t == TOKEN_TYPE_CONTROL)
-        # eos, the file's end-of-turn ids, and the control tokens named in END_OF_TURN_PIECES
+        # eos, the file's end-of-turn ids, and the control tokens named in END_OF_TURN_PIECES (harmony's)
+        ends = END_OF_TURN_PIECES
+        if any(self._tokens[i] == "<|return|>" for i in self.special_ids):
+            ends = (ends - {"<|end|>"}) | HARMONY_END_PIECES
         self.end_token_ids = frozenset(
-            {i for i in self.special_ids if self._tokens[i] in END_OF_TURN_PIECES}
+            {i for i in self.special_ids if self._tokens[i] in ends}
             | {i for i in (eos_token_id, *end_token_ids) if i is not None and 0 <= i < self.vocab_size})
         added_ids = [i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
         self._added_ids = frozenset(added_ids)

@@ -13,7 +13,9 @@
         decodings sentencepiece gives a corpus (plus the texts where transformers' GGUF loader,
         whose Metaspace pre-tokenizer adds no prefix to a text that starts with a space, differs)
     tests/data/bpe_pretokenizer_reference.json  a byte-level BPE vocabulary trained here, stored as a
-        GGUF 'gpt2' tokenizer under the pre-tokenizer names `qwen2` and `llama-bpe`; transformers' ids
+        GGUF 'gpt2' tokenizer under the pre-tokenizer names `qwen2` and `llama-bpe`; transformers' ids;
+        and under `gpt-4o` (GPT-4o's and gpt-oss's o200k split, which transformers' GGUF loader does not
+        know): the ids of tiktoken itself, its o200k pattern over the same vocabulary
     tests/data/gemma3_270m_reference.json     the real Gemma 3 270M Q4_K_M file (`forge pull
         gemma-3-270m`) loaded by transformers from the GGUF: greedy continuations with the top-2 gap of
         every step, top-5 logprobs (one case past the 512-token sliding window) and the encodings of a
@@ -247,8 +249,34 @@ def bpe_reference() -> dict[str, Any]:
             writer.close()
             tok = AutoTokenizer.from_pretrained(tmp, gguf_file=path.name)
             out["cases"][pre] = [{"text": t, "ids": list(tok(t, add_special_tokens=False).input_ids)} for t in texts]
+    texts += ["camelCaseWords and HTTPServer's getURL()", "don't, YOU'LL, We'Re", "path/to/file/\nnext/\r\n",
+              "ÉCOLE école Straße İstanbul", "x1234567 9/11"]      # where o200k's split differs from Llama 3's
+    out["cases"]["gpt-4o"] = [{"text": t, "ids": ids} for t, ids in zip(texts, o200k_ids(tokens, texts), strict=True)]
     print(f"bpe: {len(tokens)} tokens, {len(merges)} merges")
     return out
+
+
+def o200k_ids(tokens: list[str], texts: list[str]) -> list[list[int]]:
+    """The ids tiktoken gives each text under o200k's split (its own pattern: o200k_base's, read with the
+    download of OpenAI's ranks skipped) with the trained vocabulary as its ranks (a token's rank its id:
+    the trainer numbers merged tokens in merge order, so tiktoken's lowest-rank-first merging is BPE's)."""
+    import tiktoken
+    from tiktoken_ext import openai_public
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    def no_download(*_args: Any, **_kwargs: Any) -> dict[bytes, int]:
+        return {}
+
+    download = openai_public.load_tiktoken_bpe
+    openai_public.load_tiktoken_bpe = no_download
+    try:
+        pattern = openai_public.o200k_base()["pat_str"]
+    finally:
+        openai_public.load_tiktoken_bpe = download
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    ranks = {bytes(byte_of[c] for c in t): i for i, t in enumerate(tokens) if not t.startswith("<|")}
+    encoding = tiktoken.Encoding("tiny-o200k", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    return [encoding.encode_ordinary(t) for t in texts]
 
 
 def gemma3_reference() -> dict[str, Any]:

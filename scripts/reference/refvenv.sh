@@ -12,13 +12,13 @@ set -euo pipefail
 
 REFVENV="${REFVENV:-$HOME/.cache/forge-refvenv}"
 PYTHON="${PYTHON:-python3}"
-PACKAGES=(torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece sentence-transformers)
+PACKAGES=(torch==2.13.0 transformers gguf jinja2 numpy accelerate sentencepiece sentence-transformers tiktoken)
 
 case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/reference/refvenv.sh   (REFVENV=DIR to put it elsewhere)" >&2; exit 2 ;;
 esac
-if ! "$REFVENV/bin/python" -c 'import torch, transformers, gguf, sentencepiece, sentence_transformers' 2>/dev/null; then
+if ! "$REFVENV/bin/python" -c 'import torch, transformers, gguf, sentencepiece, sentence_transformers, tiktoken' 2>/dev/null; then
   echo "refvenv: installing ${PACKAGES[*]} into $REFVENV" >&2
   "$PYTHON" -m venv "$REFVENV"
   "$REFVENV/bin/pip" install -q "${PACKAGES[@]}" >&2

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf.constants import GGMLQuantizationType
 
 from forge.errors import ModelLoadError
-from forge.kernels import choose_kernels
+from forge.kernels import choose_kernels, products
 from forge.models.forward_batch import ForwardBatch
 from forge.models.llama import LlamaModel
 from tests import tiny_families
@@ -97,7 +98,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", arch="mamba")
     with pytest.raises(ModelLoadError, match=r"m.gguf: architecture 'mamba' is not supported \(only 'llama', "
                                              r"'qwen2', 'qwen3', 'gemma2', 'gemma3', 'phi3', 'qwen3moe', "
-                                             r"'olmoe', 'qwen2moe'\)"):
+                                             r"'olmoe', 'qwen2moe', 'gpt-oss'\)"):
         LlamaModel.load(path)
 
 
@@ -117,8 +118,10 @@ def test_quantized_blocks_run_on_the_kernels_as_on_numpy(tmp_path: Path, name: s
     ids, _ = _reference(name)
     kernel = LlamaModel.load(path, choose_kernels("onnxruntime"))
     assert not kernel.weights.is_dense
-    if tiny_families.SPECS[name].experts:    # the experts read from the file's blocks, not dequantized
-        assert all(layer.moe is not None and layer.moe.gate_up.is_kernel and layer.moe.down.is_kernel
+    if tiny_families.SPECS[name].experts:    # the experts read from the file's blocks where the products read
+        read = products.QMATMUL_TYPES          # their type (gpt-oss's MXFP4: dequantized per step until then)
+        assert all(layer.moe is not None and layer.moe.gate_up.is_kernel == layer.moe.down.is_kernel
+                   == (int(GGMLQuantizationType.Q8_0 if name != "gpt-oss" else GGMLQuantizationType.MXFP4) in read)
                    for layer in kernel.weights.layers)
     want = _run(LlamaModel.load(path), ids, 5)
     got = _run(kernel, ids, 5)
@@ -177,3 +180,35 @@ def test_the_routing_options_matter(tmp_path: Path, name: str) -> None:
             assert layer.moe is not None
             layer.moe.shared_gate_up = None
         assert np.abs(_run(model, ids, len(ids)) - expected).max() > 1e-2
+
+
+def test_every_part_of_gpt_oss_matters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference tells each of gpt-oss's parts apart: forge without its attention sinks, its
+    output, router or expert biases, the clamp of its SwiGLU, its window or YaRN would miss it by
+    far, and with YaRN's correction range rounded to whole pairs (llama.cpp's, not the model's)
+    by more than the reference test allows."""
+    from dataclasses import replace
+
+    from forge.models.llama import clamped_swiglu
+
+    ids, expected = _reference("gpt-oss")
+    path = tiny_families.write_gguf("gpt-oss", tmp_path / "g.gguf")
+
+    def miss(model: LlamaModel) -> float:
+        return float(np.abs(_run(model, ids, len(ids)) - expected).max())
+
+    for attr in ("sinks", "wo_bias", "router_bias", "gate_up_bias", "down_bias"):
+        model = LlamaModel.load(path)
+        for layer in model.weights.layers:
+            setattr(layer if hasattr(layer, attr) else layer.moe, attr, None)
+        assert miss(model) > 0.5, attr
+    model = LlamaModel.load(path)
+    object.__setattr__(model.config, "sliding_window", 10_000)
+    assert miss(model) > 0.5
+    with monkeypatch.context() as patch:
+        patch.setattr(clamped_swiglu, "LIMIT", np.float32(1e9))
+        assert miss(LlamaModel.load(path)) > 0.5
+    for change in ({"truncate": True}, {"kind": "none", "magnitude": 1.0}):
+        model = LlamaModel.load(path)
+        object.__setattr__(model.config, "rope_scaling", replace(model.config.rope_scaling, **change))
+        assert miss(LlamaModel(model.config, model.weights)) > (ATOL if "truncate" in change else 0.5), change

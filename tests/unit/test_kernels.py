@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.config import KV_CACHE_DTYPES
-from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled, products
+from forge.kernels import KERNELS, NUMERICS, choose_kernels, compiled, prefill_kernel, products
 from forge.kernels.onnx_linear import ACCURACY_FP32, ACCURACY_INT8, OnnxLinear
 from forge.kernels.quant_blocks import SUPPORTED, AffineBlocks, affine_blocks
 from forge.models.forward_batch import ForwardBatch
@@ -671,7 +671,7 @@ def test_decode_attention_built_without_avx512_reads_every_stored_type_alike(kv_
 def prefill_kernel_here(head_dim: int = 64) -> bool:
     """Whether the compiled prefill attention runs here (AVX-512). Where it cannot, the plan must
     keep numpy for prompt chunks."""
-    if compiled.prefill_attention_supports(head_dim):
+    if prefill_kernel.prefill_attention_supports(head_dim):
         return True
     batch = paged_batch(np.random.default_rng(0), [20], [20], 4, 6)
     config = SimpleNamespace(num_heads=2, num_kv_heads=1, head_dim=head_dim)

@@ -200,6 +200,30 @@ def test_pre_tokenizers_match_transformers(pre: str) -> None:
     assert any(a["ids"] != b["ids"] for a, b in zip(BPE_DATA["cases"][pre], BPE_DATA["cases"][other], strict=True))
 
 
+def test_the_o200k_split_matches_tiktoken() -> None:
+    """The same vocabulary under o200k's split (`gpt-4o`: GPT-4o's, gpt-oss's o200k_harmony): forge's ids are
+    tiktoken's own under its o200k pattern, and Llama 3's split would not give them (camelCase, capitals)."""
+    tokens = BPE_DATA["tokens"]
+    types = [3 if t.startswith("<|") else 1 for t in tokens]
+    tok = Tokenizer(tokens, BPE_DATA["merges"], pre="gpt-4o", token_types=types)
+    assert tok.warnings == []
+    for case in BPE_DATA["cases"]["gpt-4o"]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
+    llama3 = Tokenizer(tokens, BPE_DATA["merges"], pre="llama-bpe", token_types=types)
+    assert any(llama3.encode(case["text"]) != case["ids"] for case in BPE_DATA["cases"]["gpt-4o"])
+
+
+def test_harmony_ends_a_reply_at_return_or_call_not_at_end() -> None:
+    """gpt-oss's harmony format closes every message with <|end|>, its reasoning's too, and the reply goes
+    on: there <|return|> and <|call|> end it. Elsewhere (Phi-3) <|end|> ends the turn."""
+    harmony = ["a", "b", "<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>",
+               "<|call|>"]
+    tok = Tokenizer(harmony, [], token_types=[1, 1] + [3] * 7, eos_token_id=7)
+    assert tok.end_token_ids == {2, 7, 8}
+    phi3 = Tokenizer(["a", "b", "<|end|>", "<|endoftext|>"], [], token_types=[1, 1, 3, 3], eos_token_id=3)
+    assert phi3.end_token_ids == {2, 3}
+
+
 def test_an_unknown_pre_tokenizer_is_named_in_a_warning() -> None:
     tok = Tokenizer(["a", "b", "ab"], ["a b"], pre="falcon")
     assert tok.warnings and "'falcon'" in tok.warnings[0] and "GPT-2" in tok.warnings[0]

@@ -22,6 +22,11 @@ entry in ARCHITECTURES (and a reference test: docs/models.md), not a new model c
              gate scales
     (llama)  a llama file with {arch}.expert_count (Mixtral): a mixture of experts, the top k's
              weights renormalised (the softmax of their logits)
+    gpt-oss  biases on q/k/v and the output projection; a learned logit per head in the softmax's
+             denominator (attention sinks); RoPE over halves, YaRN's correction range unrounded;
+             every other layer on a sliding window; the pre-MLP norm stored as post_attention_norm;
+             a mixture of experts with biases on the router and every expert, the softmax of the
+             top k's logits, and the clamped SwiGLU (forge.models.llama.clamped_swiglu)
 
 RoPE over halves (llama.cpp's "NEOX" style: dims i and i + d/2 rotate together) is turned into
 Llama's adjacent pairs when the weights are loaded, by reordering the q/k rows of each head (and
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 RopeStyle = Literal["pairs", "halves"]
-Activation = Literal["silu", "gelu_tanh"]
+Activation = Literal["silu", "gelu_tanh", "swiglu_oai"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,12 @@ class Architecture:
     norm_top_k: bool = True            # the top k's weights renormalised to sum 1, unless the file's
                                        # {arch}.expert_weights_norm says otherwise
     shared_expert: bool = False        # blk.N.ffn_{gate,up,down}_shexp.weight, gated by ffn_gate_inp_shexp
+    attention_sinks: bool = False      # blk.N.attn_sinks.weight: a logit per query head beside the keys'
+    output_bias: bool = False          # blk.N.attn_output.bias
+    expert_bias: bool = False          # blk.N.ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias
+    ffn_norm: str = "ffn_norm"         # the tensor name of the norm before the MLP (blk.N.{ffn_norm}.weight)
+    yarn_truncate: bool = True         # YaRN's correction range widened to whole pairs (llama.cpp's, most
+                                       # families'); gpt-oss was trained without (transformers' truncate=False)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -75,5 +86,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("olmoe", rope_style="halves", qk_norm=True, qk_norm_whole=True, experts=True, norm_top_k=False),
         Architecture("qwen2moe", rope_style="halves", attention_bias=True, experts=True, norm_top_k=False,
                      shared_expert=True),
+        Architecture("gpt-oss", rope_style="halves", attention_bias=True, activation="swiglu_oai",
+                     sliding_window_period=2, experts=True, attention_sinks=True, output_bias=True, expert_bias=True,
+                     ffn_norm="post_attention_norm", yarn_truncate=False),
     )
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from forge.kernels import compiled, products
+from forge.kernels import compiled, prefill_kernel, products
 from forge.models.llama.attention_plan import AttentionPlan, DecodeGroup, FusedDecode, FusedPrefill, PrefillSeq
 from forge.models.llama.kv_cache import KV, Scales, Scratch
 from forge.models.llama.kv_dtype import INT8_GROUP, hadamard32
@@ -26,18 +26,25 @@ from forge.models.llama.linear import active_pool
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-def _exp_shifted_(scores: F32) -> F32:
+def _exp_shifted_(scores: F32, sinks: F32 | None = None) -> F32:
     """In place over the last axis: scores <- exp(scores - row max); returns the row sums
     [..., 1]. Every row has at least one finite entry. The caller divides the (much smaller)
-    product with the values by these sums instead of normalising every score."""
-    scores -= scores.max(axis=-1, keepdims=True)
+    product with the values by these sums instead of normalising every score. `sinks` (each
+    row's attention sink, broadcast to [..., 1]; gpt-oss): a logit that joins each row's max and
+    sum but weighs no value."""
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
+    scores -= top
     np.exp(scores, out=scores)
     sums: F32 = scores.sum(axis=-1, keepdims=True)  # numpy's stubs type a keepdims sum as Any
+    if sinks is not None:
+        sums += np.exp(sinks - top)
     return sums
 
 
 def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch | None = None,
-           scales: tuple[Scales, Scales] | None = None, fast: bool = False) -> F32:
+           scales: tuple[Scales, Scales] | None = None, fast: bool = False, sinks: F32 | None = None) -> F32:
     """Attention for one layer. q is [T, nh, hd], already rotated and scaled by 1/sqrt(hd);
     k_cache/v_cache are that layer's [num_blocks, block_size, nkv, hd] with this step's K/V
     already written (an int8 cache with its K and V `scales`: it holds them rotated, so the
@@ -45,7 +52,8 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     parts run on the active MatmulPool, the calling thread taking the first; a thread runs its
     part's decode groups, then its prefill tiles (decode part i and prefill part i form job i, on
     scratch part i). `fast`: the compiled prefill kernel's products in bfloat16 pairs (the `fast`
-    numerics), where the CPU has them."""
+    numerics), where the CPU has them. `sinks` [nh] (gpt-oss): each query head's attention sink, a
+    logit in its softmax's denominator that weighs no value."""
     scratch = scratch if scratch is not None else Scratch()
     if scales is not None:
         q = _rotated(q)
@@ -61,26 +69,26 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     def run(job: tuple[list[DecodeGroup], FusedDecode | None, list[PrefillSeq], FusedPrefill | None,
                        Scratch]) -> None:
         groups, fused, prefills, fused_prefill, part_scratch = job
-        _decode(groups, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales)
+        _decode(groups, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales, sinks)
         if fused is not None:
             scores = part_scratch.get(3, (group * int(fused.context_lens.max()),))
             compiled.paged_decode_attention(q, k_cache, v_cache, fused.rows, fused.block_tables,
                                             fused.context_lens, scores, out, fused.first_keys, plan.softcap,
-                                            scales=scales)
+                                            scales=scales, sinks=sinks)
         if plan.fused_prefill:
             if fused_prefill is not None:
-                compiled.paged_prefill_attention(q, k_cache, v_cache, fused_prefill.tables, fused_prefill.row0,
+                prefill_kernel.paged_prefill_attention(q, k_cache, v_cache, fused_prefill.tables, fused_prefill.row0,
                                                  fused_prefill.pos0, fused_prefill.num_keys, fused_prefill.ranges,
                                                  plan.window, part_scratch.get(0, (fused_prefill.scratch_floats,)),
-                                                 out, scales, fast=fast)
+                                                 out, scales, fast=fast, sinks=sinks)
             return
         for p in prefills:
-            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales)
+            _prefill(p, q, k_cache, v_cache, part_scratch, out, plan.softcap, scales, sinks)
 
     if plan.pool_decode is not None:
         d = plan.pool_decode
         compiled.paged_decode_attention(q, k_cache, v_cache, d.rows, d.block_tables, d.context_lens, _NO_SCRATCH, out,
-                                        d.first_keys, plan.softcap, on_pool=True, scales=scales)
+                                        d.first_keys, plan.softcap, on_pool=True, scales=scales, sinks=sinks)
     if jobs:
         products.pool_park()      # the kernel pool's spinning worker would take a core from these threads
     active_pool().run_parts(run, jobs)
@@ -111,12 +119,13 @@ def softcap_(scores: F32, cap: float) -> None:
 
 
 def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
-            softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None) -> None:
+            softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None, sinks: F32 | None = None) -> None:
     """Attention of one part's decode groups; writes their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     k_scales, v_scales = scales if scales is not None else (None, None)
+    head_sinks = None if sinks is None else sinks.reshape(1, num_kv_heads, group, 1)            # [1, nkv, g, 1]
     for g in groups:
         num_seqs = len(g.rows)
         kv_shape = (num_seqs, -1, num_kv_heads, head_dim)
@@ -129,14 +138,14 @@ def _decode(groups: list[DecodeGroup], q: F32, k_cache: KV, v_cache: KV, scratch
         if softcap:
             softcap_(scores, softcap)
         scores += g.bias
-        sums = _exp_shifted_(scores)                                                     # [S, nkv, g, 1]
+        sums = _exp_shifted_(scores, head_sinks)                                         # [S, nkv, g, 1]
         o = np.matmul(scores, values.transpose(0, 2, 1, 3))                              # [S, nkv, g, hd]
         o /= sums
         out[g.rows] = o.reshape(num_seqs, num_heads, head_dim)
 
 
 def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, out: F32,
-             softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None) -> None:
+             softcap: float = 0.0, scales: tuple[Scales, Scales] | None = None, sinks: F32 | None = None) -> None:
     """Causal attention of one sequence's chunk (those of its tiles in p), tile by tile; writes
     their rows of out [T, nh, hd]."""
     num_heads, head_dim = q.shape[1:]
@@ -161,7 +170,9 @@ def _prefill(p: PrefillSeq, q: F32, k_cache: KV, v_cache: KV, scratch: Scratch, 
         scores4 = scores.reshape(num_kv_heads, n, group, t.num_keys)                     # [nkv, n, g, K]
         assert t.bias is not None, "a tile planned for the compiled kernel"
         scores4[..., t.mask_from:] += t.bias[None, :, None, :]
-        sums = _exp_shifted_(scores)                                                     # [nkv, n*g, 1]
+        row_sinks = None if sinks is None else np.broadcast_to(
+            sinks.reshape(num_kv_heads, 1, group), (num_kv_heads, n, group)).reshape(num_kv_heads, n * group, 1)
+        sums = _exp_shifted_(scores, row_sinks)                                          # [nkv, n*g, 1]
         o = np.matmul(scores, values[:, : t.num_keys])                                   # [nkv, n*g, hd]
         o /= sums
         out_tile = out[t.lo:t.hi].reshape(n, num_kv_heads, group, head_dim)              # view of out

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from forge.kernels import compiled
+from forge.kernels import prefill_kernel
 from forge.models.forward_batch import ForwardBatch
 from forge.models.llama.linear import active_pool
 from forge.models.llama.llama_config import LlamaConfig
@@ -99,7 +99,7 @@ class AttentionPlan:
                                            # tiles; parts own disjoint rows
     fused_parts: list[FusedDecode] = field(default_factory=list)  # instead of decode_parts, when fused
     softcap: float = 0.0           # scores become softcap * tanh(scores / softcap) before the mask; 0: none
-    fused_prefill: bool = False    # prefill chunks by the compiled kernel (forge.kernels.compiled)
+    fused_prefill: bool = False    # prefill chunks by the compiled kernel (forge.kernels.prefill_kernel)
     fused_prefill_parts: list[FusedPrefill | None] = field(default_factory=list)  # per part, when fused_prefill
     window: int = 0                # a sliding window (each query sees its last `window` positions); 0: none
     pool_decode: FusedDecode | None = None  # every fused decode row at once, on the compiled products' pool
@@ -192,7 +192,7 @@ def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
     # Prompt chunks by the compiled kernel where it runs (it masks as it goes: no bias to build). It
     # takes every chunk of more than MAX_DECODE_KERNEL_ROWS rows, speculative decoding's guesses
     # included: their rows share one pass over the keys, where the decode kernel reads them per row.
-    fused_prefill = fused and not softcap and compiled.prefill_attention_supports(config.head_dim)
+    fused_prefill = fused and not softcap and prefill_kernel.prefill_attention_supports(config.head_dim)
     max_decode_rows = MAX_DECODE_KERNEL_ROWS if fused_prefill else MAX_FUSED_CHUNK_ROWS
     fused_parts: list[FusedDecode] = []
     decode_parts: list[list[DecodeGroup]] = []
@@ -261,7 +261,7 @@ def _fused_prefill(part: list[PrefillSeq], head_dim: int) -> FusedPrefill | None
     ranges = np.array([(t.lo, t.hi, s) for s, p in enumerate(part) for t in p.tiles], dtype=np.int64)
     return FusedPrefill(tables, np.array([p.row0 for p in part], dtype=np.int64),
                         np.array([p.pos0 for p in part], dtype=np.int64), num_keys, ranges,
-                        compiled.prefill_scratch_floats(int(num_keys.max()), head_dim))
+                        prefill_kernel.prefill_scratch_floats(int(num_keys.max()), head_dim))
 
 
 def _decode_groups(decode_seqs: I64, batch: ForwardBatch, config: LlamaConfig, block_size: int,

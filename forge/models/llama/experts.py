@@ -71,14 +71,17 @@ class ExpertStack:
 
 @dataclass(slots=True)
 class MoeWeights:
-    """A layer's mixture of experts (forge.models.llama.mixture): the router, the experts, and
-    qwen2moe's shared expert with its gate."""
+    """A layer's mixture of experts (forge.models.llama.mixture): the router, the experts, gpt-oss's
+    biases, and qwen2moe's shared expert with its gate."""
     router: Weight                         # [H, E]    logits of every expert for a token
     gate_up: ExpertStack                   # expert e: [H, 2 F]   columns: gate, then up
     down: ExpertStack                      # expert e: [F, H]
     shared_gate_up: Weight | None = None   # [H, 2 Fs]  the shared expert (qwen2moe)
     shared_down: Weight | None = None      # [Fs, H]
     shared_gate: Weight | None = None      # [H, 1]     its output times sigmoid(x @ shared_gate)
+    router_bias: F32 | None = None         # [E]        added to the router's logits (gpt-oss)
+    gate_up_bias: F32 | None = None        # [E, 2 F]   expert e's gate and up biases
+    down_bias: F32 | None = None           # [E, H]
 
     @property
     def is_dense(self) -> bool:
@@ -89,5 +92,6 @@ class MoeWeights:
 
     @property
     def nbytes(self) -> int:
-        parts = (self.router, self.gate_up, self.down, self.shared_gate_up, self.shared_down, self.shared_gate)
+        parts = (self.router, self.gate_up, self.down, self.shared_gate_up, self.shared_down, self.shared_gate,
+                 self.router_bias, self.gate_up_bias, self.down_bias)
         return sum(int(w.nbytes) for w in parts if w is not None)

@@ -23,8 +23,8 @@ def check_layout(reader: GGUFFile, config: LlamaConfig) -> None:
     c, arch, has = config, config.arch, reader.tensors.__contains__
     if not arch.attention_bias and any(has(f"blk.0.attn_{x}.bias") for x in "qkv"):
         raise ModelLoadError(f"{c.name}: attention biases are not supported for {arch.name!r} files")
-    if has("blk.0.attn_output.bias"):
-        raise ModelLoadError(f"{c.name}: an attention output bias is not supported")
+    if has("blk.0.attn_output.bias") and not arch.output_bias:
+        raise ModelLoadError(f"{c.name}: an attention output bias is not supported for {arch.name!r} files")
     if has("rope_freqs.weight") and c.rope_scaling.kind == "longrope":
         raise ModelLoadError(f"{c.name}: rope_freqs and LongRoPE's rope_factors_long/short together are not supported")
     blocks = {int(part) for name in reader.tensors
@@ -52,13 +52,17 @@ def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[
         shapes["output.weight"] = (c.vocab_size, hidden)
     for i in range(c.num_layers):
         p = f"blk.{i}."
-        shapes[p + "attn_norm.weight"] = shapes[p + "ffn_norm.weight"] = (hidden,)
+        shapes[p + "attn_norm.weight"] = shapes[p + arch.ffn_norm + ".weight"] = (hidden,)
         if arch.fused_qkv:
             shapes[p + "attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
         else:
             shapes[p + "attn_q.weight"] = (q_rows, hidden)
             shapes[p + "attn_k.weight"] = shapes[p + "attn_v.weight"] = (kv_rows, hidden)
         shapes[p + "attn_output.weight"] = (hidden, q_rows)
+        if arch.output_bias:
+            shapes[p + "attn_output.bias"] = (hidden,)
+        if arch.attention_sinks:
+            shapes[p + "attn_sinks.weight"] = (c.num_heads,)
         if c.moe is not None:
             shapes.update(_expert_shapes(c, p))
         elif arch.fused_gate_up:
@@ -85,7 +89,7 @@ def expected_shapes(config: LlamaConfig, *, has: Callable[[str], bool]) -> dict[
 
 def _expert_shapes(config: LlamaConfig, p: str) -> dict[str, Shape]:
     """Layer p's mixture of experts: the router, each projection of every expert as one 3-D tensor
-    [experts, out, in], and the shared expert's parts."""
+    [experts, out, in], their biases (gpt-oss), and the shared expert's parts."""
     moe, hidden = config.moe, config.hidden_size
     assert moe is not None
     num, ffn = moe.num_experts, moe.expert_ffn
@@ -93,6 +97,10 @@ def _expert_shapes(config: LlamaConfig, p: str) -> dict[str, Shape]:
                                 p + "ffn_gate_exps.weight": (num, ffn, hidden),
                                 p + "ffn_up_exps.weight": (num, ffn, hidden),
                                 p + "ffn_down_exps.weight": (num, hidden, ffn)}
+    if config.arch.expert_bias:
+        shapes[p + "ffn_gate_inp.bias"] = (num,)
+        shapes[p + "ffn_gate_exps.bias"] = shapes[p + "ffn_up_exps.bias"] = (num, ffn)
+        shapes[p + "ffn_down_exps.bias"] = (num, hidden)
     if config.arch.shared_expert:
         shapes[p + "ffn_gate_shexp.weight"] = shapes[p + "ffn_up_shexp.weight"] = (moe.shared_ffn, hidden)
         shapes[p + "ffn_down_shexp.weight"] = (hidden, moe.shared_ffn)

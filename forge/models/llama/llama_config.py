@@ -134,7 +134,7 @@ def config_from_reader(reader: GGUFFile, path: str | os.PathLike[str]) -> LlamaC
     if not isinstance(vocab, int) or vocab <= max(eos, bos or 0):
         raise ModelLoadError(f"{name}: the token list is missing or shorter than the special token ids")
     context = _context_length(reader, a, name)
-    scaling = _rope_scaling(reader, a, name, context)
+    scaling = _rope_scaling(reader, arch, name, context)
     ffn = _required_int(reader, f"{a}.feed_forward_length", name)
     return LlamaConfig(
         name=name,
@@ -242,10 +242,12 @@ def _head_shape(reader: GGUFFile, a: str, name: str, hidden: int) -> tuple[int, 
     return num_heads, num_kv_heads, head_dim, rope_dim
 
 
-def _rope_scaling(reader: GGUFFile, a: str, name: str, context: int) -> RopeScaling:
-    """The file's RoPE scaling: linear, YaRN (its optional keys as transformers reads them) or LongRoPE (a file
-    with rope_factors_long/short); any other is refused by name, not ignored. Every kind's cos and sin are
-    scaled by rope.scaling.attn_factor, as llama.cpp scales them."""
+def _rope_scaling(reader: GGUFFile, arch: Architecture, name: str, context: int) -> RopeScaling:
+    """The file's RoPE scaling: linear, YaRN (its optional keys as transformers reads them; the correction
+    range rounded as the family was trained) or LongRoPE (a file with rope_factors_long/short); any other is
+    refused by name, not ignored. Every kind's cos and sin are scaled by rope.scaling.attn_factor, as
+    llama.cpp scales them."""
+    a = arch.name
     kind = field_value(reader, f"{a}.rope.scaling.type")
     longrope = any(t in reader.tensors for t in ("rope_factors_long.weight", "rope_factors_short.weight"))
     attn_factor = _positive_number(reader, f"{a}.rope.scaling.attn_factor", 1.0, name)
@@ -273,7 +275,7 @@ def _rope_scaling(reader: GGUFFile, a: str, name: str, context: int) -> RopeScal
     return RopeScaling("yarn", factor=factor, original_context=original,
                        beta_fast=_positive_number(reader, f"{a}.rope.scaling.yarn_beta_fast", 32.0, name),
                        beta_slow=_positive_number(reader, f"{a}.rope.scaling.yarn_beta_slow", 1.0, name),
-                       ext_factor=ext_factor, magnitude=mscale * attn_factor)
+                       ext_factor=ext_factor, magnitude=mscale * attn_factor, truncate=arch.yarn_truncate)
 
 
 def _positive_number(reader: GGUFFile, key: str, default: float, name: str) -> float:

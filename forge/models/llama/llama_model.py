@@ -23,6 +23,7 @@ from forge.models.forward_batch import ForwardBatch
 from forge.models.gguf_file import GGUFFile, read_gguf
 from forge.models.llama.attention import attend, softcap_
 from forge.models.llama.attention_plan import plan_attention
+from forge.models.llama.clamped_swiglu import swiglu_oai
 from forge.models.llama.kv_cache import KVCache
 from forge.models.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
 from forge.models.llama.llama_config import LlamaConfig, config_from_reader
@@ -132,6 +133,7 @@ class LlamaModel:
         self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long)
                              if self.has_sliding else self.rope)
         self.gelu = config.arch.activation == "gelu_tanh"
+        self.clamped = config.arch.activation == "swiglu_oai"         # gpt-oss's experts
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
         # keeps the whole forward on the numpy reference.
         self.compiled_ops = weights.kernels != "numpy" and compiled.library() is not None
@@ -252,7 +254,7 @@ class LlamaModel:
             else:
                 inputs(matmul, [(0, num_tokens)])
             attn = attend(plan_sliding if self.sliding[i] else plan, q, kv.k[i], kv.v[i], kv.scratch,
-                          kv.layer_scales(i), fast=w.fast)
+                          kv.layer_scales(i), fast=w.fast, sinks=layer.sinks)
             attn = attn.reshape(num_tokens, -1)                                 # [T, nh * hd]
             if i == last:  # past the last attention only the sampled (and pooled) rows matter
                 x, attn = x[kept_rows], attn[kept_rows]                        # [N + M, H], [N + M, nh * hd]
@@ -296,6 +298,8 @@ class LlamaModel:
         for lo, hi in rows:
             xt = x[lo:hi]                                                       # [n, H] view
             out = mm(attn[lo:hi], layer.wo)
+            if layer.wo_bias is not None:
+                out += layer.wo_bias
             xt += out if layer.post_attn_norm is None else self._norm(out, layer.post_attn_norm, eps)
             out = self._mlp(layer, self._norm(xt, layer.ffn_norm, eps), mm)
             xt += out if layer.post_ffn_norm is None else self._norm(out, layer.post_ffn_norm, eps)
@@ -314,6 +318,8 @@ class LlamaModel:
     def _activation(self, gate_up: F32) -> F32:
         if self.gelu:
             return gelu_tanh_gated(gate_up)
+        if self.clamped:
+            return swiglu_oai(gate_up)
         return (swiglu_compiled if self.compiled_ops else swiglu)(gate_up)
 
 

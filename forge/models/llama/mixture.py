@@ -1,11 +1,14 @@
 """The mixture-of-experts block: each token routed to its top k experts, the step's products grouped
 by expert, the weighted sum scattered back.
 
-    logits = x @ router                       [T, E]
+    logits = x @ router (+ b)                 [T, E]
     p = softmax(logits)                       over all E experts
     top k of p per token                      renormalised to sum 1 when the family (or the file) says so
-    y_t = sum over its experts e of p_te * down_e(act(gate_e x_t) * up_e x_t)
+    y_t = sum over its experts e of p_te * down_e(act(gate_e x_t, up_e x_t))
           (+ sigmoid(x_t . g) * shared(x_t), qwen2moe's shared expert)
+
+gpt-oss adds a bias to the router's logits and to each expert's gate, up and down products (each
+expert's own row of the layer's bias tensors), and its act is the clamped SwiGLU.
 
 Mixtral's softmax over the top k's own logits is the renormalised case. The step's rows (the tokens
 of every prompt chunk and decode stream in it) are grouped by expert: each active expert's weights
@@ -66,11 +69,19 @@ def expert_groups(ids: I64, weights: F32) -> Iterator[tuple[int, I64, F32]]:
 def mixture(x: F32, moe: MoeWeights, config: MoeConfig, mm: MatmulFn, activation: Activation) -> F32:
     """The block's output [T, H] for its normed input x [T, H]: every active expert's product once,
     over all the rows routed to it."""
-    ids, weights = route(mm(x, moe.router), config.num_used, config.norm_top_k, config.weights_scale)
+    logits = mm(x, moe.router)                                                 # [T, E]
+    if moe.router_bias is not None:
+        logits += moe.router_bias
+    ids, weights = route(logits, config.num_used, config.norm_top_k, config.weights_scale)
     out = np.zeros_like(x)                                                     # [T, H]
     for expert, tokens, chosen in expert_groups(ids, weights):
         rows = x[tokens]                                                       # [n, H]
-        y = mm(activation(mm(rows, moe.gate_up[expert])), moe.down[expert])   # [n, H]
+        gate_up = mm(rows, moe.gate_up[expert])                                # [n, 2F]
+        if moe.gate_up_bias is not None:
+            gate_up += moe.gate_up_bias[expert]
+        y = mm(activation(gate_up), moe.down[expert])                          # [n, H]
+        if moe.down_bias is not None:
+            y += moe.down_bias[expert]
         y *= chosen[:, None]
         out[tokens] += y                                                       # tokens distinct: no lost adds
     if moe.shared_gate_up is not None and moe.shared_down is not None and moe.shared_gate is not None:

@@ -37,6 +37,7 @@ class RopeScaling:
     beta_slow: float = 1.0       # yarn: those turning fewer times than this are interpolated
     ext_factor: float = 1.0      # yarn: the share of extrapolation the ramp mixes in (llama.cpp's; 0: linear only)
     magnitude: float = 1.0       # cos and sin multiplied by it: YaRN's mscale, LongRoPE's attention factor
+    truncate: bool = True        # yarn: the correction range widened to whole pairs (gpt-oss: not, as it was trained)
 
     def frequencies(self, theta: float, rope_dim: int, divisors: npt.NDArray[np.float32] | None = None) -> F64:
         """The angle per position of each pair, [rope_dim / 2] (before linear scaling divides positions):
@@ -64,13 +65,15 @@ def yarn_mscale(factor: float) -> float:
 def yarn_ramp(scaling: RopeScaling, theta: float, rope_dim: int) -> F64:
     """0 for the pairs YaRN extrapolates, 1 for those it interpolates, linear between, [rope_dim / 2]: the
     correction range is the pairs turning between beta_fast and beta_slow times over the original context,
-    widened to whole pairs."""
+    widened to whole pairs unless the scaling says not to (transformers' `truncate`, false for gpt-oss)."""
 
     def pair_turning(turns: float) -> float:        # the (fractional) pair that turns `turns` times
         return rope_dim * math.log(scaling.original_context / (turns * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(pair_turning(scaling.beta_fast)), 0)
-    high = min(math.ceil(pair_turning(scaling.beta_slow)), rope_dim - 1)
+    low, high = pair_turning(scaling.beta_fast), pair_turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rope_dim - 1)
     span = max(high - low, 0.001)
     ramp: F64 = np.clip((np.arange(rope_dim // 2, dtype=np.float64) - low) / span, 0.0, 1.0)
     return ramp

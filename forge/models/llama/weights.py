@@ -68,6 +68,8 @@ class LayerWeights:
     post_attn_norm: F32 | None = None  # [H]   sandwich norms (gemma3): after attention's projection
     post_ffn_norm: F32 | None = None   # [H]   and after the MLP, before each residual add
     moe: MoeWeights | None = None      # the MLP as a mixture of experts (forge.models.llama.mixture)
+    sinks: F32 | None = None           # [nh]  a logit per query head in its softmax's denominator (gpt-oss)
+    wo_bias: F32 | None = None         # [H]   the output projection's bias (gpt-oss)
 
 
 @dataclass(slots=True)
@@ -103,7 +105,7 @@ class LlamaWeights:
             held += [w for w in (layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm, layer.w_gate_up,
                                  layer.w_down) if w is not None]
             held += [w for w in (layer.qkv_bias, layer.q_norm, layer.k_norm, layer.post_attn_norm,
-                                 layer.post_ffn_norm, layer.moe) if w is not None]
+                                 layer.post_ffn_norm, layer.moe, layer.sinks, layer.wo_bias) if w is not None]
         tied_dense = (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
                       and np.shares_memory(self.head, self.embedding))
         tied_blocks = (isinstance(self.head, BlockMatrix) and isinstance(self.embedding, QuantEmbedding)
@@ -304,10 +306,12 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
             attn_norm=src.owned(p + "attn_norm.weight", (hidden,)),
             wqkv=wqkv,
             wo=src.matrix([p + "attn_output.weight"], [(hidden, q_rows)]),
-            ffn_norm=src.owned(p + "ffn_norm.weight", (hidden,)),
+            ffn_norm=src.owned(p + arch.ffn_norm + ".weight", (hidden,)),
             w_gate_up=w_gate_up,
             w_down=w_down,
             moe=_moe_weights(src, c, p) if c.moe is not None else None,
+            sinks=src.owned(p + "attn_sinks.weight", (c.num_heads,)) if arch.attention_sinks else None,
+            wo_bias=src.owned(p + "attn_output.bias", (hidden,)) if arch.output_bias else None,
         )
         if arch.attention_bias:
             layer.qkv_bias = np.concatenate([
@@ -334,7 +338,6 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden, fast=src.fast)
     elif c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
         # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
-
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)
         head = Q8Matrix(embedding.data, embedding.shape)
@@ -366,12 +369,17 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
 
 
 def _moe_weights(src: _TensorSource, c: LlamaConfig, p: str) -> MoeWeights:
-    """Layer p's router, experts (views of the file's 3-D tensors) and shared expert."""
+    """Layer p's router, experts (views of the file's 3-D tensors), their biases and shared expert."""
     assert c.moe is not None
     hidden, num, shared = c.hidden_size, c.moe.num_experts, c.moe.shared_ffn
     moe = MoeWeights(router=src.matrix([p + "ffn_gate_inp.weight"], [(num, hidden)]),
                      gate_up=src.experts([p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], hidden),
                      down=src.experts([p + "ffn_down_exps.weight"], c.moe.expert_ffn))
+    if c.arch.expert_bias:                                       # gpt-oss: [E], [E, 2F] (gate then up), [E, H]
+        moe.router_bias = src.owned(p + "ffn_gate_inp.bias", (num,))
+        moe.gate_up_bias = np.concatenate([src.owned(p + f"ffn_{x}_exps.bias", (num, c.moe.expert_ffn))
+                                           for x in ("gate", "up")], axis=1)
+        moe.down_bias = src.owned(p + "ffn_down_exps.bias", (num, hidden))
     if c.arch.shared_expert:
         moe.shared_gate_up = src.matrix([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"],
                                         [(shared, hidden), (shared, hidden)])

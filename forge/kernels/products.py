@@ -111,7 +111,7 @@ def _amx_library() -> ctypes.CDLL:
 # ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
 
 # The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
-QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30})
+QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39})
 
 
 class QPart(ctypes.Structure):

@@ -25,7 +25,8 @@
 
 /* ---- ggml type ids (gguf.constants.GGMLQuantizationType) ------------------------------------- */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+       T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23,
+       T_BF16 = 30, T_MXFP4 = 39 };
 
 typedef struct {
     const uint8_t *data;    /* rows * row_bytes bytes, the file's blocks row after row */
@@ -89,15 +90,15 @@ static inline float bf16(const uint8_t *p) {
     return f;
 }
 
-/* The K-quants: superblocks of 256 values. */
+/* The K-quants whose `fast` numerics are int8 products (x per superblock of 256). */
 static inline int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* Bytes per row and values per block of each type; 0: not a type this kernel reads. */
 static inline int64_t block_values(int64_t type) {
     switch (type) {
     case T_F32: case T_F16: case T_BF16: return 1;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: case T_IQ4_NL: case T_MXFP4: return 32;
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_IQ4_XS: return 256;
     default: return 0;
     }
 }
@@ -111,6 +112,11 @@ static inline int64_t block_bytes(int64_t type) {
     case T_Q5_0: return 22;
     case T_Q5_1: return 24;
     case T_Q8_0: return 34;
+    case T_IQ4_NL: return 18;
+    case T_MXFP4: return 17;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
+    case T_IQ4_XS: return 136;
     case T_Q4_K: return 144;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
@@ -322,7 +328,8 @@ FORGE_HIDDEN void dequant(int64_t type, const uint8_t *row, int64_t k0, int64_t 
 #if defined(HAVE_FUSED)
 /* The types the fused path and the SIMD widening take. */
 static inline int fused_type(int64_t type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K;
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K ||
+           type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS || type == T_MXFP4;
 }
 /* qmatmul_avx512.c or qmatmul_avx2.c: dequant()'s SIMD form (0 for a type it does not take), and the
  * fused path: mr (up to FR) rows of x against a panel's NR rows of W, values [k0, k1), into acc. */

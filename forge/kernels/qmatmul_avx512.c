@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "qmatmul.h"
+#include "qmatmul_lowbit.h"
 
 #if defined(__AVX512F__)
 /* AVX-512 widening of the common types, one set of helpers for both paths (so that the fused
@@ -95,17 +96,65 @@ static inline void q8_0_block(const uint8_t *b, __m512 *w) {
     w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
 }
 
-/* One block of 32 values of Q4_0, Q4_1 or Q8_0 at b, in order, into w[0] and w[1]: every path's widening
- * of these types (dequant, the fused path, widen_pairs). */
+/* The table types' 16 values (IQ4_VALUES, MXFP4_VALUES) times a block's scale: each product exact. */
+static inline __m512 lut(const int8_t *values, float scale) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)values))),
+                         _mm512_set1_ps(scale));
+}
+
+/* One block of 32 values of Q4_0, Q4_1, Q8_0, IQ4_NL or MXFP4 at b, in order, into w[0] and w[1]: every
+ * path's widening of these types (dequant, the fused path, widen_pairs). */
 static inline void block32(int64_t type, const uint8_t *b, __m512 *w) {
     if (type == T_Q4_0) {
         const float d = f16(b);
         nibbles16(b + 2, table(d, -8.0f * d), w);
     } else if (type == T_Q4_1) {
         nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
+    } else if (type == T_IQ4_NL) {
+        nibbles16(b + 2, lut(IQ4_VALUES, f16(b)), w);
+    } else if (type == T_MXFP4) {
+        nibbles16(b + 1, lut(MXFP4_VALUES, e8m0_half(b[0])), w);
     } else {
         q8_0_block(b, w);
     }
+}
+
+/* Q2_K's scales of one super-block: a[g] = d * sc_g, a[16 + g] = -(dmin * mn_g), per group g of 16. */
+static inline void q2k_scales(const uint8_t *b, float *a) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))),
+                                      _mm512_set1_ps(f16(b + 80))));
+    _mm512_storeu_ps(a + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), _mm512_set1_ps(-f16(b + 82))));
+}
+
+/* Q3_K's scales of one super-block: a[g] = d * (sc_g - 32), a[16 + g] = -4 a[g]. */
+static inline void q3k_scales(const uint8_t *b, float *a) {
+    int32_t sc[16];
+    for (int g = 0; g < 16; g++) sc[g] = q3k_scale(b + 96, g);
+    const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)sc)), _mm512_set1_ps(f16(b + 108)));
+    _mm512_storeu_ps(a, d);
+    _mm512_storeu_ps(a + 16, _mm512_mul_ps(d, _mm512_set1_ps(-4.0f)));
+}
+
+/* Q2_K's (hm NULL) or Q3_K's values 128 h .. 128 h + 127 of a super-block (a: its scales), in order:
+ * 2-bit codes (byte 32 h + l, bits 2 s: value 32 s + l), Q3_K's third bit from hm (bit 4 h + s of
+ * byte l), then q * a[g] + a[16 + g], one rounding. */
+static inline void k23_half(const uint8_t *q, const uint8_t *hm, const float *a, int h, __m512 *w) {
+    const __m512i three = _mm512_set1_epi32(3), one = _mm512_set1_epi32(1);
+    for (int k = 0; k < 2; k++) {
+        const __m512i lo = zx16(q + 32 * h + 16 * k), hi = hm ? zx16(hm + 16 * k) : _mm512_setzero_si512();
+        for (int s = 0; s < 4; s++) {
+            __m512i c = _mm512_and_si512(_mm512_srli_epi32(lo, 2 * s), three);
+            if (hm) c = _mm512_or_si512(c, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 4 * h + s), one), 2));
+            const int g = 8 * h + 2 * s + k;
+            w[2 * s + k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(a[g]), _mm512_set1_ps(a[16 + g]));
+        }
+    }
+}
+
+/* IQ4_XS's eight sub-block scales of super-block b into s[8]. */
+static inline void iq4xs_scales(const uint8_t *b, float *s) {
+    for (int j = 0; j < 8; j++) s[j] = iq4xs_scale(b, j);
 }
 
 /* The AVX-512 form of dequant() for the types it covers; 0 when it does not cover `type`. */
@@ -139,6 +188,39 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
             for (int h = 0; h < 2; h++) {
                 q6k_half(b, a, h, w);
                 for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + 128 * h + 16 * v, w[v]);
+            }
+        }
+        return 1;
+    case T_Q2_K:
+    case T_Q3_K: {
+        const int three = type == T_Q3_K, bb = three ? 110 : 84;
+        for (int64_t blk = 0; blk < n / 256; blk++, b += bb, dst += 256) {
+            float a[32];
+            if (three) q3k_scales(b, a);
+            else q2k_scales(b, a);
+            for (int h = 0; h < 2; h++) {
+                k23_half(b + (three ? 32 : 16), three ? b : NULL, a, h, w);
+                for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + 128 * h + 16 * v, w[v]);
+            }
+        }
+        return 1;
+    }
+    case T_IQ4_NL:
+    case T_MXFP4:
+        for (int64_t blk = 0, bb = block_bytes(type); blk < n / 32; blk++, b += bb, dst += 32) {
+            block32(type, b, w);
+            _mm512_storeu_ps(dst, w[0]);
+            _mm512_storeu_ps(dst + 16, w[1]);
+        }
+        return 1;
+    case T_IQ4_XS:
+        for (int64_t blk = 0; blk < n / 256; blk++, b += 136) {
+            float s[8];
+            iq4xs_scales(b, s);
+            for (int j = 0; j < 8; j++, dst += 32) {
+                nibbles16(b + 8 + 16 * j, lut(IQ4_VALUES, s[j]), w);
+                _mm512_storeu_ps(dst, w[0]);
+                _mm512_storeu_ps(dst + 16, w[1]);
             }
         }
         return 1;
@@ -193,8 +275,45 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
                     }                                                                              \
                 }                                                                                  \
             break;                                                                                 \
+        case T_Q2_K:                                                                               \
+        case T_Q3_K: {                                                                             \
+            const int three = type == T_Q3_K, bb = three ? 110 : 84;                               \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++)                                       \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + sb * bb;                                          \
+                    PREFETCH(b + PF_AHEAD);                                                        \
+                    PREFETCH(b + PF_AHEAD + 64);                                                   \
+                    PREFETCH(b + PF_AHEAD + bb - 1);                                               \
+                    float a[32];                                                                   \
+                    if (three) q3k_scales(b, a);                                                   \
+                    else q2k_scales(b, a);                                                         \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        k23_half(b + (three ? 32 : 16), three ? b : NULL, a, h, w);                \
+                        for (int v = 0; v < 8; v += 2) { PAIR(mr, c, sb * 256 + 128 * h + 16 * v, w[v], w[v + 1]) } \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        case T_IQ4_XS:                                                                             \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++) {                                     \
+                float s[NR][8];                                                                    \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD);                                       \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD + 64);                                  \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD + 128);                                 \
+                    iq4xs_scales(rows[c] + sb * 136, s[c]);                                        \
+                }                                                                                  \
+                for (int j = 0; j < 8; j++)                                                        \
+                    for (int c = 0; c < NR; c++) {                                                 \
+                        nibbles16(rows[c] + sb * 136 + 8 + 16 * j, lut(IQ4_VALUES, s[c][j]), w);   \
+                        PAIR(mr, c, sb * 256 + 32 * j, w[0], w[1])                                 \
+                    }                                                                              \
+            }                                                                                      \
+            break;                                                                                 \
         case T_Q4_0:                                                                               \
         case T_Q4_1:                                                                               \
+        case T_IQ4_NL:                                                                             \
+        case T_MXFP4:                                                                              \
         case T_Q8_0: {                                                                             \
             const int64_t bb = block_bytes(type);                                                  \
             for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
@@ -262,7 +381,8 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
                         bf16_t *rows_bf, uint32_t *panel) {
     const int64_t halves = 2;
     const int64_t type = pt->type;
-    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) {   /* a block a chunk: widened in registers */
+    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_IQ4_NL || type == T_MXFP4) {
+        /* a block a chunk: widened in registers */
         const int64_t bb = block_bytes(type);
         for (int64_t cb = 0; cb < halves; cb++)
             for (int64_t ks = 0; ks < K / 32; ks++) {
@@ -310,7 +430,7 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
 
 /* ---- bigger `fast` steps of the other types on AVX-512 BF16: weight rows in the lanes ----------------
  * Steps of more than FUSED_MAX_ROWS_BF16 rows put 32 rows of W in two vectors' lanes as the AMX tiles
- * read them (widen_pairs, once per step; Q4_0, Q4_1 and Q8_0 widened in registers, a block a chunk),
+ * read them (widen_pairs, once per step; the types of 32-value blocks widened in registers, a block a chunk),
  * and each pair of values of a row of x, broadcast, multiplies both by VDPBF16PS. No sums across lanes
  * at the end, where the tiled path's reduce_row of every 4 x 4 outputs weighed on products of the
  * default model's K of 576, and each broadcast serves 32 weight rows. The broadcast is its own

@@ -3,10 +3,12 @@ gguf package dequantizes.
 
 - Real blocks: every quantized tensor of Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0), as the
   kernels hold it (integer codes, scales, offsets), equals gguf's dequantization bit for bit.
-- Every type in a model: a tiny model whose matrices are all Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16 or
-  BF16 gives the logits of its twin stored as float32 (gguf's dequantization of the same data),
-  on the numpy reference and on the default kernels (which keep the types they support in blocks,
-  K-quants included, and hold the others, F16 and BF16, as float32).
+- Every type in a model: a tiny model whose matrices are all Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q2_K, Q3_K,
+  IQ4_NL, IQ4_XS, MXFP4, F16 or BF16 gives the logits of its twin stored as float32 (gguf's
+  dequantization of the same data), on the numpy reference and on the default kernels (which keep
+  the types they support in blocks, K-quants included, and hold the others as float32: F16 and BF16
+  under onnxruntime); under the blocks backend every matrix is held at the file's size, in both
+  numerics.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
 
-from forge.kernels import choose_kernels
+from forge.kernels import KernelChoice, choose_kernels
 from forge.kernels.quant_blocks import SUPPORTED, affine_blocks
 from forge.models.gguf_file import read_gguf
 from forge.models.llama import LlamaModel
@@ -28,7 +30,10 @@ from forge.models.llama.dequant import dequantize
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.
-F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,),
+          Q.IQ4_XS: (0,)}
+# The types the compiled products read from the file since they were added (issue 53, 57).
+LOW_BIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]
 MAX_ROWS = 1024     # of the 262,144-row embedding: enough blocks, without 700 MB of floats
 
 
@@ -60,6 +65,11 @@ def _matrix_data(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: in
     for at in F16_AT[qtype]:
         scale = (np.abs(rng.standard_normal(len(blocks))) * 0.002 + 1e-4).astype(np.float16)
         blocks[:, at:at + 2] = scale.view(np.uint8).reshape(-1, 2)
+    # the scales (every value is linear in them) brought to the quantized types' spread, 1 / sqrt(cols)
+    factor = 1 / np.sqrt(cols) / np.sqrt(np.mean(gguf_dequantize(data, qtype).astype(np.float64) ** 2))
+    for at in F16_AT[qtype]:
+        scale = blocks[:, at:at + 2].copy().view(np.float16).astype(np.float64) * factor
+        blocks[:, at:at + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return data
 
 
@@ -105,7 +115,8 @@ def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool) -> Path
     return path
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.F16, Q.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, *LOW_BIT, Q.F16, Q.BF16],
+                         ids=lambda q: q.name)
 @pytest.mark.parametrize("kernels", ["numpy", "auto", "blocks", "onnxruntime"])
 def test_a_model_of_each_type_runs_on_the_files_values(tmp_path: Path, qtype: GGMLQuantizationType,
                                                        kernels: str) -> None:
@@ -116,7 +127,36 @@ def test_a_model_of_each_type_runs_on_the_files_values(tmp_path: Path, qtype: GG
     # The blocks backend reads every type here from the file (F16 and BF16 too); onnxruntime only
     # the integer-code ones.
     assert model.weights.is_dense == (backend == "numpy" or (backend != "blocks" and qtype not in SUPPORTED))
+    if backend == "blocks":      # every tensor at the file's size: the matrices its blocks, the rest float32
+        assert model.weights.nbytes == _file_bytes(tmp_path / "q.gguf")
     context = [5, 9, 3, 17, 40, 2, 11]
     want = twin.forward_context(context)
     got = model.forward_context(context)
     np.testing.assert_allclose(got, want, atol=2e-4 * float(np.abs(want).max()), rtol=0)
+
+
+def _file_bytes(path: Path) -> int:
+    return sum(int(t.data.nbytes) for t in read_gguf(path).tensors.values())
+
+
+def _fast_kernels() -> KernelChoice | None:
+    try:
+        return choose_kernels("blocks", "fast")
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("qtype", [*LOW_BIT, Q.F16, Q.BF16], ids=lambda q: q.name)
+def test_the_fast_numerics_read_each_type_from_its_blocks(tmp_path: Path, qtype: GGMLQuantizationType) -> None:
+    """`--numerics fast` on the blocks backend: the same blocks (held at the file's size), the logits
+    within the fast numerics' rounding (bfloat16 or int8 activations: up to 4e-3 of the largest here)."""
+    kernels = _fast_kernels()
+    if kernels is None:
+        pytest.skip("no fast numerics on the blocks backend here")
+    model = LlamaModel.load(_write(tmp_path / "q.gguf", qtype, as_float32=False), kernels)
+    twin = LlamaModel.load(_write(tmp_path / "f32.gguf", qtype, as_float32=True))
+    assert model.weights.fast and model.weights.nbytes == _file_bytes(tmp_path / "q.gguf")
+    for context in ([5, 9, 3], [5, 9, 3, 17, 40, 2, 11, 30, 8, 21, 33, 4]):    # small steps and big ones
+        want = twin.forward_context(context)
+        np.testing.assert_allclose(model.forward_context(context), want, atol=1e-2 * float(np.abs(want).max()), rtol=0)
+

@@ -23,9 +23,10 @@
  * 256: decode steps straight from the blocks, bigger ones with 16 weight rows in the lanes
  * of VPDPBUSD); on AVX2 alone, x as int8 codes multiplied with the file's integer codes in
  * int32 (VPMADDUBSW/VPMADDWD): for the K-quants x per superblock of 256 and one float scale per
- * superblock, in every step; for Q4_0, Q4_1, Q8_0 x per block of 32 and a float scale per block, in
- * steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast says which numerics this build has). The
- * other types take bfloat16 on AVX-512 and the float32 product on AVX2.
+ * superblock, in every step; for Q4_0, Q4_1, Q8_0 and the table types IQ4_NL, IQ4_XS, MXFP4 x per
+ * block of 32 and a float scale per block, in steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast
+ * says which numerics this build has). Q2_K, Q3_K, Q5_0, Q5_1 and the 16-bit types take bfloat16
+ * on AVX-512 and the float32 product on AVX2.
  *
  * The files (this one is the entry: forge_qmatmul, run_panel's choice of a path, the tiled path, the
  * portable widening, and what a build has):

@@ -170,7 +170,8 @@ static inline void to_bf16(const float *src, int64_t n, bf16_t *dst) {
 #endif
 
 /* The `fast` numerics' int8 products (qmatmul_int8.c; the K-quants' on AVX-512: qmatmul_int8_avx512.c).
- * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 (HAVE_I8) and the K-quants; AVX-512
+ * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 and the table types IQ4_NL, IQ4_XS,
+ * MXFP4 (HAVE_I8) and the K-quants Q4_K, Q5_K, Q6_K; AVX-512
  * builds with BW, VNNI and BF16: the K-quants' (HAVE_KG for their bigger steps), the other types' staying
  * bfloat16. */
 #if defined(__AVX2__) && defined(__FMA__) && \
@@ -194,10 +195,13 @@ static inline void to_bf16(const float *src, int64_t n, bf16_t *dst) {
 #if defined(HAVE_I8K) && !defined(__AVX512F__)
 #define HAVE_I8 1
 /* The types whose int8 products take x per block of 32 (steps of up to I8_MAX_ROWS rows). */
-static inline int i8_type(int64_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+static inline int i8_type(int64_t type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_IQ4_NL || type == T_IQ4_XS ||
+           type == T_MXFP4;
+}
 
 #define FR8 2
-/* Q4_0, Q4_1 and Q8_0: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
+/* Q4_0, Q4_1, Q8_0 and the table types: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
  * (prefill) the float32 path, faster there: the int8 rows go FR8 at a time through each panel,
  * widening its codes again for each pair, where the float32 tiles widen a panel once for a whole tile of x (1.7B-shaped layers,
  * AVX2 host, ms int8 against float32: 21.3 / 45.2 at 1 row, 66.8 / 97.4 at 4, 144.1 / 123.5 at 5,

@@ -54,8 +54,8 @@ FAST_KINDS = {"native": WIDE_KIND, "avx512": WIDE_KIND, "avx2": "int8" if AVX2 e
 # The levels whose fast numerics the tests check here (native alone where it has none: refused).
 FAST_LEVELS = [isa for isa in RUNNABLE if FAST_KINDS[isa]] or ["native"]
 # The types the int8 numerics take as integer products, x per block of 32 in steps of up to
-# int8_rows rows; the others take the float32 path.
-INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0}
+# int8_rows rows (the table types through their int8 values); the others take the float32 path.
+INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # The K-quants: x per superblock of 256 (llama.cpp's Q8_K), in every step.
 INT8_K_TYPES = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
 

@@ -7,8 +7,8 @@ gguf package dequantizes.
   IQ4_NL, IQ4_XS, MXFP4, F16 or BF16 gives the logits of its twin stored as float32 (gguf's
   dequantization of the same data), on the numpy reference and on the default kernels (which keep
   the types they support in blocks, K-quants included, and hold the others as float32: F16 and BF16
-  under onnxruntime); under the blocks backend every matrix is held at the file's size, in both
-  numerics.
+  under onnxruntime); under the blocks backend every matrix (and a 16-bit embedding) is held at the
+  file's size, in both numerics.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from forge.kernels.quant_blocks import SUPPORTED, affine_blocks
 from forge.models.gguf_file import read_gguf
 from forge.models.llama import LlamaModel
 from forge.models.llama.dequant import dequantize
+from forge.models.llama.weights import QuantEmbedding
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.
@@ -73,9 +74,11 @@ def _matrix_data(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: in
     return data
 
 
-def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool) -> Path:
+def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool, embedding: bool = False,
+           tied: bool = False) -> Path:
     """A one-layer llama of width 256 (whole K-quant blocks), every matrix of type qtype (or its
-    float32 dequantization); norms and the embedding float32."""
+    float32 dequantization); norms float32, the embedding too unless `embedding` (then qtype's; `tied`:
+    no output.weight, the head is the embedding)."""
     rng = np.random.default_rng(int(qtype))
     hidden, ffn, heads, vocab = 256, 512, 4, 64
     writer = gguf.GGUFWriter(path, "llama")
@@ -98,7 +101,10 @@ def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool) -> Path
         else:
             writer.add_tensor(name, data, raw_dtype=qtype)
 
-    writer.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32))
+    if embedding:
+        put("token_embd.weight", vocab, hidden)
+    else:
+        writer.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32))
     writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, np.float32))
     for proj in ("q", "k", "v", "output"):
         put(f"blk.0.attn_{proj}.weight", hidden, hidden)
@@ -107,7 +113,8 @@ def _write(path: Path, qtype: GGMLQuantizationType, *, as_float32: bool) -> Path
     put("blk.0.ffn_up.weight", ffn, hidden)
     put("blk.0.ffn_down.weight", hidden, ffn)
     writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    put("output.weight", vocab, hidden)
+    if not tied:
+        put("output.weight", vocab, hidden)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -159,4 +166,20 @@ def test_the_fast_numerics_read_each_type_from_its_blocks(tmp_path: Path, qtype:
     for context in ([5, 9, 3], [5, 9, 3, 17, 40, 2, 11, 30, 8, 21, 33, 4]):    # small steps and big ones
         want = twin.forward_context(context)
         np.testing.assert_allclose(model.forward_context(context), want, atol=1e-2 * float(np.abs(want).max()), rtol=0)
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.IQ4_NL, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_an_embedding_of_a_kept_type_stays_in_the_file(tmp_path: Path, qtype: GGMLQuantizationType,
+                                                       tied: bool) -> None:
+    """Under the blocks backend the token embedding keeps its type (16-bit values for F16 and BF16),
+    looked up row by row, and a tied head multiplies from the same bytes: nothing widened to float32."""
+    model = LlamaModel.load(_write(tmp_path / "q.gguf", qtype, as_float32=False, embedding=True, tied=tied),
+                            choose_kernels("blocks"))
+    twin = LlamaModel.load(_write(tmp_path / "f32.gguf", qtype, as_float32=True, embedding=True, tied=tied))
+    assert isinstance(model.weights.embedding, QuantEmbedding) and model.weights.embedding.qtype == qtype
+    assert model.weights.nbytes == _file_bytes(tmp_path / "q.gguf")
+    context = [5, 9, 3, 17, 40, 2, 11]
+    want = twin.forward_context(context)
+    np.testing.assert_allclose(model.forward_context(context), want, atol=2e-4 * float(np.abs(want).max()), rtol=0)
 

@@ -35,6 +35,7 @@ from forge.models.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+SIXTEEN_BIT = (GGMLQuantizationType.F16, GGMLQuantizationType.BF16)    # kept as they are under blocks
 
 
 class QuantEmbedding:
@@ -187,19 +188,24 @@ class _TensorSource:
 
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any
-        type they keep)."""
+        type they keep): the integer-code types, and under the blocks backend F16 and BF16 too."""
         kind = self._tensor(name).tensor_type if self._kernels is not None else None
-        return kind is not None and (kind == qtype if qtype is not None else kind in SUPPORTED)
+        kept = kind in SUPPORTED or (self._blocks and kind in SIXTEEN_BIT)
+        return kind is not None and (kind == qtype if qtype is not None else kept)
 
     def embedding(self, name: str, shape: tuple[int, int]) -> F32 | QuantEmbedding:
-        """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
+        """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized (F16
+        and BF16 as their 16-bit values under the blocks backend)."""
         tensor = self._tensor(name)
-        if self._kernels is not None and tensor.tensor_type in SUPPORTED:
+        if self.keeps_blocks(name):
             try:
-                check_blocks(tensor.data, tensor.tensor_type, shape)
+                if tensor.tensor_type not in SIXTEEN_BIT:
+                    check_blocks(tensor.data, tensor.tensor_type, shape)
+                elif tensor.data.nbytes != shape[0] * shape[1] * 2:
+                    raise ValueError(f"is not a [{shape[0]}, {shape[1]}] matrix")
             except ValueError as exc:
                 raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
-            return QuantEmbedding(tensor.data, tensor.tensor_type, shape, copy=not self._blocks)
+            return QuantEmbedding(as_blocks(tensor.data, shape[0]), tensor.tensor_type, shape, copy=not self._blocks)
         return self.owned(name, shape)
 
     def _tensor(self, name: str) -> Any:

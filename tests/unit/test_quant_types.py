@@ -13,6 +13,7 @@ gguf package dequantizes.
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -22,17 +23,20 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
 
+from forge.errors import ModelLoadError
 from forge.kernels import KernelChoice, choose_kernels
 from forge.kernels.quant_blocks import SUPPORTED, affine_blocks
 from forge.models.gguf_file import read_gguf
 from forge.models.llama import LlamaModel
 from forge.models.llama.dequant import dequantize
-from forge.models.llama.weights import QuantEmbedding
+from forge.models.llama.llama_config import config_from_reader
+from forge.models.llama.weight_memory import weight_bytes
+from forge.models.llama.weights import QuantEmbedding, load_weights
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.
 F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,),
-          Q.IQ4_XS: (0,)}
+          Q.IQ4_XS: (0,), Q.IQ2_XXS: (0,)}
 # The types the compiled products read from the file since they were added (issue 53, 57).
 LOW_BIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]
 MAX_ROWS = 1024     # of the 262,144-row embedding: enough blocks, without 700 MB of floats
@@ -183,3 +187,40 @@ def test_an_embedding_of_a_kept_type_stays_in_the_file(tmp_path: Path, qtype: GG
     want = twin.forward_context(context)
     np.testing.assert_allclose(model.forward_context(context), want, atol=2e-4 * float(np.abs(want).max()), rtol=0)
 
+
+def test_a_file_widened_past_the_memory_there_is_is_refused_before_loading(tmp_path: Path) -> None:
+    """What the weights would take is known from the header: a type no backend keeps (IQ2_XXS) at four
+    bytes a value, past the memory available (a bound passed in, as the loader's own reading of
+    MemAvailable would be), is refused in one line naming it and the sizes, before anything is
+    allocated; with the memory there, the same file loads. The numpy reference widens every
+    quantized type; a file the backend keeps whole in its blocks is never refused here."""
+    blocks = choose_kernels("blocks")
+    path = _write(tmp_path / "iq2.gguf", Q.IQ2_XXS, as_float32=False)
+    reader = read_gguf(path)
+    config = config_from_reader(reader, path)
+    held, widened = weight_bytes(reader, blocks)
+    matrices = 4 * 256 * 256 + 3 * 512 * 256 + 64 * 256
+    assert widened == {"IQ2_XXS": 4 * matrices} and held == 4 * matrices + 4 * (64 * 256 + 3 * 256)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelLoadError) as refused:
+            load_weights(reader, config, blocks, available=held // 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20                                       # nothing widened, nothing copied
+    message = str(refused.value)
+    assert "\n" not in message and message == (
+        f"{config.name}: the weights would take {held / 2**20:.1f} MiB, more than the {held / 2**21:.1f} MiB of "
+        f"memory available: --kernels blocks widens IQ2_XXS ({4 * matrices / 2**20:.1f} MiB) to float32")
+    load_weights(reader, config, blocks, available=held)        # the memory there: it loads, widened
+
+    path = _write(tmp_path / "q4.gguf", Q.Q4_0, as_float32=False)
+    reader = read_gguf(path)
+    config = config_from_reader(reader, path)
+    held, widened = weight_bytes(reader, None)
+    assert widened == {"Q4_0": 4 * matrices}
+    with pytest.raises(ModelLoadError, match="--kernels numpy widens Q4_0 .* to float32; --kernels blocks keeps them"):
+        load_weights(reader, config, None, available=held - 1)
+    assert weight_bytes(reader, blocks)[1] == {}
+    load_weights(reader, config, blocks, available=1)           # kept whole: the page cache's to evict

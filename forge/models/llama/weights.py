@@ -31,6 +31,7 @@ from forge.models.llama.experts import ExpertStack, MoeWeights
 from forge.models.llama.layout import check_layout
 from forge.models.llama.linear import Q8Matrix
 from forge.models.llama.llama_config import LlamaConfig
+from forge.models.llama.weight_memory import check_weight_memory
 from forge.models.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
@@ -272,11 +273,14 @@ def halves_to_pairs(num_heads: int, head_dim: int, rope_dim: int) -> I64:
     return order
 
 
-def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
+def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None,
+                 available: int | None = None) -> LlamaWeights:
     """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
     dequantized once); raises ModelLoadError on a missing or odd one, before allocating anything when a
-    tensor's shape is not the metadata's (forge.models.llama.layout)."""
+    tensor's shape is not the metadata's (layout) or the weights, some widened to float32, would take
+    more than `available` bytes (None: the machine's; weight_memory)."""
     check_layout(reader, config)
+    check_weight_memory(reader, config.name, kernels, available)
     src = _TensorSource(reader, config.name, kernels)
     c, arch = config, config.arch
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim

@@ -333,7 +333,8 @@ FORGE_HIDDEN void dequant(int64_t type, const uint8_t *row, int64_t k0, int64_t 
 /* The types the fused path and the SIMD widening take. */
 static inline int fused_type(int64_t type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K ||
-           type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS || type == T_MXFP4;
+           type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS || type == T_MXFP4 ||
+           type == T_F16 || type == T_BF16;
 }
 /* qmatmul_avx512.c or qmatmul_avx2.c: dequant()'s SIMD form (0 for a type it does not take), and the
  * fused path: mr (up to FR) rows of x against a panel's NR rows of W, values [k0, k1), into acc. */

@@ -144,7 +144,8 @@ static inline __m256i lut_bytes(const int8_t *values) {
             for (int64_t blk = 0; blk < nb; blk++)                                                 \
                 for (int c = 0; c < NR; c++) {                                                     \
                     const uint8_t *b = rows[c] + blk / 8 * 136;                                    \
-                    if ((blk & 7) == 0) { PREFETCH(b + PF_AHEAD); PREFETCH(b + PF_AHEAD + 64); PREFETCH(b + PF_AHEAD + 128); } \
+                    if ((blk & 7) == 0)                                                            \
+                        for (int l = 0; l < 3; l++) PREFETCH(b + PF_AHEAD + 64 * l);               \
                     const __m256i w = _mm256_shuffle_epi8(values, nibbles32(b + 8 + 16 * (blk % 8)));  \
                     float dl = iq4xs_scale(b, (int)(blk % 8));     /* d (ls - 32), then times dx */  \
                     OPAQUE(dl);                                                                    \

@@ -134,7 +134,7 @@ def test_k_of_whole_32_blocks_that_are_not_whole_chunks(lib: ctypes.CDLL, qtype:
         assert_matches_reference(product(lib, x, [(blocks, int(qtype))], k), x, w)
 
 
-@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANTIZED + PLAIN, ids=lambda q: q.name)
 def test_a_rows_result_does_not_depend_on_the_rest_of_the_step(lib: ctypes.CDLL, qtype: GGMLQuantizationType) -> None:
     """Batch invariance: row r of a step of T rows equals, bit for bit, the same row computed
     alone, for T on both paths and past a tile of 64."""
@@ -327,7 +327,7 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
         assert_matches_reference(got, bf16_round(x), bf16_round(w))
 
 
-@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANTIZED + PLAIN, ids=lambda q: q.name)
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: bfloat16 steps of up to bf16_split rows (the fused

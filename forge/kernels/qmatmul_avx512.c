@@ -22,6 +22,12 @@ static inline __m512 table(float scale, float offset) {
     return _mm512_fmadd_ps(iota, _mm512_set1_ps(scale), _mm512_set1_ps(offset));
 }
 
+/* The same from scales already in every lane. */
+static inline __m512 table_v(__m512 scale, __m512 offset) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmadd_ps(iota, scale, offset);
+}
+
 /* 16 bytes of nibbles: values 0..15 (low nibbles) and 16..31 (high), both from table t. */
 static inline void nibbles16(const uint8_t *q, __m512 t, __m512 *w) {
     const __m512i b = zx16(q);
@@ -90,11 +96,6 @@ static inline void q6k_half(const uint8_t *b, const float *a, int h, __m512 *w) 
     }
 }
 
-static inline void q8_0_block(const uint8_t *b, __m512 *w) {
-    const __m512 d = _mm512_set1_ps(f16(b));
-    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
-    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
-}
 
 /* The table types' 16 values (IQ4_VALUES, MXFP4_VALUES) times a block's scale: each product exact. */
 static inline __m512 lut_v(const int8_t *values, __m512 scale) {
@@ -111,26 +112,36 @@ static inline __m512 f16_all(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
 }
 
+static inline void q8_0_block(const uint8_t *b, __m512 *w) {
+    const __m512 d = f16_all(b);
+    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
+    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
+}
+
 /* 16 bfloat16 at p as float32: their bits, shifted into the high half. */
 static inline __m512 bf16x16(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-/* One block of 32 values of Q4_0, Q4_1, Q8_0, IQ4_NL or MXFP4 at b (or 32 values of F16 or BF16: 64
- * bytes), in order, into w[0] and w[1]: every path's widening of these types (dequant, the fused path,
- * widen_pairs). */
-static inline void block32(int64_t type, const uint8_t *b, __m512 *w) {
+/* 32 values of F16 or BF16 at b (64 bytes), in order, into w[0] and w[1]. */
+static inline void half32(int64_t type, const uint8_t *b, __m512 *w) {
     if (type == T_F16) {
         w[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
         w[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
-    } else if (type == T_BF16) {
+    } else {
         w[0] = bf16x16(b);
         w[1] = bf16x16(b + 32);
-    } else if (type == T_Q4_0) {
-        const float d = f16(b);
-        nibbles16(b + 2, table(d, -8.0f * d), w);
+    }
+}
+
+/* One block of 32 values of Q4_0, Q4_1, Q8_0, IQ4_NL or MXFP4 at b, in order, into w[0] and w[1]: every
+ * path's widening of these types (dequant, the fused path, widen_pairs). */
+static inline void block32(int64_t type, const uint8_t *b, __m512 *w) {
+    if (type == T_Q4_0) {          /* the scales converted in vectors: f16_all */
+        const __m512 d = f16_all(b);
+        nibbles16(b + 2, table_v(d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0f))), w);
     } else if (type == T_Q4_1) {
-        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
+        nibbles16(b + 4, table_v(f16_all(b), f16_all(b + 2)), w);
     } else if (type == T_IQ4_NL) {
         nibbles16(b + 2, lut_v(IQ4_VALUES, f16_all(b)), w);
     } else if (type == T_MXFP4) {
@@ -248,7 +259,8 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
     case T_F16:
     case T_BF16:
         for (int64_t blk = 0, bb = 32 / block_values(type) * block_bytes(type); blk < n / 32; blk++) {
-            block32(type, b + blk * bb, w);
+            if (block_values(type) == 1) half32(type, b + blk * bb, w);
+            else block32(type, b + blk * bb, w);
             _mm512_storeu_ps(dst + 32 * blk, w[0]);
             _mm512_storeu_ps(dst + 32 * blk + 16, w[1]);
         }
@@ -350,14 +362,22 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
                     }                                                                              \
             }                                                                                      \
             break;                                                                                 \
+        case T_F16:                                                                                \
+        case T_BF16:                                                                               \
+            for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk * 64;                                         \
+                    PREFETCH(b + PF_AHEAD);                                                        \
+                    half32(type, b, w);                                                            \
+                    PAIR(mr, c, blk * 32, w[0], w[1])                                              \
+                }                                                                                  \
+            break;                                                                                 \
         case T_Q4_0:                                                                               \
         case T_Q4_1:                                                                               \
         case T_IQ4_NL:                                                                             \
         case T_MXFP4:                                                                              \
-        case T_F16:                                                                                \
-        case T_BF16:                                                                               \
         case T_Q8_0: {                                                                             \
-            const int64_t bb = 32 / block_values(type) * block_bytes(type);   /* 32 values' bytes */ \
+            const int64_t bb = block_bytes(type);                                                  \
             for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
                 for (int c = 0; c < NR; c++) {                                                     \
                     const uint8_t *b = rows[c] + blk * bb;                                         \

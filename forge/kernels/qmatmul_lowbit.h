@@ -13,7 +13,8 @@
 /* IQ4_NL's and IQ4_XS's table, and MXFP4's: E2M1's values doubled, its E8M0 scale halved to match. */
 static const int8_t IQ4_VALUES[16] __attribute__((aligned(16))) =
     {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static const int8_t MXFP4_VALUES[16] __attribute__((aligned(16))) = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t MXFP4_VALUES[16] __attribute__((aligned(16))) =
+    {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* MXFP4's scale byte e as the float 2^(e - 128), exactly (e of 0 and 1: subnormals). */
 static inline float e8m0_half(uint8_t e) {

@@ -37,15 +37,19 @@ Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
                  steps below and above 8 rows); on an AVX2 host without AVX-512, x as int8
                  codes multiplied with the file's codes as integers (llama.cpp's way; ~1e-2
                  relative, as onnxruntime's int8): the K-quants in every step, x per
-                 superblock of 256 (batch-invariant); Q4_0, Q4_1, Q8_0 in steps of up to 4
-                 rows, x per block of 32, bigger ones (prefill) on the float32 path, faster
-                 there (a row's bits then differ between steps below and above 5 rows); onnxruntime: int8
+                 superblock of 256 (batch-invariant); Q4_0, Q4_1, Q8_0 and the table types
+                 IQ4_NL, IQ4_XS, MXFP4 in steps of up to 4 rows, x per block of 32, bigger
+                 ones (prefill) on the float32 path, faster there (a row's bits then differ
+                 between steps below and above 5 rows); onnxruntime: int8
                  activations per block. auto picks blocks where the CPU has AVX-512 BF16 or only
                  AVX2, else onnxruntime's (AVX-512 without BF16). FORGE_KERNEL_ISA=avx512 builds
                  the kernels without the tiles.
 
-A weight of a type without an integer-code form (F16, BF16, F32, ...) stays dense float32 under
-every backend. forge.kernels.quant_blocks is the reference every kernel is tested against.
+The blocks backend reads every type products.QMATMUL_TYPES names from the file (Q2_K to Q6_K, the
+legacy types, IQ4_NL, IQ4_XS, MXFP4, and F16, BF16, F32 as they are); onnxruntime the integer-code
+types (forge.kernels.quant_blocks.SUPPORTED), F16 and BF16 widened to float32; any other type is
+dense float32 under every backend (forge.models.llama.weight_memory refuses a file whose widened
+tensors would not fit). forge.kernels.quant_blocks is the reference every kernel is tested against.
 """
 
 from __future__ import annotations

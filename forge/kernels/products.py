@@ -111,7 +111,7 @@ def _amx_library() -> ctypes.CDLL:
 # ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
 
 # The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
-QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30})
+QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39})
 
 
 class QPart(ctypes.Structure):
@@ -209,7 +209,8 @@ def qmatmul_fast(lib: ctypes.CDLL | None = None) -> bool:
 def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
     """The `fast` numerics of qmatmul here: "bfloat16" (x and the widened weights rounded to
     bfloat16: built with AVX-512 BF16 but not VNNI), "int8" (x as int8 codes per superblock of 256
-    for the K-quants, per block of 32 for Q4_0/Q4_1/Q8_0, integer products: an AVX2 build),
+    for the K-quants, per block of 32 for Q4_0/Q4_1/Q8_0 and the table types IQ4_NL/IQ4_XS/MXFP4,
+    integer products: an AVX2 build),
     "int8+bfloat16" (the K-quants' int8 products as in "int8", every other type's bfloat16: AVX-512
     with BW, VNNI and BF16), or "" (none: the baseline build, or AVX-512 without BF16)."""
     lib = lib or library()
@@ -217,9 +218,9 @@ def qmatmul_fast_kind(lib: ctypes.CDLL | None = None) -> str:
 
 
 def qmatmul_int8_rows(lib: ctypes.CDLL | None = None) -> int:
-    """The most rows of a step in the fast numerics whose Q4_0, Q4_1 and Q8_0 products are int8 here
-    (qmatmul.h's I8_MAX_ROWS: bigger steps take the float32 path, faster there; the K-quants' are
-    int8 in every step), or 0 where none are."""
+    """The most rows of a step in the fast numerics whose Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS and MXFP4
+    products are int8 here (qmatmul.h's I8_MAX_ROWS: bigger steps take the float32 path, faster
+    there; the K-quants' are int8 in every step), or 0 where none are."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_int8_rows())
 

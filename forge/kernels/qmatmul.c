@@ -23,13 +23,16 @@
  * 256: decode steps straight from the blocks, bigger ones with 16 weight rows in the lanes
  * of VPDPBUSD); on AVX2 alone, x as int8 codes multiplied with the file's integer codes in
  * int32 (VPMADDUBSW/VPMADDWD): for the K-quants x per superblock of 256 and one float scale per
- * superblock, in every step; for Q4_0, Q4_1, Q8_0 x per block of 32 and a float scale per block, in
- * steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast says which numerics this build has).
+ * superblock, in every step; for Q4_0, Q4_1, Q8_0 and the table types IQ4_NL, IQ4_XS, MXFP4 x per
+ * block of 32 and a float scale per block, in steps of up to I8_MAX_ROWS rows (forge_qmatmul_fast
+ * says which numerics this build has). Q2_K, Q3_K, Q5_0, Q5_1 and the 16-bit types take bfloat16
+ * on AVX-512 and the float32 product on AVX2.
  *
  * The files (this one is the entry: forge_qmatmul, run_panel's choice of a path, the tiled path, the
  * portable widening, and what a build has):
  *   qmatmul.h              what they all share: the type ids, the tiles' shapes, which paths a build has
  *                          (HAVE_*), the job, and the functions the files call across
+ *   qmatmul_lowbit.h       the scales and tables of the low-bit types (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4)
  *   qmatmul_avx512.c       AVX-512: the widening, the fused path (float32 and bfloat16), the `fast`
  *                          bfloat16 steps with weight rows in the lanes, and the AMX tiles
  *   qmatmul_avx2.c         AVX2: the widening and the fused path in float32
@@ -42,6 +45,7 @@
  */
 #include "pool.h"
 #include "qmatmul.h"
+#include "qmatmul_lowbit.h"
 
 /* Values [k0, k0 + n) of one row (k0 and n whole blocks of the type) as float32 into dst. The
  * loops are written for the compiler's vectoriser: a block's codes widened, scaled and offset. */
@@ -130,6 +134,54 @@ void dequant(int64_t type, const uint8_t *row, int64_t k0, int64_t n, float *res
         }
         return;
     }
+    case T_Q2_K:          /* value 128 h + 32 s + l: bits 2s, 2s + 1 of code byte 32 h + l; group of 16 g */
+        for (int64_t blk = 0; blk < n / 256; blk++, b += 84, dst += 256) {
+            const float d = f16(b + 80), dmin = f16(b + 82);
+            for (int g = 0; g < 16; g++) {
+                const float s = d * (float)(b[g] & 15), o = -(dmin * (float)(b[g] >> 4));
+                const uint8_t *q = b + 16 + 32 * (g / 8) + 16 * (g % 2);
+                const int shift = 2 * (g % 8 / 2);
+                for (int i = 0; i < 16; i++) dst[16 * g + i] = (float)((q[i] >> shift) & 3) * s + o;
+            }
+        }
+        return;
+    case T_Q3_K:          /* as Q2_K's codes, a third bit from hmask: bit 4 h + s of byte l */
+        for (int64_t blk = 0; blk < n / 256; blk++, b += 110, dst += 256) {
+            const float d = f16(b + 108);
+            for (int g = 0; g < 16; g++) {
+                const float s = d * (float)q3k_scale(b + 96, g);
+                const uint8_t *q = b + 32 + 32 * (g / 8) + 16 * (g % 2), *hm = b + 16 * (g % 2);
+                const int shift = 2 * (g % 8 / 2), hshift = g / 2;
+                for (int i = 0; i < 16; i++)
+                    dst[16 * g + i] = (float)((((q[i] >> shift) & 3) | ((hm[i] >> hshift) & 1) << 2) - 4) * s;
+            }
+        }
+        return;
+    case T_IQ4_NL:
+    case T_MXFP4: {
+        const int nl = type == T_IQ4_NL;
+        const int8_t *values = nl ? IQ4_VALUES : MXFP4_VALUES;
+        for (int64_t blk = 0; blk < n / 32; blk++, b += 18 - !nl, dst += 32) {
+            const float d = nl ? f16(b) : e8m0_half(b[0]);
+            const uint8_t *q = b + 2 - !nl;
+            for (int i = 0; i < 16; i++) {
+                dst[i] = d * (float)values[q[i] & 15];
+                dst[i + 16] = d * (float)values[q[i] >> 4];
+            }
+        }
+        return;
+    }
+    case T_IQ4_XS:        /* eight IQ4_NL blocks, each its own six-bit scale */
+        for (int64_t blk = 0; blk < n / 256; blk++, b += 136)
+            for (int j = 0; j < 8; j++, dst += 32) {
+                const float d = iq4xs_scale(b, j);
+                const uint8_t *q = b + 8 + 16 * j;
+                for (int i = 0; i < 16; i++) {
+                    dst[i] = d * (float)IQ4_VALUES[q[i] & 15];
+                    dst[i + 16] = d * (float)IQ4_VALUES[q[i] >> 4];
+                }
+            }
+        return;
     case T_Q6_K:
         for (int64_t blk = 0; blk < n / 256; blk++, b += 210, dst += 256) {
             const float d = f16(b + 208);

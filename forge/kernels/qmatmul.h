@@ -25,7 +25,8 @@
 
 /* ---- ggml type ids (gguf.constants.GGMLQuantizationType) ------------------------------------- */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+       T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23,
+       T_BF16 = 30, T_MXFP4 = 39 };
 
 typedef struct {
     const uint8_t *data;    /* rows * row_bytes bytes, the file's blocks row after row */
@@ -89,15 +90,15 @@ static inline float bf16(const uint8_t *p) {
     return f;
 }
 
-/* The K-quants: superblocks of 256 values. */
+/* The K-quants whose `fast` numerics are int8 products (x per superblock of 256). */
 static inline int k_type(int64_t type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* Bytes per row and values per block of each type; 0: not a type this kernel reads. */
 static inline int64_t block_values(int64_t type) {
     switch (type) {
     case T_F32: case T_F16: case T_BF16: return 1;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: case T_IQ4_NL: case T_MXFP4: return 32;
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_IQ4_XS: return 256;
     default: return 0;
     }
 }
@@ -111,6 +112,11 @@ static inline int64_t block_bytes(int64_t type) {
     case T_Q5_0: return 22;
     case T_Q5_1: return 24;
     case T_Q8_0: return 34;
+    case T_IQ4_NL: return 18;
+    case T_MXFP4: return 17;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
+    case T_IQ4_XS: return 136;
     case T_Q4_K: return 144;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
@@ -164,7 +170,8 @@ static inline void to_bf16(const float *src, int64_t n, bf16_t *dst) {
 #endif
 
 /* The `fast` numerics' int8 products (qmatmul_int8.c; the K-quants' on AVX-512: qmatmul_int8_avx512.c).
- * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 (HAVE_I8) and the K-quants; AVX-512
+ * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 and the table types IQ4_NL, IQ4_XS,
+ * MXFP4 (HAVE_I8) and the K-quants Q4_K, Q5_K, Q6_K; AVX-512
  * builds with BW, VNNI and BF16: the K-quants' (HAVE_KG for their bigger steps), the other types' staying
  * bfloat16. */
 #if defined(__AVX2__) && defined(__FMA__) && \
@@ -188,10 +195,13 @@ static inline void to_bf16(const float *src, int64_t n, bf16_t *dst) {
 #if defined(HAVE_I8K) && !defined(__AVX512F__)
 #define HAVE_I8 1
 /* The types whose int8 products take x per block of 32 (steps of up to I8_MAX_ROWS rows). */
-static inline int i8_type(int64_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+static inline int i8_type(int64_t type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_IQ4_NL || type == T_IQ4_XS ||
+           type == T_MXFP4;
+}
 
 #define FR8 2
-/* Q4_0, Q4_1 and Q8_0: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
+/* Q4_0, Q4_1, Q8_0 and the table types: steps of up to I8_MAX_ROWS rows take the int8 products; bigger ones
  * (prefill) the float32 path, faster there: the int8 rows go FR8 at a time through each panel,
  * widening its codes again for each pair, where the float32 tiles widen a panel once for a whole tile of x (1.7B-shaped layers,
  * AVX2 host, ms int8 against float32: 21.3 / 45.2 at 1 row, 66.8 / 97.4 at 4, 144.1 / 123.5 at 5,
@@ -322,7 +332,9 @@ FORGE_HIDDEN void dequant(int64_t type, const uint8_t *row, int64_t k0, int64_t 
 #if defined(HAVE_FUSED)
 /* The types the fused path and the SIMD widening take. */
 static inline int fused_type(int64_t type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K;
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q6_K ||
+           type == T_Q2_K || type == T_Q3_K || type == T_IQ4_NL || type == T_IQ4_XS || type == T_MXFP4 ||
+           type == T_F16 || type == T_BF16;
 }
 /* qmatmul_avx512.c or qmatmul_avx2.c: dequant()'s SIMD form (0 for a type it does not take), and the
  * fused path: mr (up to FR) rows of x against a panel's NR rows of W, values [k0, k1), into acc. */

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "qmatmul.h"
+#include "qmatmul_lowbit.h"
 
 #if defined(__AVX512F__)
 /* AVX-512 widening of the common types, one set of helpers for both paths (so that the fused
@@ -19,6 +20,12 @@ static inline __m512i zx16(const uint8_t *q) { return _mm512_cvtepu8_epi32(_mm_l
 static inline __m512 table(float scale, float offset) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     return _mm512_fmadd_ps(iota, _mm512_set1_ps(scale), _mm512_set1_ps(offset));
+}
+
+/* The same from scales already in every lane. */
+static inline __m512 table_v(__m512 scale, __m512 offset) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmadd_ps(iota, scale, offset);
 }
 
 /* 16 bytes of nibbles: values 0..15 (low nibbles) and 16..31 (high), both from table t. */
@@ -89,23 +96,114 @@ static inline void q6k_half(const uint8_t *b, const float *a, int h, __m512 *w) 
     }
 }
 
+
+/* The table types' 16 values (IQ4_VALUES, MXFP4_VALUES) times a block's scale: each product exact. */
+static inline __m512 lut_v(const int8_t *values, __m512 scale) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)values))), scale);
+}
+
+static inline __m512 lut(const int8_t *values, float scale) { return lut_v(values, _mm512_set1_ps(scale)); }
+
+/* The float16 at p in every lane, converted in a vector: no scalar conversion, which merges into its
+ * destination register's upper lanes and so waits on that register's last writer. */
+static inline __m512 f16_all(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+}
+
 static inline void q8_0_block(const uint8_t *b, __m512 *w) {
-    const __m512 d = _mm512_set1_ps(f16(b));
+    const __m512 d = f16_all(b);
     w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
     w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
 }
 
-/* One block of 32 values of Q4_0, Q4_1 or Q8_0 at b, in order, into w[0] and w[1]: every path's widening
- * of these types (dequant, the fused path, widen_pairs). */
+/* 16 bfloat16 at p as float32: their bits, shifted into the high half. */
+static inline __m512 bf16x16(const uint8_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* 32 values of F16 or BF16 at b (64 bytes), in order, into w[0] and w[1]. */
+static inline void half32(int64_t type, const uint8_t *b, __m512 *w) {
+    if (type == T_F16) {
+        w[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        w[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
+    } else {
+        w[0] = bf16x16(b);
+        w[1] = bf16x16(b + 32);
+    }
+}
+
+/* One block of 32 values of Q4_0, Q4_1, Q8_0, IQ4_NL or MXFP4 at b, in order, into w[0] and w[1]: every
+ * path's widening of these types (dequant, the fused path, widen_pairs). */
 static inline void block32(int64_t type, const uint8_t *b, __m512 *w) {
-    if (type == T_Q4_0) {
-        const float d = f16(b);
-        nibbles16(b + 2, table(d, -8.0f * d), w);
+    if (type == T_Q4_0) {          /* the scales converted in vectors: f16_all */
+        const __m512 d = f16_all(b);
+        nibbles16(b + 2, table_v(d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0f))), w);
     } else if (type == T_Q4_1) {
-        nibbles16(b + 4, table(f16(b), f16(b + 2)), w);
+        nibbles16(b + 4, table_v(f16_all(b), f16_all(b + 2)), w);
+    } else if (type == T_IQ4_NL) {
+        nibbles16(b + 2, lut_v(IQ4_VALUES, f16_all(b)), w);
+    } else if (type == T_MXFP4) {
+        nibbles16(b + 1, lut(MXFP4_VALUES, e8m0_half(b[0])), w);
     } else {
         q8_0_block(b, w);
     }
+}
+
+/* Q2_K's scales of one super-block: a[g] = d * sc_g, a[16 + g] = -(dmin * mn_g), per group g of 16. */
+static inline void q2k_scales(const uint8_t *b, float *a) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), f16_all(b + 80)));
+    _mm512_storeu_ps(a + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)),
+                                           _mm512_xor_ps(f16_all(b + 82), _mm512_set1_ps(-0.0f))));
+}
+
+/* Q3_K's scales of one super-block: a[g] = d * (sc_g - 32) (q3k_scale's, sixteen lanes at once). */
+static inline void q3k_scales(const uint8_t *b, float *a) {
+    int64_t low;
+    int32_t high;
+    memcpy(&low, b + 96, 8);
+    memcpy(&high, b + 104, 4);
+    const __m512i lo = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_set1_epi64x(low)),      /* group g: byte g % 8 */
+                                         _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4));
+    const __m512i hi = _mm512_srlv_epi32(_mm512_set1_epi32(high),                          /* byte 8 + g % 4 */
+                                         _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30));
+    /* bits 0-3 lo's, 4-5 hi's (0xE4: the third operand's bits pick the first, the others the second) */
+    const __m512i both = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi32(hi, 4), _mm512_set1_epi32(15), 0xE4);
+    const __m512i sc = _mm512_sub_epi32(_mm512_and_si512(both, _mm512_set1_epi32(63)), _mm512_set1_epi32(32));
+    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_cvtepi32_ps(sc), f16_all(b + 108)));
+}
+
+/* Q2_K's (hm NULL) or Q3_K's values 128 h .. 128 h + 127 of a super-block (a: its scales), in order:
+ * 2-bit codes (byte 32 h + l, bits 2 s: value 32 s + l), Q3_K's third bit from hm (bit 4 h + s of
+ * byte l). Each group's values are a table of 16 lanes, q * a[g] + a[16 + g] (one rounding: Q2_K) or
+ * (q - 4) a[g] (exact: Q3_K), repeating every 4 (or 8) lanes, so that one permute takes the code
+ * from an index's low bits whatever lies above them: no masking, no conversion per value. */
+static inline void k23_half(const uint8_t *q, const uint8_t *hm, const float *a, int h, __m512 *w) {
+    const __m512 codes = hm ? _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3)
+                            : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    for (int k = 0; k < 2; k++) {
+        const __m512i lo = zx16(q + 32 * h + 16 * k), hi = hm ? zx16(hm + 16 * k) : _mm512_setzero_si512();
+        for (int s = 0; s < 4; s++) {
+            const int g = 8 * h + 2 * s + k, at = 4 * h + s;     /* at: the third bit's place in hm */
+            __m512i idx = _mm512_srli_epi32(lo, 2 * s);
+            __m512 t;
+            if (hm) {
+                const __m512i third = at >= 2 ? _mm512_srli_epi32(hi, at - 2) : _mm512_slli_epi32(hi, 2 - at);
+                idx = _mm512_ternarylogic_epi32(idx, third, _mm512_set1_epi32(3), 0xE4);   /* bits 0-1: idx's */
+                t = _mm512_mul_ps(codes, _mm512_set1_ps(a[g]));
+            } else {
+                t = _mm512_fmadd_ps(codes, _mm512_set1_ps(a[g]), _mm512_set1_ps(a[16 + g]));
+            }
+            w[2 * s + k] = _mm512_permutexvar_ps(idx, t);
+        }
+    }
+}
+
+/* IQ4_XS's eight sub-block scales of super-block b into s[8]. */
+static inline void iq4xs_scales(const uint8_t *b, float *s) {
+    for (int j = 0; j < 8; j++) s[j] = iq4xs_scale(b, j);
 }
 
 /* The AVX-512 form of dequant() for the types it covers; 0 when it does not cover `type`. */
@@ -139,6 +237,42 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
             for (int h = 0; h < 2; h++) {
                 q6k_half(b, a, h, w);
                 for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + 128 * h + 16 * v, w[v]);
+            }
+        }
+        return 1;
+    case T_Q2_K:
+    case T_Q3_K: {
+        const int three = type == T_Q3_K, bb = three ? 110 : 84;
+        for (int64_t blk = 0; blk < n / 256; blk++, b += bb, dst += 256) {
+            float a[32];
+            if (three) q3k_scales(b, a);
+            else q2k_scales(b, a);
+            for (int h = 0; h < 2; h++) {
+                k23_half(b + (three ? 32 : 16), three ? b : NULL, a, h, w);
+                for (int v = 0; v < 8; v++) _mm512_storeu_ps(dst + 128 * h + 16 * v, w[v]);
+            }
+        }
+        return 1;
+    }
+    case T_IQ4_NL:
+    case T_MXFP4:
+    case T_F16:
+    case T_BF16:
+        for (int64_t blk = 0, bb = 32 / block_values(type) * block_bytes(type); blk < n / 32; blk++) {
+            if (block_values(type) == 1) half32(type, b + blk * bb, w);
+            else block32(type, b + blk * bb, w);
+            _mm512_storeu_ps(dst + 32 * blk, w[0]);
+            _mm512_storeu_ps(dst + 32 * blk + 16, w[1]);
+        }
+        return 1;
+    case T_IQ4_XS:
+        for (int64_t blk = 0; blk < n / 256; blk++, b += 136) {
+            float s[8];
+            iq4xs_scales(b, s);
+            for (int j = 0; j < 8; j++, dst += 32) {
+                nibbles16(b + 8 + 16 * j, lut(IQ4_VALUES, s[j]), w);
+                _mm512_storeu_ps(dst, w[0]);
+                _mm512_storeu_ps(dst + 16, w[1]);
             }
         }
         return 1;
@@ -193,8 +327,55 @@ int dequant_simd(int64_t type, const uint8_t *b, int64_t n, float *restrict dst)
                     }                                                                              \
                 }                                                                                  \
             break;                                                                                 \
+        case T_Q2_K:                                                                               \
+        case T_Q3_K: {                                                                             \
+            const int three = type == T_Q3_K, bb = three ? 110 : 84;                               \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++)                                       \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + sb * bb;                                          \
+                    PREFETCH(b + PF_AHEAD);                                                        \
+                    PREFETCH(b + PF_AHEAD + 64);                                                   \
+                    PREFETCH(b + PF_AHEAD + bb - 1);                                               \
+                    float a[32];                                                                   \
+                    if (three) q3k_scales(b, a);                                                   \
+                    else q2k_scales(b, a);                                                         \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        k23_half(b + (three ? 32 : 16), three ? b : NULL, a, h, w);                \
+                        for (int v = 0; v < 8; v += 2) { PAIR(mr, c, sb * 256 + 128 * h + 16 * v, w[v], w[v + 1]) } \
+                    }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        case T_IQ4_XS:                                                                             \
+            for (int64_t sb = k0 / 256; sb < k1 / 256; sb++) {                                     \
+                float s[NR][8];                                                                    \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD);                                       \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD + 64);                                  \
+                    PREFETCH(rows[c] + sb * 136 + PF_AHEAD + 128);                                 \
+                    iq4xs_scales(rows[c] + sb * 136, s[c]);                                        \
+                }                                                                                  \
+                for (int j = 0; j < 8; j++)                                                        \
+                    for (int c = 0; c < NR; c++) {                                                 \
+                        nibbles16(rows[c] + sb * 136 + 8 + 16 * j, lut(IQ4_VALUES, s[c][j]), w);   \
+                        PAIR(mr, c, sb * 256 + 32 * j, w[0], w[1])                                 \
+                    }                                                                              \
+            }                                                                                      \
+            break;                                                                                 \
+        case T_F16:                                                                                \
+        case T_BF16:                                                                               \
+            for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk * 64;                                         \
+                    PREFETCH(b + PF_AHEAD);                                                        \
+                    half32(type, b, w);                                                            \
+                    PAIR(mr, c, blk * 32, w[0], w[1])                                              \
+                }                                                                                  \
+            break;                                                                                 \
         case T_Q4_0:                                                                               \
         case T_Q4_1:                                                                               \
+        case T_IQ4_NL:                                                                             \
+        case T_MXFP4:                                                                              \
         case T_Q8_0: {                                                                             \
             const int64_t bb = block_bytes(type);                                                  \
             for (int64_t blk = k0 / 32; blk < k1 / 32; blk++)                                      \
@@ -262,7 +443,8 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
                         bf16_t *rows_bf, uint32_t *panel) {
     const int64_t halves = 2;
     const int64_t type = pt->type;
-    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) {   /* a block a chunk: widened in registers */
+    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_IQ4_NL || type == T_MXFP4) {
+        /* a block a chunk: widened in registers */
         const int64_t bb = block_bytes(type);
         for (int64_t cb = 0; cb < halves; cb++)
             for (int64_t ks = 0; ks < K / 32; ks++) {
@@ -310,7 +492,7 @@ static void widen_pairs(const qpart *pt, int64_t K, int64_t row_bytes, int64_t r
 
 /* ---- bigger `fast` steps of the other types on AVX-512 BF16: weight rows in the lanes ----------------
  * Steps of more than FUSED_MAX_ROWS_BF16 rows put 32 rows of W in two vectors' lanes as the AMX tiles
- * read them (widen_pairs, once per step; Q4_0, Q4_1 and Q8_0 widened in registers, a block a chunk),
+ * read them (widen_pairs, once per step; the types of 32-value blocks widened in registers, a block a chunk),
  * and each pair of values of a row of x, broadcast, multiplies both by VDPBF16PS. No sums across lanes
  * at the end, where the tiled path's reduce_row of every 4 x 4 outputs weighed on products of the
  * default model's K of 576, and each broadcast serves 32 weight rows. The broadcast is its own

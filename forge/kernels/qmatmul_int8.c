@@ -1,6 +1,7 @@
 /* The `fast` numerics' int8 products, and x made ready for them.
  *
- * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0 (per block of 32, decode steps) and
+ * AVX2 builds (no AVX-512): int8 activations for Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 (per block of 32,
+ * decode steps) and
  * the K-quants (per superblock of 256, every step), both here. AVX-512 builds with BW, VNNI and BF16
  * (AMD Zen 4 and later, Intel Sapphire Rapids and later): the K-quants' int8 products in 64-byte vectors
  * (qmatmul_int8_avx512.c), x's codes made here, the other types' `fast` numerics staying bfloat16 (int8
@@ -8,6 +9,7 @@
  * tiles). What both share: qmatmul_int8.h; the overview: qmatmul.c.
  */
 #include "qmatmul_int8.h"
+#include "qmatmul_lowbit.h"
 
 #if defined(HAVE_I8K)
 /* max |v| over n values (n a multiple of 16). */
@@ -53,7 +55,8 @@ EXACT void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, float 
 
 #if defined(HAVE_I8)
 /* ---- the `fast` numerics on AVX2 (no AVX-512 BF16): int8 activations -------------------------
- * Q4_0, Q4_1, Q8_0 (the K-quants' way: qmatmul_int8.h):
+ * Q4_0, Q4_1, Q8_0, and the table types IQ4_NL, IQ4_XS and MXFP4, whose 4-bit indices become their table's int8
+ * values by one VPSHUFB (the K-quants' way: qmatmul_int8.h):
  * x quantized per block of 32 values as llama.cpp's Q8_0 (dx = max|x| / 127, codes x * (127 / max|x|)
  * rounded to nearest even), each weight block's codes multiplied with them as integers (VPMADDUBSW,
  * VPMADDWD: exact; a signed code goes in as |w| against x with w's sign), each block's eight int32
@@ -73,6 +76,11 @@ static inline __m256i dot_ss(__m256i v, __m256i s) { return dot_us(_mm256_abs_ep
 static inline __m256i nibbles32(const uint8_t *q) {
     const __m128i b = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* A table type's 16 int8 values in both 128-bit lanes, for VPSHUFB to look 4-bit indices up in. */
+static inline __m256i lut_bytes(const int8_t *values) {
+    return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)values));
 }
 
 /* acc[t][c] += I (eight int32 sums: an expression of xv, row t's codes of x block blk) as float times
@@ -115,6 +123,33 @@ static inline __m256i nibbles32(const uint8_t *q) {
                         for (int t = 0; t < (mr); t++)                                             \
                             acc[t][c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[t * nb + blk]), acc[t][c]); \
                     }                                                                              \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        case T_IQ4_NL:                                                                             \
+        case T_MXFP4: {                                                                            \
+            const int nl = type == T_IQ4_NL;                                                       \
+            const __m256i values = lut_bytes(nl ? IQ4_VALUES : MXFP4_VALUES);                      \
+            for (int64_t blk = 0; blk < nb; blk++)                                                 \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk * (18 - !nl);                                 \
+                    if ((blk & 1) == 0) PREFETCH(b + PF_AHEAD);                                    \
+                    const __m256i w = _mm256_shuffle_epi8(values, nibbles32(b + 2 - !nl));         \
+                    I8_ROWS(mr, c, blk, dot_ss(w, xv), nl ? f16(b) : e8m0_half(b[0]))              \
+                }                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        case T_IQ4_XS: {                                                                           \
+            const __m256i values = lut_bytes(IQ4_VALUES);                                          \
+            for (int64_t blk = 0; blk < nb; blk++)                                                 \
+                for (int c = 0; c < NR; c++) {                                                     \
+                    const uint8_t *b = rows[c] + blk / 8 * 136;                                    \
+                    if ((blk & 7) == 0)                                                            \
+                        for (int l = 0; l < 3; l++) PREFETCH(b + PF_AHEAD + 64 * l);               \
+                    const __m256i w = _mm256_shuffle_epi8(values, nibbles32(b + 8 + 16 * (blk % 8)));  \
+                    float dl = iq4xs_scale(b, (int)(blk % 8));     /* d (ls - 32), then times dx */  \
+                    OPAQUE(dl);                                                                    \
+                    I8_ROWS(mr, c, blk, dot_ss(w, xv), dl)                                         \
                 }                                                                                  \
             break;                                                                                 \
         }                                                                                          \

@@ -20,11 +20,13 @@ from forge.kernels.quant_blocks import affine_blocks
 from forge.kernels.quant_linear import BlockMatrix, as_blocks
 
 Q = GGMLQuantizationType
-QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS,
+             Q.MXFP4]
 PLAIN = [Q.F32, Q.F16, Q.BF16]
-# Byte offsets of each block's float16 scales: random bytes there could be inf or NaN.
+# Byte offsets of each block's float16 scales: random bytes there could be inf or NaN. MXFP4's one
+# scale byte (an E8M0 exponent, byte 0) is drawn apart: 2^-10 .. 2^-3.
 F16_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2],
-          Q.Q6_K: [208]}
+          Q.Q6_K: [208], Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.MXFP4: []}
 
 
 def _cpu_flags() -> set[str]:
@@ -52,8 +54,8 @@ FAST_KINDS = {"native": WIDE_KIND, "avx512": WIDE_KIND, "avx2": "int8" if AVX2 e
 # The levels whose fast numerics the tests check here (native alone where it has none: refused).
 FAST_LEVELS = [isa for isa in RUNNABLE if FAST_KINDS[isa]] or ["native"]
 # The types the int8 numerics take as integer products, x per block of 32 in steps of up to
-# int8_rows rows; the others take the float32 path.
-INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0}
+# int8_rows rows (the table types through their int8 values); the others take the float32 path.
+INT8_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # The K-quants: x per superblock of 256 (llama.cpp's Q8_K), in every step.
 INT8_K_TYPES = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
@@ -75,6 +77,8 @@ def random_matrix(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: i
     blocks = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
     for off in F16_AT[qtype]:
         blocks[:, off:off + 2] = rng.uniform(0.001, 0.05, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    if qtype == Q.MXFP4:
+        blocks[:, 0] = rng.integers(118, 126, n)
     data = blocks.reshape(rows, -1)
     return data, affine_blocks(data, qtype, (rows, k)).dequantize()
 
@@ -119,7 +123,8 @@ def test_the_product_matches_the_reference_for_every_type(lib: ctypes.CDLL, qtyp
     assert_matches_reference(got, x, np.concatenate([w for _, w in made]))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *PLAIN], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4, *PLAIN],
+                         ids=lambda q: q.name)
 def test_k_of_whole_32_blocks_that_are_not_whole_chunks(lib: ctypes.CDLL, qtype: GGMLQuantizationType) -> None:
     """K = 576 (the default model's width) and 32: chunks of 256 with a partial last one."""
     rng = np.random.default_rng(3)
@@ -129,7 +134,7 @@ def test_k_of_whole_32_blocks_that_are_not_whole_chunks(lib: ctypes.CDLL, qtype:
         assert_matches_reference(product(lib, x, [(blocks, int(qtype))], k), x, w)
 
 
-@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANTIZED + PLAIN, ids=lambda q: q.name)
 def test_a_rows_result_does_not_depend_on_the_rest_of_the_step(lib: ctypes.CDLL, qtype: GGMLQuantizationType) -> None:
     """Batch invariance: row r of a step of T rows equals, bit for bit, the same row computed
     alone, for T on both paths and past a tile of 64."""
@@ -195,7 +200,7 @@ def test_bad_shapes_and_types_are_refused() -> None:
     with pytest.raises(ValueError, match="disagree"):
         BlockMatrix([(blocks, int(Q.Q4_K))], 256).matmul(np.zeros((1, 255), np.float32))
     with pytest.raises(ValueError, match="type it reads"):
-        products.qparts([(blocks, int(Q.Q2_K))])
+        products.qparts([(blocks, int(Q.IQ2_XXS))])
 
 
 def test_the_block_matrix_multiplies_and_looks_rows_up() -> None:
@@ -322,7 +327,7 @@ def test_fast_numerics_are_the_product_of_the_rounded_values(
         assert_matches_reference(got, bf16_round(x), bf16_round(w))
 
 
-@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANTIZED + PLAIN, ids=lambda q: q.name)
 def test_fast_numerics_keep_a_rows_result_independent_of_the_step(fast_lib: ctypes.CDLL,
                                                                   qtype: GGMLQuantizationType) -> None:
     """Batch invariance in the fast numerics: bfloat16 steps of up to bf16_split rows (the fused

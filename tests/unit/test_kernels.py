@@ -47,9 +47,11 @@ from forge.models.llama.weights import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
 
 Q = GGMLQuantizationType
-# Where each type keeps its float16 scales (byte offsets in a block); the rest of a block is any bytes.
+# Where each type keeps its float16 scales (byte offsets in a block); the rest of a block is any bytes
+# (MXFP4's scale, an E8M0 exponent byte at 0, is drawn as the others' are: 2^-16 .. 2^-1).
 F16_AT = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-          Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+          Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+          Q.MXFP4: ()}
 
 
 def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: int, cols: int,
@@ -61,6 +63,8 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, rows: i
     for at in F16_AT[qtype]:
         d = (rng.standard_normal(len(blocks)) * scale).astype(np.float16)
         blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    if qtype == Q.MXFP4:
+        blocks[:, 0] = rng.integers(112, 128, len(blocks))
     return data
 
 
@@ -107,7 +111,7 @@ def test_a_kernel_argument_is_the_arrays_data(shape: list[int], start: int, dtyp
 qtypes = st.sampled_from(SUPPORTED)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(qtype=qtypes, rows=st.integers(1, 9), num_blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
 def test_integer_codes_reproduce_the_gguf_dequantization_exactly(qtype: GGMLQuantizationType, rows: int,
                                                                   num_blocks: int, seed: int) -> None:
@@ -116,6 +120,29 @@ def test_integer_codes_reproduce_the_gguf_dequantization_exactly(qtype: GGMLQuan
     blocks = affine_blocks(data, qtype, (rows, elems * num_blocks))
     assert blocks.codes.dtype == np.uint8 and int(blocks.codes.max()) < 2 ** blocks.bits
     assert np.array_equal(blocks.dequantize(), dequantize(data, qtype).reshape(rows, -1))
+
+
+def test_the_table_types_over_every_scale_and_index() -> None:
+    """MXFP4 with every scale byte (2^-128 and 2^-127 subnormal) and IQ4_XS with every six-bit scale,
+    each with every 4-bit index: the integer codes (MXFP4's while 24 times the scale stays finite, up
+    to byte 251) and the compiled widening (every byte) give the gguf package's values bit for bit."""
+    rng = np.random.default_rng(9)
+    every_index = (np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4))     # 16 bytes
+    mxfp4 = np.concatenate([np.arange(256, dtype=np.uint8)[:, None], np.tile(every_index, (256, 1))], axis=1)
+    xs = rng.integers(0, 256, size=(8, 136), dtype=np.uint8)                  # 8 super-blocks of 8 sub-blocks
+    xs[:, 0:2] = rng.uniform(1e-4, 0.01, 8).astype(np.float16).view(np.uint8).reshape(8, 2)
+    ls = np.arange(64).reshape(8, 8)                                          # every six-bit scale once
+    xs[:, 2:4] = (((ls >> 4) << (2 * np.arange(8))).sum(axis=1)).astype(np.uint16).view(np.uint8).reshape(8, 2)
+    xs[:, 4:8] = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
+    xs[:, 8:] = np.tile(every_index, 8)
+    for qtype, data, exact_rows in ((Q.MXFP4, mxfp4, 252), (Q.IQ4_XS, xs, 8)):
+        k = GGML_QUANT_SIZES[qtype][0]
+        with np.errstate(all="ignore"):
+            want = dequantize(data, qtype).reshape(len(data), k)
+        codes = affine_blocks(data[:exact_rows], qtype, (exact_rows, k))
+        np.testing.assert_array_equal(codes.dequantize(), want[:exact_rows])
+        if compiled.library() is not None:
+            np.testing.assert_array_equal(products.dequant_rows(data, int(qtype), k, np.arange(len(data))), want)
 
 
 @settings(max_examples=30, deadline=None)

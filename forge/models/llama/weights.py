@@ -31,10 +31,12 @@ from forge.models.llama.experts import ExpertStack, MoeWeights
 from forge.models.llama.layout import check_layout
 from forge.models.llama.linear import Q8Matrix
 from forge.models.llama.llama_config import LlamaConfig
+from forge.models.llama.weight_memory import check_weight_memory
 from forge.models.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+SIXTEEN_BIT = (GGMLQuantizationType.F16, GGMLQuantizationType.BF16)    # kept as they are under blocks
 
 
 class QuantEmbedding:
@@ -189,19 +191,24 @@ class _TensorSource:
 
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any
-        type they keep)."""
+        type they keep): the integer-code types, and under the blocks backend F16 and BF16 too."""
         kind = self._tensor(name).tensor_type if self._kernels is not None else None
-        return kind is not None and (kind == qtype if qtype is not None else kind in SUPPORTED)
+        kept = kind in SUPPORTED or (self._blocks and kind in SIXTEEN_BIT)
+        return kind is not None and (kind == qtype if qtype is not None else kept)
 
     def embedding(self, name: str, shape: tuple[int, int]) -> F32 | QuantEmbedding:
-        """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized."""
+        """The token embedding [V, H]: its blocks kept when the kernels keep weights quantized (F16
+        and BF16 as their 16-bit values under the blocks backend)."""
         tensor = self._tensor(name)
-        if self._kernels is not None and tensor.tensor_type in SUPPORTED:
+        if self.keeps_blocks(name):
             try:
-                check_blocks(tensor.data, tensor.tensor_type, shape)
+                if tensor.tensor_type not in SIXTEEN_BIT:
+                    check_blocks(tensor.data, tensor.tensor_type, shape)
+                elif tensor.data.nbytes != shape[0] * shape[1] * 2:
+                    raise ValueError(f"is not a [{shape[0]}, {shape[1]}] matrix")
             except ValueError as exc:
                 raise ModelLoadError(f"{self._model_name}: tensor {name!r}: {exc}") from exc
-            return QuantEmbedding(tensor.data, tensor.tensor_type, shape, copy=not self._blocks)
+            return QuantEmbedding(as_blocks(tensor.data, shape[0]), tensor.tensor_type, shape, copy=not self._blocks)
         return self.owned(name, shape)
 
     def _tensor(self, name: str) -> Any:
@@ -268,11 +275,14 @@ def halves_to_pairs(num_heads: int, head_dim: int, rope_dim: int) -> I64:
     return order
 
 
-def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None) -> LlamaWeights:
+def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | None = None,
+                 available: int | None = None) -> LlamaWeights:
     """Every tensor of the model: the matrices held by `kernels` (None: the numpy reference, all
     dequantized once); raises ModelLoadError on a missing or odd one, before allocating anything when a
-    tensor's shape is not the metadata's (forge.models.llama.layout)."""
+    tensor's shape is not the metadata's (layout) or the weights, some widened to float32, would take
+    more than `available` bytes (None: the machine's; weight_memory)."""
     check_layout(reader, config)
+    check_weight_memory(reader, config.name, kernels, available)
     src = _TensorSource(reader, config.name, kernels)
     c, arch = config, config.arch
     hidden, ffn, hd = c.hidden_size, c.intermediate_size, c.head_dim

@@ -43,7 +43,7 @@ from forge.models.llama.kv_dtype import (
 )
 from forge.models.llama.linear import MatmulPool, Q8Matrix
 from forge.models.llama.llama_model import LlamaModel
-from forge.models.llama.weights import QuantEmbedding
+from forge.models.llama.tensor_source import QuantEmbedding
 from tests.tiny_gguf import write_tiny_llama
 
 Q = GGMLQuantizationType

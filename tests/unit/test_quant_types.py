@@ -30,8 +30,9 @@ from forge.models.gguf_file import read_gguf
 from forge.models.llama import LlamaModel
 from forge.models.llama.dequant import dequantize
 from forge.models.llama.llama_config import config_from_reader
+from forge.models.llama.tensor_source import QuantEmbedding
 from forge.models.llama.weight_memory import weight_bytes
-from forge.models.llama.weights import QuantEmbedding, load_weights
+from forge.models.llama.weights import load_weights
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scales in one block of each type with no numpy quantizer in gguf.

@@ -28,13 +28,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from actors.http.browser_guard import policy_for
     from actors.http.gateway import GatewayConfig
     from actors.ops.logs import configure_logging
-    from actors.supervisor import Daemon, DaemonConfig, hypercorn_config, serve_daemon
+    from actors.ops.systemd_notify import handed_listen_fd, socket_address
+    from actors.supervisor import FINAL_WRITE_S, Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.api.responses.responses_store import ResponseStore
     from forge.config import parse_size
 
+    handed = handed_listen_fd()          # systemd socket activation (forge.socket): serve on fd 3, not --addr
+    addr = socket_address(handed) if handed is not None else args.addr
     try:
         configure_logging(args.log_level, args.log_format)
-        browser = policy_for(args.addr, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
+        browser = policy_for(addr, allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
         body = parse_size(args.max_body_size)
         ResponseStore(max_responses=args.responses_store_size, ttl_s=args.responses_ttl)   # checks both
         if args.max_unsent_tokens < 1:
@@ -82,9 +85,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_unsent_tokens=args.max_unsent_tokens,
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
-        models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events)
-    listen = hypercorn_config(args.addr)
-    if not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
+        models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events,
+        stop_accepting_on_drain=handed is not None)
+    listen = hypercorn_config(args.addr, fd=handed)
+    if handed is not None:
+        structlog.get_logger("forge").info("socket_activated", addr=addr)
+        listen.backlog = HANDED_BACKLOG              # asyncio listens again: keep the socket unit's Backlog=
+        listen.graceful_timeout = args.drain_timeout + FINAL_WRITE_S + 1   # hypercorn stops at the drain's start
+    elif not args.addr.startswith(("fd://", "unix:")):  # an inherited fd or a socket file: not probed
         try:    # the address tried before anything starts: a port in use is one line, not a crash report
             probe = listen.create_sockets()
         except OSError as exc:
@@ -104,6 +112,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         structlog.get_logger("forge").exception("daemon_crashed")
         return 1
     return 0
+
+
+HANDED_BACKLOG = 4096       # deploy/forge.socket's Backlog= (the kernel caps it at net.core.somaxconn)
 
 
 def model_entries(sources: list[str], keep_alive: list[str]) -> list[ModelEntry]:

@@ -26,6 +26,7 @@ from hypercorn.config import Config as HypercornConfig
 from actors.http.access_log import AccessLog
 from actors.http.gateway import Gateway, GatewayConfig
 from actors.ops.metrics import Metrics
+from actors.ops.systemd_notify import Notifier, Report, run_reports, watchdog_interval
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor
 from actors.runtime.kv_publisher import KvEventPublisher, KvEventsConfig
@@ -59,6 +60,9 @@ class DaemonConfig:
     model_turn_wait: float = DEFAULT_TURN_AFTER_S   # seconds a model waits for room before a busy one yields
     preload: list[str] = field(default_factory=list)
     kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.runtime.kv_publisher)
+    # Listening on a socket systemd handed over (forge.socket): a drain stops accepting at once, so that new
+    # connections wait in the kernel's backlog for the next process instead of getting 503 "draining".
+    stop_accepting_on_drain: bool = False
 
 
 class Daemon:
@@ -76,6 +80,8 @@ class Daemon:
         self._cores = anyio.CapacityLimiter(1)      # the models' steps take turns on the cores (worker_actor)
         self._stop = anyio.Event()
         self.is_started = anyio.Event()
+        self.draining = anyio.Event()
+        self.notifier = Notifier.from_env()         # systemd's notify socket (Type=notify); inert without one
 
     def app(self) -> Any:
         return AccessLog(self.gateway.app())
@@ -120,9 +126,11 @@ class Daemon:
         if not self.gateway.is_draining:
             log.info("draining", inflight=self.gateway.admission.num_inflight)
             self.gateway.is_draining = True
+            self.notifier.send("STOPPING=1", f"STATUS=draining: {self.gateway.admission.num_inflight} in flight")
             if self.models is not None:           # requests still waiting for a model's load will not get it
                 self.models.fail_waiters(CapacityError("the server is shutting down", code="draining",
                                                        retry_after_s=self.config.gateway.retry_after_s))
+        self.draining.set()
         self._stop.set()
 
     def _entries(self) -> tuple[list[ModelEntry], list[str]]:
@@ -158,6 +166,9 @@ class Daemon:
         self.metrics.on_scrape(refresh)
         try:
             async with anyio.create_task_group() as tg:
+                if self.notifier.enabled:
+                    tg.start_soon(lambda: run_reports(self.notifier, self._systemd_report,
+                                                      watchdog_s=watchdog_interval()))
                 await tg.start(models.run)
                 for model_id in preload:
                     try:
@@ -171,8 +182,35 @@ class Daemon:
                 await self._serve_until_stopped({"models": list(models.entries)}, task_status)
                 tg.cancel_scope.cancel()
         finally:
+            self.notifier.close()
             if publisher is not None:
                 publisher.close()
+
+    def _systemd_report(self) -> Report:
+        """What systemd is told every few seconds: STATUS=, whether a step is stuck, whether models load."""
+        tokens = sum(s.value for m in self.metrics.generation_tokens.collect() for s in m.samples
+                     if s.name.endswith("_total"))
+        stuck = self.gateway.stuck_step_s()
+        models = self.models
+        loading = self.gateway.model_set is None and not self.gateway.is_draining
+        names = ", ".join(models.entries) if models is not None else self.config.gateway.served_model_name
+        if stuck is not None:
+            status = f"step stuck for {stuck:.0f}s (watchdog pings stopped): {names}"
+        elif self.gateway.is_draining:
+            status = f"draining: {self.gateway.admission.num_inflight} in flight"
+        elif loading:
+            status = f"loading {names}"
+        else:
+            assert models is not None
+            stats = [e.actors.scheduler.statistics() for e in models.loaded()
+                     if e.actors is not None and e.actors.scheduler is not None]
+            loaded = [e.model_id for e in models.loaded()]
+            shown = (names if len(models.entries) == 1
+                     else f"{len(loaded)} of {len(models.entries)} loaded ({', '.join(loaded)})")
+            status = (f"serving {shown}: {sum(c.num_running for c in stats)} running, "
+                      f"{sum(c.num_waiting for c in stats)} waiting")
+        return Report(status=status, serving=stuck is None and not loading and not self.gateway.is_draining,
+                      loading=loading, stuck=stuck is not None, generation_tokens=tokens)
 
     async def _build(self, entry: ModelEntry) -> ModelActors:
         """Load one model off the loop and wire its actors (ModelSet calls this for each load)."""
@@ -202,6 +240,7 @@ class Daemon:
 
     async def _serve_until_stopped(self, ready: dict[str, Any], task_status: TaskStatus[None]) -> None:
         log.info("ready", **ready)
+        self.notifier.send("READY=1", f"STATUS=ready: {', '.join(ready['models'])}")
         task_status.started()
         self.is_started.set()
         await self._stop.wait()
@@ -253,6 +292,14 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
             await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)
 
         tg.start_soon(http)
+        accepting = anyio.CancelScope()
+        if daemon.config.stop_accepting_on_drain:
+            async def stop_accepting() -> None:     # the handed socket stays open in systemd: connections queue
+                with accepting:
+                    await daemon.draining.wait()
+                    http_stop.set()
+
+            tg.start_soon(stop_accepting)
         try:
             async with anyio.create_task_group() as signals:
                 if handle_signals:
@@ -263,6 +310,7 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
             failure = exc
         finally:
             http_stop.set()
+            accepting.cancel()
         # hypercorn now closes its connections on its own (graceful_timeout). Cancelling it instead
         # (as an exception leaving this task group would) breaks its shutdown: an InvalidStateError
         # mid-drain, or a stray traceback at exit when a model fails to load during its start-up.

@@ -186,17 +186,22 @@ class Gateway:
             return {"status": "draining"}
         if self.model_set is None:
             return {"status": "loading"}
-        # up while every loaded model's step is alive (none loaded included: a request loads one)
+        stuck = self.stuck_step_s()
+        return {"status": "stuck", "step_seconds": round(stuck, 1)} if stuck is not None else {"status": "ok"}
+
+    def stuck_step_s(self) -> float | None:
+        """How long the oldest running step has run, if past the watchdog (None: every loaded model's step
+        is alive, none loaded included). /healthz's "stuck" and systemd's watchdog pings read this."""
         age = max((actors.handle.step_age() for actors in self.resolver.loaded()), default=0.0)
         if age > self.config.watchdog_s:
             if not self._stuck:
                 log.error("step_stuck", step_seconds=round(age, 1), watchdog_s=self.config.watchdog_s)
             self._stuck = True
-            return {"status": "stuck", "step_seconds": round(age, 1)}
+            return age
         if self._stuck:
             log.info("step_unstuck")
             self._stuck = False
-        return {"status": "ok"}
+        return None
 
     async def healthz(self, _request: Request) -> Response:
         health = self._health()

@@ -86,7 +86,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
         models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events,
-        stop_accepting_on_drain=handed is not None)
+        handed_socket=handed is not None)
     listen = hypercorn_config(args.addr, fd=handed)
     if handed is not None:
         structlog.get_logger("forge").info("socket_activated", addr=addr)

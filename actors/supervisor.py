@@ -60,9 +60,10 @@ class DaemonConfig:
     model_turn_wait: float = DEFAULT_TURN_AFTER_S   # seconds a model waits for room before a busy one yields
     preload: list[str] = field(default_factory=list)
     kv_events: KvEventsConfig | None = None   # publish the prefix cache's KV events (actors.runtime.kv_publisher)
-    # Listening on a socket systemd handed over (forge.socket): a drain stops accepting at once, so that new
-    # connections wait in the kernel's backlog for the next process instead of getting 503 "draining".
-    stop_accepting_on_drain: bool = False
+    # Listening on a socket systemd handed over (forge.socket), which stays open between forge processes:
+    # accept only once the models serve and stop when a drain starts, so that connections wait in the kernel's
+    # backlog for a process that serves them instead of getting 503 "loading" or "draining".
+    handed_socket: bool = False
 
 
 class Daemon:
@@ -288,12 +289,18 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
     http_stop = anyio.Event()
     failure: Exception | None = None
     async with anyio.create_task_group() as tg:
+        gate, accepting = anyio.CancelScope(), anyio.CancelScope()
+
         async def http() -> None:
+            if daemon.config.handed_socket:
+                with gate:                          # connections queue in the handed socket until ready
+                    await daemon.is_started.wait()
+                if gate.cancel_called:
+                    return
             await serve(daemon.app(), config, shutdown_trigger=http_stop.wait)
 
         tg.start_soon(http)
-        accepting = anyio.CancelScope()
-        if daemon.config.stop_accepting_on_drain:
+        if daemon.config.handed_socket:
             async def stop_accepting() -> None:     # the handed socket stays open in systemd: connections queue
                 with accepting:
                     await daemon.draining.wait()
@@ -310,6 +317,7 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
             failure = exc
         finally:
             http_stop.set()
+            gate.cancel()
             accepting.cancel()
         # hypercorn now closes its connections on its own (graceful_timeout). Cancelling it instead
         # (as an exception leaving this task group would) breaks its shutdown: an InvalidStateError

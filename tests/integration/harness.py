@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -200,3 +202,34 @@ def assert_messages_error(resp: httpx.Response, status: int, *, type: str | None
     if naming is not None:
         assert naming in err["message"], err
     return err  # type: ignore[no-any-return]
+
+
+class NotifySocket:
+    """Plays systemd's side of sd_notify: a datagram socket in the abstract namespace whose NOTIFY_SOCKET
+    value is `address`, read at once by a thread as systemd does (the kernel queues only a few datagrams:
+    a sender whose queue is full drops its messages)."""
+
+    def __init__(self) -> None:
+        self.address = f"@forge-test-notify-{os.getpid()}-{secrets.token_hex(4)}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind("\0" + self.address[1:])
+        self.sock.settimeout(0.1)
+        self.messages: list[list[str]] = []          # every message received, in order
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode().split("\n"))
+            except TimeoutError:
+                continue
+
+    def lines(self) -> list[str]:
+        return [line for message in list(self.messages) for line in message]
+
+    def close(self) -> None:
+        self._closed.set()
+        self._reader.join()
+        self.sock.close()

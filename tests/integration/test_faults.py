@@ -21,6 +21,7 @@ from tests.integration.harness import (
     PROMPT,
     SERVED_MODEL,
     MakeDaemon,
+    NotifySocket,
     assert_error,
     assert_messages_error,
     data_payloads,
@@ -154,6 +155,36 @@ async def test_a_stuck_step_turns_healthz_to_503_until_it_moves(make_daemon: Mak
                 assert health.json()["step_seconds"] >= 0.3
             assert replies[0].status_code == 200                 # and its request completes
             assert (await http.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_a_stuck_step_stops_systemds_watchdog_pings_until_it_moves(
+        make_daemon: MakeDaemon, faulty: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under Type=notify, WATCHDOG=1 is sent only while no step runs past --watchdog: systemd restarts a
+    daemon whose engine is wedged (WatchdogSec=), though its event loop still answers."""
+    notify = NotifySocket()
+    monkeypatch.setenv("NOTIFY_SOCKET", notify.address)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")                # a ping every 0.1 s
+    daemon = make_daemon(gateway={"watchdog_s": 0.3})
+    try:
+        with anyio.fail_after(HANG_GUARD_S):
+            async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+                assert "READY=1" in notify.lines()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: http.post("/v1/completions", json={
+                        "model": SERVED_MODEL, "prompt": [STALL, 7, 8], "max_tokens": 2}))
+                    try:
+                        while not any(line.startswith("STATUS=step stuck") for line in notify.lines()):
+                            await anyio.sleep(0.05)
+                        stuck_at = len(notify.lines())
+                        await anyio.sleep(0.6)
+                        assert "WATCHDOG=1" not in notify.lines()[stuck_at:], notify.lines()[stuck_at:]
+                    finally:
+                        faulty.set()                             # the step moves again: the pings resume
+                moved_at = len(notify.lines())
+                while "WATCHDOG=1" not in notify.lines()[moved_at:]:
+                    await anyio.sleep(0.05)
+    finally:
+        notify.close()
 
 
 

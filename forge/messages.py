@@ -239,11 +239,16 @@ class Rejected(ActorMessage, frozen=True):
 
 
 class TokenLogprobInfo(ActorMessage, frozen=True):
+    """A token's logprob as the gateway renders it: its text and bytes, and its top alternatives as (text,
+    bytes, logprob), best first. A prompt token's also carries its rank and its alternatives' ids (what vLLM's
+    prompt_logprobs lists); the prompt's first token has no logprob (None)."""
     token_id: int
     text: str
     token_bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, bytes, float], ...] = ()
+    rank: int | None = None
+    top_ids: tuple[int, ...] = ()
 
 
 class TextDelta(ActorMessage, frozen=True):
@@ -252,6 +257,7 @@ class TextDelta(ActorMessage, frozen=True):
     text: str
     num_tokens: int                              # tokens behind this text
     logprobs: tuple[TokenLogprobInfo, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobInfo, ...] = ()   # the prompt's tokens scored, once (TokensEmitted's)
     finish_reason: FinishReason | None = None
     stop_string: str | None = None               # the stop string that ended it ("stop"), if one did
     counts: TokenCounts = TokenCounts()

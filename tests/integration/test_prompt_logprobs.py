@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import httpx
+import openai
 
 from actors.supervisor import running_daemon
 from tests.integration.harness import (
@@ -192,3 +193,23 @@ async def test_a_scored_request_leaves_the_others_untouched(make_daemon: MakeDae
     assert beside["text"] == alone["choices"][0]["text"]
     assert beside["logprobs"] == alone["choices"][0]["logprobs"]
     assert results["scored"]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+
+
+async def test_the_openai_client_reads_an_echoed_score(make_daemon: MakeDaemon) -> None:
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(make_daemon()) as url, \
+                openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=HANG_GUARD_S) as client:
+            out = await client.completions.create(model=SERVED_MODEL, prompt=CONTEXT, max_tokens=0, echo=True,
+                                                  logprobs=1, extra_body={"prompt_logprobs": 1})
+            stream = await client.completions.create(model=SERVED_MODEL, prompt=CONTEXT, max_tokens=2, echo=True,
+                                                     logprobs=1, temperature=0, stream=True)
+            chunks = [chunk async for chunk in stream]
+    [choice] = out.choices
+    lp = choice.logprobs
+    assert choice.text == CONTEXT and choice.finish_reason == "length" and lp is not None
+    assert lp.token_logprobs is not None and lp.token_logprobs[0] is None and lp.top_logprobs is not None
+    assert lp.top_logprobs[0] is None and all(len(top) == 1 for top in lp.top_logprobs[1:])
+    scored = (choice.model_extra or {})["prompt_logprobs"]                 # vLLM's, beside the echo's: the same
+    assert len(scored) == len(lp.tokens) and scored[0] is None
+    assert [next(iter(e.values()))["logprob"] for e in scored[1:]] == lp.token_logprobs[1:]
+    assert chunks[0].choices[0].text.startswith(CONTEXT)

@@ -27,6 +27,11 @@ CONTEXT = "Question: What is the capital of France?\nAnswer:"
 DECODE_TOLERANCE = 2e-5
 
 
+def http(url: str) -> httpx.AsyncClient:
+    """A client that waits as long as the test may (httpx's default 5 s is short for 2 busy cores)."""
+    return httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S)
+
+
 async def tokenize(client: httpx.AsyncClient, text: str) -> list[int]:
     resp = await client.post("/tokenize", json={"prompt": text})
     assert resp.status_code == 200, resp.text
@@ -67,7 +72,7 @@ def check_echoed(choice: dict[str, Any], prompt_ids: list[int], num_generated: i
 
 async def test_the_lm_eval_loglikelihood_request(make_daemon: MakeDaemon) -> None:
     with anyio.fail_after(HANG_GUARD_S):
-        async with running_daemon(make_daemon()) as url, httpx.AsyncClient(base_url=url) as client:
+        async with running_daemon(make_daemon()) as url, http(url) as client:
             context = await tokenize(client, CONTEXT)
             good, bad = await tokenize(client, " Paris"), await tokenize(client, " Banana")
             body = await complete(client, prompt=[context + good, context + bad], max_tokens=1, logprobs=1,
@@ -89,7 +94,7 @@ async def test_the_lm_eval_loglikelihood_request(make_daemon: MakeDaemon) -> Non
 async def test_a_continuation_scores_as_it_was_generated(make_daemon: MakeDaemon) -> None:
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(make_daemon(enable_prefix_caching=False, kv_cache_dtype="float32")) as url, \
-                httpx.AsyncClient(base_url=url) as client:
+                http(url) as client:
             prompt = await tokenize(client, PROMPT)
             made = (await complete(client, prompt=[prompt], max_tokens=8, logprobs=3, ignore_eos=True))["choices"][0]
             generated = await tokenize(client, PROMPT + made["text"])
@@ -105,7 +110,7 @@ async def test_a_continuation_scores_as_it_was_generated(make_daemon: MakeDaemon
 
 async def test_max_tokens_zero_scores_without_generating(make_daemon: MakeDaemon) -> None:
     with anyio.fail_after(HANG_GUARD_S):
-        async with running_daemon(make_daemon()) as url, httpx.AsyncClient(base_url=url) as client:
+        async with running_daemon(make_daemon()) as url, http(url) as client:
             ids = await tokenize(client, CONTEXT)
             body = await complete(client, prompt=CONTEXT, max_tokens=0, echo=True, logprobs=2)
             chunks = await streamed(client, prompt=CONTEXT, max_tokens=0, echo=True, logprobs=2,
@@ -126,7 +131,7 @@ async def test_max_tokens_zero_scores_without_generating(make_daemon: MakeDaemon
 async def test_an_echo_with_logprobs_streams_as_it_answers(make_daemon: MakeDaemon) -> None:
     request = {"prompt": [CONTEXT, PROMPT], "max_tokens": 6, "echo": True, "logprobs": 1, "n": 2}
     with anyio.fail_after(HANG_GUARD_S):
-        async with running_daemon(make_daemon()) as url, httpx.AsyncClient(base_url=url) as client:
+        async with running_daemon(make_daemon()) as url, http(url) as client:
             whole = await complete(client, **request)
             chunks = await streamed(client, **request)
     assert len(whole["choices"]) == 4
@@ -147,7 +152,7 @@ async def test_vllm_prompt_logprobs_on_completions_and_chat(make_daemon: MakeDae
     chat = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3,
             "temperature": 0, "prompt_logprobs": 2}
     with anyio.fail_after(HANG_GUARD_S):
-        async with running_daemon(make_daemon()) as url, httpx.AsyncClient(base_url=url) as client:
+        async with running_daemon(make_daemon()) as url, http(url) as client:
             ids = await tokenize(client, PROMPT)
             body = await complete(client, prompt=PROMPT, max_tokens=2, prompt_logprobs=3)
             plain = await complete(client, prompt=PROMPT, max_tokens=2)
@@ -179,7 +184,7 @@ async def test_a_scored_request_leaves_the_others_untouched(make_daemon: MakeDae
     score = {"prompt": CONTEXT * 8, "max_tokens": 0, "echo": True, "logprobs": 5}
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(make_daemon(enable_prefix_caching=False)) as url, \
-                httpx.AsyncClient(base_url=url) as client:
+                http(url) as client:
             alone = await complete(client, **generate)
             results: dict[str, dict[str, Any]] = {}
 

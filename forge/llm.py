@@ -76,6 +76,7 @@ class Completion:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[SampledToken] = field(default_factory=list)
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)   # one per prompt token, when asked
     finish_reason: str | None = None
     num_cached_tokens: int = 0
 
@@ -133,6 +134,7 @@ class LLM:
                 text, taken, out.finish_reason = detok.advance(ev.token_ids, ev.finish_reason)
                 out.token_ids.extend(ev.token_ids[:taken])
                 out.logprobs.extend(ev.logprobs[:taken])
+                out.prompt_logprobs.extend(ev.prompt_logprobs)
                 out.num_cached_tokens = ev.counts.cached
                 if detok.stopped:
                     self.engine.abort(ev.request_id)

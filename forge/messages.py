@@ -34,7 +34,7 @@ class BlockAsk(ActorMessage, frozen=True):
                                      # rejected: their slots are taken back); None: all it holds
     num_lookahead: int = 0           # slots for draft tokens after the real ones, if blocks allow
     cache_salt: str | None = None    # waiting: share prefix blocks only with sequences of this salt
-    use_prefix_cache: bool = True    # waiting: False to compute every token (a pooling that reads them all)
+    use_prefix_cache: bool = True    # waiting: False to compute every token (pooling, prompt logprobs read them all)
 
 
 class Grant(ActorMessage, frozen=True):
@@ -103,10 +103,21 @@ class StepBatch(ActorMessage, frozen=True):
 
 
 class SampledToken(ActorMessage, frozen=True):
+    """A sampled token, or a prompt token scored (SamplingParams.prompt_logprobs): its logprob and the top
+    alternatives (None and () where not asked, and for the prompt's first token, which nothing predicts)."""
     seq_id: int
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None          # a prompt token's: how many tokens are at least as likely (1: the likeliest)
+
+
+class PromptLogprobs(ActorMessage, frozen=True):
+    """Prompt tokens of one sequence scored in a step: tokens[i] is the prompt token at position start + i,
+    with the logprob the model gave it after the tokens before it."""
+    seq_id: int
+    start: int
+    tokens: tuple[SampledToken, ...]
 
 
 class Embedding(ActorMessage, frozen=True):
@@ -129,6 +140,7 @@ class StepOutput(ActorMessage, frozen=True):
     # (seq id, tokens) for each thinking sequence (SamplingParams.thinking) with sampled tokens that fell
     # inside its thinking section this step
     reasoning: tuple[tuple[int, int], ...] = ()
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()   # prompt tokens scored this step, per sequence that asked
 
 
 # ---- scheduler -> tokenizer ------------------------------------------------------------------
@@ -156,6 +168,9 @@ class TokensEmitted(ActorMessage, frozen=True):
     request_id: str
     token_ids: tuple[int, ...]
     logprobs: tuple[SampledToken, ...] = ()     # one per token when the request asked
+    # The whole prompt's tokens scored (SamplingParams.prompt_logprobs), once: with the first token, or with
+    # the end of a request that generates none (max_tokens 0); the first one's logprob is None
+    prompt_logprobs: tuple[SampledToken, ...] = ()
     finish_reason: FinishReason | None = None
     counts: TokenCounts = TokenCounts()
     error: str | None = None                    # the request ended in a fault of the engine (no tokens)
@@ -224,11 +239,16 @@ class Rejected(ActorMessage, frozen=True):
 
 
 class TokenLogprobInfo(ActorMessage, frozen=True):
+    """A token's logprob as the gateway renders it: its text and bytes, and its top alternatives as (text,
+    bytes, logprob), best first. A prompt token's also carries its rank and its alternatives' ids (what vLLM's
+    prompt_logprobs lists); the prompt's first token has no logprob (None)."""
     token_id: int
     text: str
     token_bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, bytes, float], ...] = ()
+    rank: int | None = None
+    top_ids: tuple[int, ...] = ()
 
 
 class TextDelta(ActorMessage, frozen=True):
@@ -237,6 +257,7 @@ class TextDelta(ActorMessage, frozen=True):
     text: str
     num_tokens: int                              # tokens behind this text
     logprobs: tuple[TokenLogprobInfo, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobInfo, ...] = ()   # the prompt's tokens scored, once (TokensEmitted's)
     finish_reason: FinishReason | None = None
     stop_string: str | None = None               # the stop string that ended it ("stop"), if one did
     counts: TokenCounts = TokenCounts()

@@ -48,6 +48,7 @@ class Choice:
     parts: ReasoningParts = ReasoningParts()
     splitter: ReasoningReader | HarmonyReader | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)   # its prompt's tokens scored, when asked
     finish_reason: FinishReason | None = None
     stop_string: str | None = None           # the stop string that ended it, if one did
     counts: TokenCounts = TokenCounts()
@@ -164,6 +165,10 @@ class ChoiceReader:
         for lp in delta.logprobs:
             choice.logprobs.append(TokenLogprob(text=lp.text, token_bytes=lp.token_bytes, logprob=lp.logprob,
                                                 top=lp.top))
+        for lp in delta.prompt_logprobs:
+            choice.prompt_logprobs.append(TokenLogprob(text=lp.text, token_bytes=lp.token_bytes, logprob=lp.logprob,
+                                                       top=lp.top, token_id=lp.token_id, rank=lp.rank,
+                                                       top_ids=lp.top_ids))
         choice.counts = choice.counts.merge(delta.counts)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason

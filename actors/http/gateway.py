@@ -268,7 +268,9 @@ class Gateway:
         reader = await self.life.start(request, pipe, submits, len(body), arrival)
         echoes = [_echo_text(pipe, prompts[k // n]) if req.echo else "" for k in range(len(submits))]
         shape = CompletionShape(header=self._header(pipe, base, req.include_usage), n=n, echoes=echoes,
-                                want_logprobs=req.logprobs is not None)
+                                want_logprobs=req.logprobs is not None,
+                                echo_logprobs=req.echo and req.logprobs is not None, num_top=req.logprobs or 0,
+                                prompt_logprobs=None if req.stream else req.prompt_logprobs)
         if req.stream:
             return self.life.sse(request, pipe, reader, CompletionFrames(reader, shape).stream())
         return await self.life.respond(request, pipe, reader, lambda: completion_body(reader, shape))
@@ -279,7 +281,8 @@ class Gateway:
         tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if prep.functions else None
         return await generate_chat(self.life, request, pipe, prep, lambda: ChatRenderer(
             self._header(pipe, wire.new_request_id("chatcmpl"), req.include_usage),
-            want_logprobs=prep.params.logprobs is not None, tools=tools), num_bytes=len(body), arrival=arrival)
+            want_logprobs=prep.params.logprobs is not None, tools=tools,
+            prompt_logprobs=None if req.stream else req.prompt_logprobs), num_bytes=len(body), arrival=arrival)
 
     def _header(self, pipe: ModelHandle, base: str, include_usage: bool) -> ResponseHeader:
         return ResponseHeader(request_id=base, created=int(time.time()), model=pipe.serving.served_model_name,

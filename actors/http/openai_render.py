@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from actors.http.choice_reader import Choice, ChoiceReader
 from actors.http.generation import Renderer, ToolReading
 from actors.http.stream_writer import StreamFrames
@@ -31,11 +33,16 @@ def _error_frame(error: RequestError) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class CompletionShape:
-    """What a completion response needs besides its choices."""
+    """What a completion response needs besides its choices. With echo_logprobs (echo and logprobs) each
+    choice's logprobs start with its prompt's tokens, offsets counted from the start of the echoed text, as
+    OpenAI's legacy completions and vLLM did; prompt_logprobs: vLLM's, that many alternatives per token."""
     header: ResponseHeader
     n: int                          # choices per prompt
     echoes: list[str]               # per choice: the prompt text it repeats ("" without echo)
     want_logprobs: bool
+    echo_logprobs: bool = False
+    num_top: int = 0                # logprobs' alternatives per token (the prompt's may have been scored with more)
+    prompt_logprobs: int | None = None
 
 
 def _completion_logprobs(entries: list[TokenLogprob], start: int) -> dict[str, Any]:
@@ -47,26 +54,40 @@ def _completion_logprobs(entries: list[TokenLogprob], start: int) -> dict[str, A
     return wire.completion_logprobs(entries, offsets)
 
 
+def _echoed(choice: Choice, num_top: int) -> list[TokenLogprob]:
+    """The choice's prompt tokens as its echo's logprobs list them: num_top alternatives each."""
+    return [msgspec.structs.replace(e, top=e.top[:num_top]) for e in choice.prompt_logprobs]
+
+
 def completion_body(reader: ChoiceReader, shape: CompletionShape) -> dict[str, Any]:
     items = []
     for k, c in enumerate(reader.choices):
         echo = shape.echoes[k]
-        lp = _completion_logprobs(c.logprobs, len(echo)) if shape.want_logprobs else None
-        items.append(wire.completion_choice(k, echo + c.text, c.finish_reason or "length", lp))
+        lp = None
+        if shape.echo_logprobs:
+            lp = _completion_logprobs(_echoed(c, shape.num_top) + c.logprobs, 0)
+        elif shape.want_logprobs:
+            lp = _completion_logprobs(c.logprobs, len(echo))
+        prompt_lp = (wire.prompt_logprobs(c.prompt_logprobs, shape.prompt_logprobs)
+                     if shape.prompt_logprobs is not None else None)
+        items.append(wire.completion_choice(k, echo + c.text, c.finish_reason or "length", lp, prompt_lp))
     return wire.completion_response(shape.header, items, reader.usage(shape.n))
 
 
 class CompletionFrames(StreamFrames):
-    """A completion's stream: each choice's echo, its text chunks, then the usage chunk if asked."""
+    """A completion's stream: each choice's echo, its text chunks, then the usage chunk if asked. An echo
+    with logprobs waits for its prompt's (they come with the choice's first delta) and goes in that chunk."""
 
     def __init__(self, reader: ChoiceReader, shape: CompletionShape) -> None:
         super().__init__(reader)
         self.shape = shape
-        self._offsets = [len(echo) for echo in shape.echoes]     # where each choice's next token starts
+        # where each choice's next token starts, and whether its echo is still to send with its first delta
+        self._offsets = [0 if shape.echo_logprobs else len(echo) for echo in shape.echoes]
+        self._echo_due = [shape.echo_logprobs] * len(shape.echoes)
 
     def opening(self) -> Iterator[bytes]:
         for k, echo in enumerate(self.shape.echoes):
-            if echo:
+            if echo and not self.shape.echo_logprobs:
                 yield wire.sse_frame(wire.completion_chunk(self.shape.header, index=k, text=echo))
 
     def failed(self, error: RequestError) -> Iterator[bytes]:
@@ -74,15 +95,20 @@ class CompletionFrames(StreamFrames):
 
     def delta(self, index: int, delta: TextDelta, choice: Choice) -> Iterator[bytes]:
         shape = self.shape
+        echo, echoed = "", []
+        if self._echo_due[index]:
+            self._echo_due[index] = False
+            echo, echoed = shape.echoes[index], _echoed(choice, shape.num_top)
         # Text held back (half a character, a possible stop string) still sends its logprobs.
-        if not delta.text and delta.finish_reason is None and not (shape.want_logprobs and delta.logprobs):
+        if not (echo or echoed or delta.text or delta.finish_reason is not None
+                or (shape.want_logprobs and delta.logprobs)):
             return
         lp = None
         if shape.want_logprobs:
-            entries = choice.logprobs[-len(delta.logprobs):] if delta.logprobs else []
+            entries = echoed + (choice.logprobs[-len(delta.logprobs):] if delta.logprobs else [])
             lp = _completion_logprobs(entries, self._offsets[index])
             self._offsets[index] += sum(len(e.text) for e in entries)
-        yield wire.sse_frame(wire.completion_chunk(shape.header, index=index, text=delta.text,
+        yield wire.sse_frame(wire.completion_chunk(shape.header, index=index, text=echo + delta.text,
                                                    finish_reason=choice.finish_reason, logprobs=lp))
 
     def closing(self) -> Iterator[bytes]:
@@ -93,7 +119,9 @@ class CompletionFrames(StreamFrames):
 # ---- /v1/chat/completions ----------------------------------------------------------------------
 
 def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bool,
-              tools: ToolReading | None = None) -> dict[str, Any]:
+              tools: ToolReading | None = None, prompt_logprobs: int | None = None) -> dict[str, Any]:
+    """The chat completion; with `prompt_logprobs` (vLLM's: that many alternatives) the prompt's tokens scored,
+    beside the choices (every choice ran the same prompt: the first's)."""
     items = []
     split = reader.reasoning is not None
     for k, c in enumerate(reader.choices):
@@ -111,7 +139,9 @@ def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bo
             reason = "tool_calls"
         calls = [wire.tool_call(t.id, t.name, t.arguments) for t in message.tool_calls]
         items.append(wire.chat_choice(k, message.content, reason, lp, calls, reasoning=reasoning))
-    return wire.chat_response(header, items, reader.usage(len(reader.choices)))   # one prompt
+    prompt_lp = (wire.prompt_logprobs(reader.choices[0].prompt_logprobs, prompt_logprobs)
+                 if prompt_logprobs is not None else None)
+    return wire.chat_response(header, items, reader.usage(len(reader.choices)), prompt_lp)   # one prompt
 
 
 class ChatFrames(StreamFrames):
@@ -184,12 +214,15 @@ class ChatRenderer(Renderer):
 
     done = wire.SSE_DONE
 
-    def __init__(self, header: ResponseHeader, *, want_logprobs: bool, tools: ToolReading | None) -> None:
+    def __init__(self, header: ResponseHeader, *, want_logprobs: bool, tools: ToolReading | None,
+                 prompt_logprobs: int | None = None) -> None:
         super().__init__(header.request_id)
         self.header, self.want_logprobs, self.tools = header, want_logprobs, tools
+        self.prompt_logprobs = prompt_logprobs          # vLLM's; never streamed (the schema refuses them there)
 
     def body(self, reader: ChoiceReader) -> dict[str, Any]:
-        return chat_body(reader, self.header, want_logprobs=self.want_logprobs, tools=self.tools)
+        return chat_body(reader, self.header, want_logprobs=self.want_logprobs, tools=self.tools,
+                         prompt_logprobs=self.prompt_logprobs)
 
     def frames(self, reader: ChoiceReader) -> StreamFrames:
         return ChatFrames(reader, self.header, want_logprobs=self.want_logprobs, tools=self.tools)

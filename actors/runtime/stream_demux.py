@@ -34,7 +34,9 @@ def _merged(deltas: list[TextDelta]) -> TextDelta:
         counts = counts.merge(d.counts)
     return TextDelta(request_id=last.request_id, text="".join(d.text for d in deltas),
                      num_tokens=sum(d.num_tokens for d in deltas),
-                     logprobs=tuple(lp for d in deltas for lp in d.logprobs), finish_reason=last.finish_reason,
+                     logprobs=tuple(lp for d in deltas for lp in d.logprobs),
+                     prompt_logprobs=tuple(lp for d in deltas for lp in d.prompt_logprobs),
+                     finish_reason=last.finish_reason,
                      stop_string=next((d.stop_string for d in reversed(deltas) if d.stop_string), None),
                      counts=counts, error=next((d.error for d in reversed(deltas) if d.error), None),
                      embedding=next((d.embedding for d in reversed(deltas) if d.embedding), None))

@@ -36,6 +36,7 @@ from forge.messages import (
     Accepted,
     FlushCache,
     Rejected,
+    SampledToken,
     Submit,
     TextDelta,
     TokenCounts,
@@ -187,6 +188,7 @@ class TokenizerActor:
         self._demux.deliver(TextDelta(
             request_id=msg.request_id, text=text, num_tokens=len(ids),
             logprobs=tuple(self._logprob_info(t.token_id, t.logprob, t.top_logprobs) for t in logprobs),
+            prompt_logprobs=tuple(self._prompt_info(t) for t in msg.prompt_logprobs),
             finish_reason=reason, stop_string=stream.detok.stop_reason, embedding=msg.embedding,
             counts=msg.counts.merge(TokenCounts(prompt=stream.num_prompt_tokens, completion=stream.num_tokens))))
 
@@ -197,3 +199,10 @@ class TokenizerActor:
             token_id=token_id, text=tok.token_str(token_id), token_bytes=tok.token_bytes(token_id),
             logprob=logprob if logprob is not None else 0.0,
             top=tuple((tok.token_str(i), tok.token_bytes(i), lp) for i, lp in top))
+
+    def _prompt_info(self, scored: SampledToken) -> TokenLogprobInfo:
+        """A prompt token scored: its logprob (None for the first), rank and alternatives, by id and text."""
+        info = self._logprob_info(scored.token_id, scored.logprob, scored.top_logprobs)
+        return TokenLogprobInfo(token_id=info.token_id, text=info.text, token_bytes=info.token_bytes,
+                                logprob=scored.logprob, top=info.top, rank=scored.rank,
+                                top_ids=tuple(i for i, _ in scored.top_logprobs))

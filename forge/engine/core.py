@@ -42,6 +42,9 @@ class _Request:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_reasoning_tokens: int = 0
+    # Its prompt's tokens scored so far (SamplingParams.prompt_logprobs), the first one's logprob None: sent
+    # whole with its first event, then None. None: not asked, or sent.
+    prompt_logprobs: list[SampledToken] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,8 @@ class EngineCore:
         self._ids = itertools.count()
         self._steps = itertools.count()
         self._to_drop: list[int] = []
+        # (step id, sequences) whose prompt-only request (max_tokens 0) ends with that step (its last prompt chunk)
+        self._prompt_ends: tuple[int, tuple[int, ...]] = (-1, ())
         self.spec = SpecStats()
         self._spec_config = self.scheduler.config.speculative
 
@@ -101,15 +106,18 @@ class EngineCore:
         if params.pooling is not None:
             return self._add_pooling(request_id, prompt_ids, params)
         room = self.max_model_len - len(prompt_ids)
-        if room < 1:
+        if room < min(params.max_tokens, 1):
             raise PromptTooLong(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your prompt has {len(prompt_ids)} tokens, leaving no room for the completion.",
-                param="prompt")
+                f"your prompt has {len(prompt_ids)} tokens"
+                f"{', leaving no room for the completion' if params.max_tokens else ''}.", param="prompt")
         params = params.limited_to(room)      # clamped once, here: every reader sees this limit
-        seq = Sequence(next(self._ids), prompt_ids, params.max_tokens)
+        # max_tokens 0: the prompt runs to its end (build() takes no token from it) and the request ends there
+        seq = Sequence(next(self._ids), prompt_ids, max(params.max_tokens, 1))
         seq.cache_salt = params.cache_salt
-        if self._spec_config.enabled and not params.has_penalties:
+        # Scoring the prompt reads every position's logits: none may come from the prefix cache.
+        seq.reads_all_states = params.prompt_logprobs is not None
+        if self._spec_config.enabled and not params.has_penalties and params.max_tokens > 0:
             # Penalties depend on every token before a position: those sequences decode one token a
             # step. (A grammar's masks after each draft come from llguidance: forge.sampling.structured.)
             seq.lookahead = Lookahead(self._spec_config.num_tokens)
@@ -117,7 +125,8 @@ class EngineCore:
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.end_token_ids
-        self._requests[seq.id] = _Request(request_id, seq, params, stop_ids)
+        self._requests[seq.id] = _Request(request_id, seq, params, stop_ids, prompt_logprobs=(
+            [SampledToken(seq_id=seq.id, token_id=prompt_ids[0])] if params.prompt_logprobs is not None else None))
         self._seq_of[request_id] = seq.id
         return seq.id
 
@@ -179,7 +188,7 @@ class EngineCore:
 
     def build(self, alloc: StepAllocation) -> StepBatch:
         plan = self.scheduler.commit(alloc)
-        chunks, new_seqs = [], []
+        chunks, new_seqs, ends = [], [], []
         for s in plan.scheduled:
             req = self._requests[s.seq_id]
             seq = req.seq
@@ -187,11 +196,16 @@ class EngineCore:
                 req.is_known_to_runner = True
                 new_seqs.append(NewSeq(seq_id=seq.id, prompt_ids=tuple(seq.prompt), params=req.params))
             token_ids = seq.tokens(s.start, s.start + s.num_tokens) + seq.draft[: s.num_draft]
+            samples = s.samples
+            if samples and req.params.max_tokens == 0:     # the prompt's last chunk: it ends with this step
+                samples = False
+                ends.append(seq.id)
             chunks.append(SeqChunk(seq_id=seq.id, token_ids=tuple(token_ids), start=s.start, block_ids=s.block_ids,
-                                   samples=s.samples, num_output_tokens=len(seq.output), num_draft=s.num_draft))
+                                   samples=samples, num_output_tokens=len(seq.output), num_draft=s.num_draft))
         dropped, self._to_drop = tuple(self._to_drop), []
-        return StepBatch(step_id=next(self._steps), chunks=tuple(chunks), new_seqs=tuple(new_seqs),
-                         dropped=dropped)
+        step_id = next(self._steps)
+        self._prompt_ends = (step_id, tuple(ends))
+        return StepBatch(step_id=step_id, chunks=tuple(chunks), new_seqs=tuple(new_seqs), dropped=dropped)
 
     def apply(self, output: StepOutput) -> list[TokensEmitted]:
         """Record sampled tokens (a sequence that carried drafts may have several: the drafts kept, then
@@ -220,6 +234,14 @@ class EngineCore:
         for seq_id, num in output.reasoning:
             if (req := self._requests.get(seq_id)) is not None:
                 req.num_reasoning_tokens += num
+        for part in output.prompt_logprobs:
+            req = self._requests.get(part.seq_id)
+            if req is not None and req.prompt_logprobs is not None and part.start == len(req.prompt_logprobs):
+                req.prompt_logprobs.extend(part.tokens)
+        step_id, ends = self._prompt_ends
+        for seq_id in ends if step_id == output.step_id else ():
+            if (req := self._requests.get(seq_id)) is not None:   # not failed, nor aborted meanwhile
+                events.append(self._emitted(req, [], "length"))
         counts: dict[int, int] = {}
         for tok in output.sampled:
             counts[tok.seq_id] = counts.get(tok.seq_id, 0) + 1
@@ -253,9 +275,10 @@ class EngineCore:
     def _emitted(self, req: _Request, run: list[SampledToken], reason: FinishReason | None, *,
                  embedding: bytes | None = None) -> TokensEmitted:
         seq = req.seq
+        scored, req.prompt_logprobs = tuple(req.prompt_logprobs or ()), None
         event = TokensEmitted(request_id=req.request_id, token_ids=tuple(t.token_id for t in run),
                               logprobs=tuple(run) if req.params.logprobs is not None else (),
-                              finish_reason=reason, embedding=embedding,
+                              prompt_logprobs=scored, finish_reason=reason, embedding=embedding,
                               counts=TokenCounts(prompt=len(seq.prompt), cached=seq.num_cached_tokens,
                                                  draft=req.num_draft_tokens, accepted=req.num_accepted_tokens,
                                                  reasoning=req.num_reasoning_tokens))

@@ -18,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.engine.pooling import PoolState, vector_bytes
+from forge.engine.prompt_scoring import PromptScoring
 from forge.errors import ConfigError, EngineError
-from forge.messages import Embedding, SampledToken, SeqChunk, StepBatch, StepOutput
+from forge.messages import Embedding, PromptLogprobs, SampledToken, SeqChunk, StepBatch, StepOutput
 from forge.models.forward_batch import ForwardBatch, build_forward_batch
 from forge.models.llama.kv_cache import KVCache
 from forge.models.llama.linear import active_pool
@@ -42,6 +43,7 @@ class BatchedModel(Protocol):
     # runner, so Any (a model's forward takes its own cache type, which `object` would not admit).
     def forward(self, batch: ForwardBatch, kv: Any) -> F32: ...
     def forward_hidden(self, batch: ForwardBatch, kv: Any, hidden_rows: I64) -> tuple[F32, F32]: ...
+    def head_logits(self, hidden: F32) -> F32: ...
     def new_kv_cache(self, num_blocks: int, block_size: int, dtype: str = "float32") -> Any: ...
 
 
@@ -54,6 +56,7 @@ class _SeqSampling:
     json_state: tuple[bool, bool] = (False, False)   # a JSON output's (in a string, after a backslash)
     pool: PoolState | None = None        # an embedding request's pooling: it never samples
     section: Section | None = None       # a thinking request's section (SamplingParams.thinking)
+    scoring: PromptScoring | None = None  # a request for its prompt's logprobs (SamplingParams.prompt_logprobs)
 
 
 class ModelRunner:
@@ -123,7 +126,10 @@ class ModelRunner:
             counts = TokenHistory(new.prompt_ids) if p.has_penalties else None
             self._seqs[new.seq_id] = _SeqSampling(p, make_generator(p.seed), counts, self._matcher(p),
                                                   pool=PoolState(p.pooling) if p.pooling is not None else None,
-                                                  section=self._section(p, new.prompt_ids))
+                                                  section=self._section(p, new.prompt_ids),
+                                                  scoring=(PromptScoring(new.prompt_ids, p.prompt_logprobs,
+                                                                         p.logit_bias)
+                                                           if p.prompt_logprobs is not None else None))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())
         step_chunks: tuple[SeqChunk, ...] = step.chunks
@@ -136,18 +142,22 @@ class ModelRunner:
         if pooled:                              # their last chunks return a vector, not a sampled token
             step_chunks = tuple(msgspec.structs.replace(c, samples=False) if self._seqs[c.seq_id].pool else c
                                 for c in step_chunks)
+        scored = [(i, c) for i, c in enumerate(step_chunks)
+                  if (scoring := self._seqs[c.seq_id].scoring) is not None and not scoring.done]
         batch = build_forward_batch(step_chunks, self.block_size)
         chunks = [c for c in step_chunks if c.samples]
         states = [self._seqs[c.seq_id] for c in chunks]
         masks = self._start_masks(chunks, states)
         embeddings: tuple[Embedding, ...] = ()
-        if pooled:
-            logits, embeddings = self._forward_pooled(batch, pooled)            # [R, V]
+        prompt_logprobs: tuple[PromptLogprobs, ...] = ()
+        if pooled or scored:
+            logits, embeddings, prompt_logprobs = self._forward_rows(batch, pooled, scored)   # [R, V]
         else:
             logits = self.model.forward(batch, self.kv)                            # [R, V]
         if not chunks:
             return StepOutput(step_id=step.step_id, sampled=(), num_tokens=batch.num_tokens,
-                              elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings)
+                              elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings,
+                              prompt_logprobs=prompt_logprobs)
         # One logits row per sampled position: a chunk with d drafts has d + 1, and each draws as a
         # plain decode step would (its generator's next uniform, its count of tokens so far, its
         # grammar's mask after the drafts before it).
@@ -196,28 +206,35 @@ class ModelRunner:
             row += width
         return StepOutput(step_id=step.step_id, sampled=tuple(sampled), num_tokens=batch.num_tokens,
                           elapsed_s=time.perf_counter() - t0, guesses=guesses, embeddings=embeddings,
-                          reasoning=_summed(reasoning))
+                          reasoning=_summed(reasoning), prompt_logprobs=prompt_logprobs)
 
-    def _forward_pooled(self, batch: ForwardBatch,
-                        pooled: list[tuple[int, SeqChunk]]) -> tuple[F32, tuple[Embedding, ...]]:
-        """The forward with the hidden rows the pooling chunks read (`pooled`: (index in the step, the
-        chunk as scheduled)); the logits and the vectors of the sequences whose prompt ended here."""
+    def _forward_rows(self, batch: ForwardBatch, pooled: list[tuple[int, SeqChunk]], scored: list[tuple[int, SeqChunk]],
+                      ) -> tuple[F32, tuple[Embedding, ...], tuple[PromptLogprobs, ...]]:
+        """The forward with the hidden rows the pooling chunks read and those that score prompt tokens (each
+        list: (index in the step, the chunk as scheduled)); the logits, the vectors of the pooling sequences
+        whose prompt ended here, and the prompt tokens scored."""
         pools = [self._seqs[c.seq_id].pool for _, c in pooled]
+        scorings = [self._seqs[c.seq_id].scoring for _, c in scored]
         spans = []
-        for (i, c), pool in zip(pooled, pools, strict=True):
-            assert pool is not None
-            lo, hi = pool.rows(c)
+        for (i, c), reader in zip(pooled + scored, [*pools, *scorings], strict=True):
+            assert reader is not None
+            lo, hi = reader.rows(c)
             spans.append((int(batch.query_start[i]) + lo, hi - lo))
         rows = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in spans])  # [M]
         logits, hidden = self.model.forward_hidden(batch, self.kv, rows)           # [R, V], [M, H]
-        out, offset = [], 0
-        for (_, c), (_, n), pool in zip(pooled, spans, pools, strict=True):
+        vectors, scores, offset = [], [], 0
+        for (_, c), (_, n), pool in zip(pooled, spans[:len(pooled)], pools, strict=True):
             assert pool is not None
             vector = pool.add(c, hidden[offset:offset + n])
             offset += n
             if vector is not None:
-                out.append(Embedding(seq_id=c.seq_id, vector=vector_bytes(vector)))
-        return logits, tuple(out)
+                vectors.append(Embedding(seq_id=c.seq_id, vector=vector_bytes(vector)))
+        for (_, c), (_, n), scoring in zip(scored, spans[len(pooled):], scorings, strict=True):
+            assert scoring is not None
+            if n:
+                scores.append(scoring.score(c.seq_id, hidden[offset:offset + n], self.model.head_logits))
+            offset += n
+        return logits, tuple(vectors), tuple(scores)
 
     def _forget(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

@@ -35,8 +35,9 @@ class PrefixEstimate:
 
     def cached(self, seq: Sequence) -> int:
         """Leading prompt tokens the prefix cache likely holds (always one token short of the
-        prompt, as the allocator leaves the last one to compute); 0 when not estimating."""
-        if not self.enabled:
+        prompt, as the allocator leaves the last one to compute); 0 when not estimating, or for a sequence
+        that computes every token (Sequence.reads_all_states)."""
+        if not self.enabled or seq.reads_all_states:
             return 0
         bs = self.layout.block_size
         hashes = self.hashes(seq)[: (len(seq.prompt) - 1) // bs]

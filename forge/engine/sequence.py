@@ -38,7 +38,7 @@ class Sequence:
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
     cache_salt: str | None = None    # prefix-cache isolation (forge.engine.block_allocator.salt_root)
-    reads_all_states: bool = False   # a pooling that reads every token's state: no prefix-cache hit
+    reads_all_states: bool = False   # reads every token's state (a mean pooling, prompt logprobs): no prefix-cache hit
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id

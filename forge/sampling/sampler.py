@@ -86,7 +86,7 @@ class Sampler:
             blocks = weights.reshape(len(sampled), -1, _BLOCK).sum(axis=2)    # [M, Vp / B]
             for j, i in enumerate(sampled):
                 token_ids[i] = _draw(weights[j], blocks[j], float(batch.generators[i].random()))
-        logprobs = [None if p.logprobs is None else _token_logprobs(logits[i], int(token_ids[i]), p.logprobs)
+        logprobs = [None if p.logprobs is None else token_logprobs(logits[i], int(token_ids[i]), p.logprobs)
                     for i, p in enumerate(batch.params)]
         return SampleOutput(token_ids=token_ids, logprobs=logprobs)
 
@@ -126,8 +126,7 @@ class Sampler:
         out = logits.copy()                                                   # [N, V]
         for i in rows:
             row = out[i]                                                      # [V] a view into the copy
-            for token_id, bias in batch.params[i].logit_bias:
-                row[token_id] = -np.inf if bias <= -MAX_LOGIT_BIAS else row[token_id] + np.float32(bias)
+            add_logit_bias(row, batch.params[i].logit_bias)
             allowed = batch.allowed[i] if batch.allowed else None
             if allowed is not None:
                 row[~allowed] = -np.inf
@@ -274,7 +273,13 @@ def _search(cumulative: F64, target: float) -> int:
     return index
 
 
-def _token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
+def add_logit_bias(row: F32, logit_bias: Iterable[tuple[int, float]]) -> None:
+    """Each (token id, bias) added to the logits row [V] in place; a bias of -100 bans the token (-inf)."""
+    for token_id, bias in logit_bias:
+        row[token_id] = -np.inf if bias <= -MAX_LOGIT_BIAS else row[token_id] + np.float32(bias)
+
+
+def token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
     """Logprobs from the log_softmax of the logits [V] after logit_bias and the grammar mask, before
     penalties and temperature."""
     raw = raw.astype(np.float32, copy=False)

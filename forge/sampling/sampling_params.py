@@ -42,7 +42,7 @@ class Thinking(msgspec.Struct, frozen=True, kw_only=True):
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """One request's sampling knobs. Construction checks nothing; call validate() at the edge."""
 
-    max_tokens: int = 16
+    max_tokens: int = 16                # 0: generate nothing, only run the prompt (and score it, if asked)
     temperature: float = 1.0            # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0                      # 0 or -1 = off
@@ -56,6 +56,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None         # k: the sampled token's logprob plus the top k
+    # k: every prompt token's logprob (after the tokens before it) plus the top k, computed while the prompt
+    # runs; such a prompt takes no prefix-cache hit (every position is computed). None: not scored.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias): added to the logits before all else
     grammar: str | None = None          # a constraint as llguidance grammar text (forge.sampling.structured)
@@ -88,7 +91,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     def validate(self, *, vocab_size: int) -> None:
         """Raise InvalidRequest naming the first out-of-range field. NaN fails every range."""
-        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(self.max_tokens >= 0, "max_tokens", f"must be at least 0, got {self.max_tokens}")
         _require(0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
                  f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
@@ -114,6 +117,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         _require(not bad_ids, "stop_token_ids", f"token ids must be in [0, {vocab_size}), got {bad_ids[:4]}")
         _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                  f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+                 f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        _require(self.prompt_logprobs is None or self.pooling is None, "prompt_logprobs",
+                 "is for generation requests, not embeddings")
         bad_bias_ids = [t for t, _ in self.logit_bias if not 0 <= t < vocab_size]
         _require(not bad_bias_ids, "logit_bias", f"token ids must be in [0, {vocab_size}), got {bad_bias_ids[:4]}")
         bad_biases = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]

@@ -348,7 +348,10 @@ def test_logprobs_top_k_with_a_peaked_and_a_flat_row() -> None:
 # ---- params ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=-1), "max_tokens"),
+    (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"),
+    (dict(prompt_logprobs=1, pooling="mean"), "prompt_logprobs"),
     (dict(temperature=-0.1), "temperature"),
     (dict(temperature=2.01), "temperature"),
     (dict(temperature=float("nan")), "temperature"),

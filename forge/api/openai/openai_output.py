@@ -40,13 +40,17 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
-    """One generated token's logprob info: its text, its raw bytes (a token may hold part of a UTF-8
-    character), its logprob, and the top alternatives as (text, bytes, logprob), best first."""
+    """One token's logprob info: its text, its raw bytes (a token may hold part of a UTF-8 character), its
+    logprob, and the top alternatives as (text, bytes, logprob), best first. A prompt token's (echo, vLLM's
+    prompt_logprobs) also has its id, its rank and its alternatives' ids; the prompt's first has no logprob."""
 
     text: str
     token_bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, bytes, float], ...] = ()
+    token_id: int | None = None
+    rank: int | None = None
+    top_ids: tuple[int, ...] = ()
 
 
 def new_request_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
@@ -97,13 +101,30 @@ def _usage(usage: Usage) -> dict[str, Any]:
 
 def completion_logprobs(entries: Sequence[TokenLogprob], text_offsets: Sequence[int]) -> dict[str, Any]:
     """The legacy completions logprobs object. text_offsets[i]: where entries[i]'s text starts in the
-    choice's text (counted in characters, over the echoed prompt too when echo is on)."""
+    choice's text (counted in characters, over the echoed prompt too when echo is on). The prompt's first
+    token (echoed) has null for its logprob and its alternatives."""
     return {
         "tokens": [e.text for e in entries],
         "token_logprobs": [_finite(e.logprob) for e in entries],
-        "top_logprobs": [_top_by_text(e.top) for e in entries],
+        "top_logprobs": [None if e.logprob is None else _top_by_text(e.top) for e in entries],
         "text_offset": list(text_offsets),
     }
+
+
+def prompt_logprobs(entries: Sequence[TokenLogprob], num_top: int) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {token id: {logprob, rank, decoded_token}},
+    the token itself first, then its num_top likeliest alternatives ranked 1, 2, ... (the token among them
+    keeps its place and takes their rank)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for e in entries:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        scored = {str(e.token_id): {"logprob": _finite(e.logprob), "rank": e.rank, "decoded_token": e.text}}
+        for rank, (token_id, (text, _, lp)) in enumerate(zip(e.top_ids, e.top[:num_top], strict=False), start=1):
+            scored[str(token_id)] = {"logprob": _finite(lp), "rank": rank, "decoded_token": text}
+        out.append(scored)
+    return out
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -123,16 +144,18 @@ def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def _top_by_text(top: tuple[tuple[str, bytes, float], ...]) -> dict[str, float]:
+def _top_by_text(top: tuple[tuple[str, bytes, float], ...]) -> dict[str, float | None]:
     """{text: logprob}, best first; where two alternatives share a text, the better one (listed first) wins."""
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     for text, _, lp in top:
         out.setdefault(text, _finite(lp))
     return out
 
 
-def _finite(logprob: float) -> float:
-    """A JSON-safe logprob: -inf and nan become the floor -9999.0."""
+def _finite(logprob: float | None) -> float | None:
+    """A JSON-safe logprob: -inf and nan become the floor -9999.0; None (the prompt's first token) stays."""
+    if logprob is None:
+        return None
     value = float(logprob)
     return value if value >= _MIN_LOGPROB else _MIN_LOGPROB
 
@@ -141,9 +164,14 @@ def _finite(logprob: float) -> float:
 
 
 def completion_choice(
-    index: int, text: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None
+    index: int, text: str, finish_reason: FinishReason, logprobs: dict[str, Any] | None = None,
+    prompt_logprobs: list[Any] | None = None,
 ) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    """A completion choice; `prompt_logprobs` (vLLM's, prompt_logprobs() above) only when the request asked."""
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
+    return choice
 
 
 def completion_response(
@@ -210,8 +238,11 @@ def chat_tool_call_chunk(header: ResponseHeader, *, index: int, call_index: int,
     return _chat_chunk(header, index, {"tool_calls": [entry]}, None, None)
 
 
-def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:
-    return {
+def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usage: Usage,
+                  prompt_logprobs: list[Any] | None = None) -> dict[str, Any]:
+    """A chat completion; `prompt_logprobs` (vLLM's, the one prompt's, beside the choices as vLLM puts it)
+    only when the request asked."""
+    body = {
         "id": header.request_id,
         "object": "chat.completion",
         "created": header.created,
@@ -220,6 +251,9 @@ def chat_response(header: ResponseHeader, choices: Sequence[dict[str, Any]], usa
         "choices": list(choices),
         "usage": _usage(usage),
     }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
 
 
 def chat_role_chunk(header: ResponseHeader, *, index: int) -> dict[str, Any]:

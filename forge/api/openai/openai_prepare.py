@@ -245,12 +245,23 @@ def to_sampling_params(
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs(req),
         skip_special_tokens=req.skip_special_tokens,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
         grammar=constraint.grammar if constraint else None,
         close_within=min(CLOSE_WITHIN, max_tokens // 4) if constraint is not None and constraint.json else 0,
         cache_salt=req.cache_salt,
     )
+
+
+def prompt_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many alternatives each prompt token's logprob comes with, or None when nothing asks for them:
+    vLLM's prompt_logprobs (not streamed: a stream leaves them out), and on completions echo with logprobs
+    (the echoed prompt's tokens carry theirs, as OpenAI's legacy completions did and vLLM does)."""
+    asked = [req.prompt_logprobs] if req.prompt_logprobs is not None and not req.stream else []
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        asked.append(req.logprobs)
+    return max(asked, default=None)
 
 
 def template_messages(supports_tools: bool, entries: list[dict[str, Any]], functions: list[Function],

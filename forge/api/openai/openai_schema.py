@@ -30,6 +30,7 @@ _MAX_INT32 = 2**31 - 1
 TokenId = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 ThinkingBudget = Annotated[int, Meta(ge=0, le=_MAX_INT32)]      # tokens a reasoning model may think
 MaxTokens = Annotated[int, Meta(ge=1, le=_MAX_INT32)]
+NumPromptLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]    # vLLM's: alternatives per prompt token
 Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=_MAX_INT32)]          # -1 and 0 both mean "no top-k"
@@ -163,6 +164,8 @@ class _Sampling(SamplingExtras, frozen=True, kw_only=True):
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     skip_special_tokens: bool = True
     cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None   # vLLM's: tenant isolation
+    # vLLM's: every prompt token's logprob (the first's null) with this many alternatives; not streamed
+    prompt_logprobs: NumPromptLogprobs | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -174,7 +177,7 @@ class CompletionRequest(_Sampling, frozen=True, kw_only=True):
     """POST /v1/completions. prompt: a string, a list of strings, a token list, or a list of token lists."""
 
     prompt: str | list[str | TokenId | list[TokenId]]
-    max_tokens: MaxTokens = 16
+    max_tokens: Annotated[int, Meta(ge=0, le=_MAX_INT32)] = 16      # 0 only with echo: score the prompt
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool = False
     best_of: int | None = None
@@ -253,6 +256,9 @@ def decode_completion(body: bytes) -> CompletionRequest:
         raise InvalidRequest("best_of is not supported (it may only equal n)", param="best_of")
     if req.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
+    if req.max_tokens == 0 and not req.echo:
+        raise InvalidRequest("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)",
+                             param="max_tokens")
     if req.min_tokens > req.max_tokens:
         raise InvalidRequest("min_tokens must not exceed max_tokens", param="min_tokens")
     return req
@@ -291,6 +297,8 @@ def decode_detokenize(body: bytes) -> DetokenizeRequest:
 def _check_common(req: _Sampling) -> None:
     if req.stream_options is not None and not req.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
+    if req.prompt_logprobs and req.stream:        # as vLLM: they come in the body only
+        raise InvalidRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
     for key, bias in (req.logit_bias or {}).items():
         if not key.isdigit() or int(key) > _MAX_INT32:
             raise InvalidRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")

@@ -264,12 +264,18 @@ class LlamaModel:
             else:
                 self._block_outputs(layer, x, attn, matmul, [(0, len(x))])
         x = self._norm(x, w.out_norm, c.rms_eps)                                # [N + M, H]
-        logits = matmul(x[:num_sampled], w.head)                                # [N, V]
-        if on_pool:   # the step's last product: the kernel pool sleeps while Python (sampling, the server) runs
-            products.pool_park()
-        if c.final_softcap:                                                     # gemma2
-            softcap_(logits, c.final_softcap)
-        return logits, x[num_sampled:]
+        return self.head_logits(x[:num_sampled]), x[num_sampled:]               # [N, V], [M, H]
+
+    def head_logits(self, hidden: F32) -> F32:
+        """The logits [N, V] of final normed hidden states [N, H] (forward_hidden's): the head, softcapped
+        where the model says. forward's logits are these of its sampled rows; a row's do not depend on the
+        others under the reference numerics."""
+        logits = matmul(hidden, self.weights.head)                              # [N, V]
+        if self.compiled_ops and self.weights.kernels == "blocks":
+            products.pool_park()      # a step's last product: the pool sleeps while Python (sampling, the server) runs
+        if self.config.final_softcap:                                           # gemma2
+            softcap_(logits, self.config.final_softcap)
+        return logits
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
                           scale: np.float32, q: F32, mm: MatmulFn, rows: list[tuple[int, int]]) -> None:

@@ -6,7 +6,9 @@ weight for forge.models.llama.linear's matmul: a BlockMatrix over that expert's 
 file's blocks (the compiled products, forge.kernels.quant_linear: no copy), or, for the numpy
 reference and for types the compiled products do not read, that expert's rows dequantized when a
 step uses it. Nothing proportional to the model is decoded or copied at load: the experts stay in
-the file's pages, quantized. The arithmetic of the block is forge.models.llama.mixture's.
+the file's pages, quantized. A kernel-held stack also multiplies a whole step at once: grouped()
+runs every active expert's rows in one call on the kernel pool (forge/kernels/moe_matmul.c), with
+the bits of one product per expert. The arithmetic of the block is forge.models.llama.mixture's.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import numpy as np
 import numpy.typing as npt
 from gguf.constants import GGMLQuantizationType
 
+from forge.kernels import products
 from forge.kernels.quant_linear import BlockMatrix, as_blocks
 from forge.models.llama.dequant import dequantize
 from forge.models.llama.weight_types import Weight
 
 F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
 # One part of a stack: the file's tensor [experts, rows, bytes per row] (a quantized type) or
 # [experts, rows, cols] (a plain one), and its type.
 ExpertPart = tuple[npt.NDArray[Any], GGMLQuantizationType]
@@ -42,6 +46,14 @@ class ExpertStack:
         self._kernels = [BlockMatrix([(as_blocks(data[e], data.shape[1]), int(qtype)) for data, qtype in parts],
                                      in_features, fast=fast)
                          for e in range(self.num_experts)] if kernel else None
+        self.fast = fast
+        # grouped()'s view of the parts: each whole 3-D tensor as rows of blocks, its `rows` one expert's.
+        self._grouped = None
+        if kernel:
+            whole = [(as_blocks(data, int(data.shape[0]) * int(data.shape[1])), int(qtype)) for data, qtype in parts]
+            self._grouped = products.qparts(whole)
+            for part, (data, _) in zip(self._grouped, parts, strict=True):
+                part.rows = int(data.shape[1])
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,6 +74,16 @@ class ExpertStack:
         if len(rows) == 1:
             return rows[0].T                                             # [in, out] view of [out, in]
         out: F32 = np.concatenate(rows).T                                # [in, sum of rows]
+        return out
+
+    def grouped(self, x: F32, experts: I64, starts: I64) -> F32:
+        """Every group's rows of x [N, in] times its expert's weight, in one call on the kernel pool:
+        rows [starts[g], starts[g + 1]) by expert experts[g] (ascending or not), -> [N, out]. Only for a
+        kernel-held stack (is_kernel); each group's rows get the bits of self[expert].matmul(rows)."""
+        assert self._grouped is not None, "grouped() of a stack the compiled products do not read"
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], self.out_features), dtype=np.float32)                # [N, out]
+        products.moe_matmul(x, self.in_features, self._grouped, self.num_experts, experts, starts, out, fast=self.fast)
         return out
 
     def reads(self, array: npt.NDArray[Any]) -> bool:

@@ -42,10 +42,6 @@ class ExpertStack:
         self.in_features = in_features
         self.out_features = sum(int(data.shape[1]) for data, _ in parts)
         self.nbytes = sum(int(data.nbytes) for data, _ in parts)       # the file's pages, counted once
-        # Per expert a BlockMatrix over its rows of every part: a few ctypes words each, no weights.
-        self._kernels = [BlockMatrix([(as_blocks(data[e], data.shape[1]), int(qtype)) for data, qtype in parts],
-                                     in_features, fast=fast)
-                         for e in range(self.num_experts)] if kernel else None
         self.fast = fast
         # grouped()'s view of the parts: each whole 3-D tensor as rows of blocks, its `rows` one expert's.
         self._grouped = None
@@ -54,6 +50,9 @@ class ExpertStack:
             self._grouped = products.qparts(whole)
             for part, (data, _) in zip(self._grouped, parts, strict=True):
                 part.rows = int(data.shape[1])
+        # Expert e's own BlockMatrix over its rows of every part, made when first asked for (a model's
+        # steps multiply by grouped(); made at load, 12,288 of them took 0.45 s of a 30B-A3B's start-up).
+        self._kernels: dict[int, BlockMatrix] = {}
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -63,13 +62,18 @@ class ExpertStack:
     @property
     def is_kernel(self) -> bool:
         """Whether the compiled products multiply the file's blocks (else: dequantized per step)."""
-        return self._kernels is not None
+        return self._grouped is not None
 
     def __getitem__(self, expert: int) -> Weight:
         """Expert `expert`'s weight [in, out]: its BlockMatrix, or its rows dequantized now (a
         float32 copy of this expert only, F-ordered when there is one part)."""
-        if self._kernels is not None:
-            return self._kernels[expert]
+        if self._grouped is not None:
+            matrix = self._kernels.get(expert)
+            if matrix is None:               # racing threads may each make one: the same, and cheap
+                matrix = BlockMatrix([(as_blocks(data[expert], data.shape[1]), int(qtype))
+                                      for data, qtype in self._parts], self.in_features, fast=self.fast)
+                self._kernels[expert] = matrix
+            return matrix
         rows = [dequantize(data[expert], qtype).astype(np.float32, copy=False) for data, qtype in self._parts]
         if len(rows) == 1:
             return rows[0].T                                             # [in, out] view of [out, in]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from forge.kernels import compiled, products
 from forge.kernels.quant_blocks import affine_blocks
+from forge.models.llama import experts as experts_mod
 from forge.models.llama.experts import ExpertStack, MoeWeights
 from forge.models.llama.linear import matmul_unsplit
 from forge.models.llama.llama_config import MoeConfig
@@ -158,3 +159,15 @@ def test_the_block_on_the_grouped_product_has_the_bits_of_its_loop(num_tokens: i
         want[tokens] += y
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(grouped_experts(x, moe, ids, weights, swiglu), want)
+
+
+@pytest.mark.parametrize("advice", [experts_mod.MADV_POPULATE_READ, -1])     # -1: refused, one read a page
+def test_the_experts_pages_are_mapped_in_the_background(monkeypatch: pytest.MonkeyPatch, advice: int) -> None:
+    monkeypatch.setattr(experts_mod, "MADV_POPULATE_READ", advice)
+    rng = np.random.default_rng(1)
+    stacks = [ExpertStack([(expert_tensor(rng, Q.Q4_K, 4, 64, 256)[0], Q.Q4_K)], 256, kernel=True)]
+    thread = experts_mod.prefault_experts(stacks)
+    assert thread is not None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert experts_mod.prefault_experts([]) is None

@@ -259,3 +259,32 @@ def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
     """The vector width qmatmul.c was built with on this host (16: AVX-512, 8: AVX2 or less)."""
     lib = lib or library()
     return 0 if lib is None else int(lib.forge_qmatmul_lanes())
+
+
+def moe_matmul(x: F32, k: int, descriptor: ctypes.Array[QPart], num_experts: int, experts: I64, starts: I64,
+               out: F32, fast: bool = False, lib: ctypes.CDLL | None = None) -> None:
+    """The grouped product of a mixture of experts (moe_matmul.c): out[starts[g]:starts[g + 1]] = those
+    rows of x @ W_e.T for every group g, e = experts[g], W_e expert e's rows of the parts of
+    `descriptor` stacked (each part's data: the 3-D tensor's start; rows: one expert's), all on the
+    kernel pool's threads, each group the bits of one qmatmul of its rows. x [N, k] and out [N, out
+    columns] C-contiguous float32; experts below num_experts, starts rising from 0 to N (checked).
+    `lib`: another level's build (library_at), else the process's."""
+    lib = lib or library()
+    assert lib is not None, "moe_matmul called without the compiled kernels"
+    check("moe_matmul", x, np.float32, out, np.float32, experts, np.int64, starts, np.int64)
+    num_groups, num_rows = len(experts), x.shape[0]
+    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != num_rows or \
+            out.shape[1] != sum(part.rows for part in descriptor):
+        raise ValueError(f"moe_matmul: x {x.shape} or out {out.shape} disagree with K={k} or the parts")
+    if starts.shape != (num_groups + 1,) or (num_groups and (
+            starts[0] != 0 or starts[-1] != num_rows or np.any(np.diff(starts) < 0)
+            or experts.min() < 0 or experts.max() >= num_experts)):
+        raise ValueError("moe_matmul: experts outside the tensors, or starts not rising from 0 to the rows of x")
+    rc = lib.forge_moe_matmul(ptr(x), k, k, ptr(experts), ptr(starts), num_groups, ctypes.addressof(descriptor),
+                              len(descriptor), ptr(out), out.shape[1], int(fast))
+    if rc == -2:
+        raise ValueError("moe_matmul: this build has no fast numerics (AVX-512 BF16 or AVX2)")
+    if rc == -3:
+        raise MemoryError("moe_matmul: no memory to round or quantize x")
+    if rc != 0:
+        raise ValueError(f"moe_matmul: K={k} is not whole blocks of the parts' types, or too many parts")

@@ -12,8 +12,11 @@ expert's own row of the layer's bias tensors), and its act is the clamped SwiGLU
 
 Mixtral's softmax over the top k's own logits is the renormalised case. The step's rows (the tokens
 of every prompt chunk and decode stream in it) are grouped by expert: each active expert's weights
-are read once per step, by one product over all of its rows, in expert order (the order in which
-transformers adds them too). Owns no weights (forge.models.llama.experts holds them) and no state.
+are read once per step, by one product over all of its rows, each token's outputs added in expert
+order (the order in which transformers adds them too). Where the compiled products hold the experts,
+all of a step's experts go in one call per projection (grouped_experts: gate/up, the activation over
+every row at once, down), with the bits of the loop over the experts that the numpy reference runs.
+Owns no weights (forge.models.llama.experts holds them) and no state.
 """
 
 from __future__ import annotations
@@ -73,21 +76,49 @@ def mixture(x: F32, moe: MoeWeights, config: MoeConfig, mm: MatmulFn, activation
     if moe.router_bias is not None:
         logits += moe.router_bias
     ids, weights = route(logits, config.num_used, config.norm_top_k, config.weights_scale)
-    out = np.zeros_like(x)                                                     # [T, H]
-    for expert, tokens, chosen in expert_groups(ids, weights):
-        rows = x[tokens]                                                       # [n, H]
-        gate_up = mm(rows, moe.gate_up[expert])                                # [n, 2F]
-        if moe.gate_up_bias is not None:
-            gate_up += moe.gate_up_bias[expert]
-        y = mm(activation(gate_up), moe.down[expert])                          # [n, H]
-        if moe.down_bias is not None:
-            y += moe.down_bias[expert]
-        y *= chosen[:, None]
-        out[tokens] += y                                                       # tokens distinct: no lost adds
+    if moe.gate_up.is_kernel and moe.down.is_kernel:
+        out = grouped_experts(x, moe, ids, weights, activation)
+    else:
+        out = np.zeros_like(x)                                                 # [T, H]
+        for expert, tokens, chosen in expert_groups(ids, weights):
+            rows = x[tokens]                                                   # [n, H]
+            gate_up = mm(rows, moe.gate_up[expert])                            # [n, 2F]
+            if moe.gate_up_bias is not None:
+                gate_up += moe.gate_up_bias[expert]
+            y = mm(activation(gate_up), moe.down[expert])                      # [n, H]
+            if moe.down_bias is not None:
+                y += moe.down_bias[expert]
+            y *= chosen[:, None]
+            out[tokens] += y                                                   # tokens distinct: no lost adds
     if moe.shared_gate_up is not None and moe.shared_down is not None and moe.shared_gate is not None:
         shared = mm(activation(mm(x, moe.shared_gate_up)), moe.shared_down)    # [T, H]
         shared *= sigmoid(mm(x, moe.shared_gate))                              # [T, 1]
         out += shared
+    return out
+
+
+def grouped_experts(x: F32, moe: MoeWeights, ids: I64, weights: F32, activation: Activation) -> F32:
+    """sum over each token's experts of weight * down_e(act(gate_up_e x)) [T, H], every expert's rows
+    in one grouped product per projection (ExpertStack.grouped), then each token's k outputs added in
+    expert order: the same additions as the loop in mixture(), so the same bits."""
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1)                                                     # [T * k]
+    order = np.argsort(flat, kind="stable")                                    # the choices grouped by expert
+    experts, starts = np.unique(flat[order], return_index=True)
+    bounds = np.append(starts, flat.size)                                      # [groups + 1]
+    gate_up = moe.gate_up.grouped(x[order // top_k], experts, bounds)          # [T * k, 2F]
+    if moe.gate_up_bias is not None:                                           # gpt-oss: each row its expert's
+        gate_up += moe.gate_up_bias[flat[order]]
+    y = moe.down.grouped(activation(gate_up), experts, bounds)                 # [T * k, H]
+    if moe.down_bias is not None:
+        y += moe.down_bias[flat[order]]
+    y *= weights.reshape(-1)[order][:, None]
+    rows = np.empty_like(order)
+    rows[order] = np.arange(order.size)                                        # choice (t, j) -> its row of y
+    rows = np.sort(rows.reshape(-1, top_k), axis=1)                            # [T, k] each token's, expert order
+    out: F32 = y[rows[:, 0]]                                                   # [T, H] (0 + y: the same value)
+    for j in range(1, top_k):
+        out += y[rows[:, j]]
     return out
 
 

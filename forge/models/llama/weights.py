@@ -23,7 +23,7 @@ from gguf.constants import GGMLQuantizationType
 from forge.kernels import KernelChoice, compiled
 from forge.kernels.quant_linear import BlockMatrix
 from forge.models.gguf_file import GGUFFile
-from forge.models.llama.experts import MoeWeights
+from forge.models.llama.experts import MoeWeights, prefault_experts
 from forge.models.llama.layout import check_layout
 from forge.models.llama.linear import Q8Matrix
 from forge.models.llama.llama_config import LlamaConfig
@@ -168,6 +168,7 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
             layer.post_attn_norm = src.owned(p + "post_attention_norm.weight", (hidden,))
             layer.post_ffn_norm = src.owned(p + "post_ffw_norm.weight", (hidden,))
         layers.append(layer)
+    prefault_experts([s for layer in layers if layer.moe is not None for s in (layer.moe.gate_up, layer.moe.down)])
     embedding: F32 | QuantEmbedding
     head: Weight
     if c.tied_embeddings and src.blocks and src.keeps_blocks("token_embd.weight"):

@@ -65,6 +65,7 @@ class ModelEntry:
     error: str | None = None                      # why its last load failed (None: it did not)
     memory_bytes: int = 0                         # weights + K/V while loaded
     yielding: bool = False                        # loaded, draining to give its place to a waiting model
+    num_yields: int = 0                           # turns it gave up while it had requests in flight
     loaded_at: float = 0.0                        # monotonic seconds its turn began (its load ended)
     waiters: list[_Waiter] = field(default_factory=list)     # requests waiting for it, oldest first
     _stop: anyio.Event | None = None
@@ -131,7 +132,8 @@ class ModelSet:
         for entry in self.entries.values():
             row: dict[str, object] = {"id": entry.model_id, "num_active": entry.num_active,
                                       "num_loads": entry.num_loads, "waiting_for_load": len(entry.waiters),
-                                      "yielding": entry.yielding, **entry.card()}
+                                      "yielding": entry.yielding, "num_yields": entry.num_yields,
+                                      **entry.card()}
             if entry.actors is not None:
                 running, waiting = entry.actors.requests()
                 row.update(running=running, waiting=waiting)
@@ -202,6 +204,7 @@ class ModelSet:
         makes busy models yield too. Nothing behind a waiting model that cannot load yet goes before it."""
         now = time.monotonic() if now is None else now
         self._grant_open(now)                         # a model just loaded serves its waiters before it may yield
+        was_yielding = {e.model_id for e in self.entries.values() if e.yielding}
         for entry in self.entries.values():
             entry.yielding = False                    # recomputed below: the requests it yielded to may have left
         queue = sorted((e for e in self.entries.values() if e.waiters and e.state in ("unloaded", "unloading")),
@@ -214,6 +217,8 @@ class ModelSet:
                 break
             for victim in victims:
                 victim.yielding = True
+                if victim.num_active > 0 and victim.model_id not in was_yielding:
+                    victim.num_yields += 1
                 if victim.num_active == 0:
                     self.num_swaps += 1
                     self._on_swap(victim.model_id)

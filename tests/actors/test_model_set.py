@@ -99,6 +99,9 @@ async def test_a_busy_model_is_never_unloaded_and_yields_its_turn(tiny_paths: di
     assert b_yielding["b"] == ("loaded", 1, 0, True)
     assert a_turn["a"] == ("loaded", 1, 0, False) and a_turn["b"][0] == "unloaded"
     assert models.num_swaps == 2 and models.entries["b"].num_loads == 1 and models.entries["a"].num_loads == 2
+    # each turn given up while busy counts once, however many times the schedule is settled meanwhile
+    assert models.entries["a"].num_yields == 1 and models.entries["b"].num_yields == 1
+    assert models.entries["c"].num_yields == 0
 
 
 async def test_a_waiter_that_leaves_lets_the_busy_model_admit_again(tiny_paths: dict[str, Path]) -> None:

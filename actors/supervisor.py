@@ -64,6 +64,7 @@ class DaemonConfig:
     # accept only once the models serve and stop when a drain starts, so that connections wait in the kernel's
     # backlog for a process that serves them instead of getting 503 "loading" or "draining".
     handed_socket: bool = False
+    api_keys_file: str | None = None          # the tenant file (gateway.tenants is its reading): re-read on SIGHUP
 
 
 class Daemon:

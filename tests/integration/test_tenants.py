@@ -126,3 +126,35 @@ async def test_without_a_tenant_file_a_request_has_no_tenant_and_the_page_lists_
             await wait_until(lambda: daemon.gateway.admission.num_inflight == 0)
     assert resp.status_code == 200 and stats["tenants"] == []
     assert json.dumps(stats)                    # plain JSON types
+
+
+async def test_the_dashboard_shows_each_tenants_row_with_its_counts(make_daemon: MakeDaemon) -> None:
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_dashboard import browser, until
+
+    daemon = make_daemon(gateway={"tenants": tenants({"name": "batch", "key": BATCH, "max_concurrent": 3,
+                                                      "tokens_per_minute": 6000})})
+    body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
+    with anyio.fail_after(4 * HANG_GUARD_S), browser() as page:
+        async with running_daemon(daemon) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+            for _ in range(2):
+                assert (await http.post("/v1/completions", json=body, headers=bearer(BATCH))).status_code == 200
+            await anyio.to_thread.run_sync(page.get, f"{url}/dashboard")
+
+            def enter_key() -> None:
+                page.find_element(By.ID, "key").send_keys(WEB)
+                page.find_element(By.ID, "save-key").click()
+
+            await anyio.to_thread.run_sync(enter_key)
+
+            def row(name: str) -> str:
+                found = page.find_elements(By.ID, f"tenant-{name}")
+                return found[0].text if found else ""
+
+            await until(lambda: "2 requests" in row("batch"), "the batch tenant's two requests")
+            batch, web = await anyio.to_thread.run_sync(lambda: (row("batch"), row("web")))
+            errors = [e for e in page.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    assert "0 of 3 in flight" in batch and "of 6,000/min left" in batch and "0 refused" in batch, batch
+    assert "0 requests" in web and "/min left" not in web, web
+    assert errors == [], errors                        # no script error, nothing blocked by the CSP

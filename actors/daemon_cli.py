@@ -29,6 +29,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from actors.http.gateway import GatewayConfig
     from actors.http.tenants import TenantFileError, load_tenants
     from actors.ops.logs import configure_logging
+    from actors.ops.reload import ReloadSource, pinned_variables, started_env
     from actors.ops.systemd_notify import handed_listen_fd, socket_address
     from actors.supervisor import FINAL_WRITE_S, Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.api.responses.responses_store import ResponseStore
@@ -92,7 +93,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
         models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events,
-        handed_socket=handed is not None, api_keys_file=args.api_keys_file)
+        handed_socket=handed is not None, api_keys_file=args.api_keys_file, log_level=args.log_level,
+        keep_alive=keep_alive, reload_source=ReloadSource(env_file=env("FORGE_ENV_FILE", None),
+                                                          pinned=pinned_variables(sys.argv), started_env=started_env()))
     listen = hypercorn_config(args.addr, fd=handed)
     if handed is not None:
         structlog.get_logger("forge").info("socket_activated", addr=addr)

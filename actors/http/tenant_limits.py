@@ -94,14 +94,16 @@ class TenantGate:
         self.table: TenantTable | None = None
         self.counts: dict[str, TenantCounts] = {}
         self._metrics = metrics
-        self.reload(table)
+        self.reload(table, api_key=api_key)
 
     @property
     def enabled(self) -> bool:
         return self.table is not None
 
-    def reload(self, table: TenantTable | None) -> None:
-        """Serve `table` from now on; a tenant that stays keeps its counts (its bucket at the new rate)."""
+    def reload(self, table: TenantTable | None, *, api_key: str | None) -> None:
+        """Serve `table` and `api_key` from now on; a tenant that stays keeps its counts (its bucket at the
+        new rate)."""
+        self._api_key = api_key
         now = self._clock()
         tenants = dict(table.tenants) if table is not None else {}
         if table is not None and self._api_key is not None:

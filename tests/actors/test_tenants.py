@@ -120,7 +120,7 @@ def test_a_reload_keeps_the_counts_of_a_tenant_that_stays_and_drops_one_removed_
     a = gate.table.find("a-key-0001") if gate.table is not None else None
     assert a is not None
     gate.enter(a)
-    gate.reload(parse_tenants({"tenant": [{"name": "c", "key": "c-key-0001"}]}))
+    gate.reload(parse_tenants({"tenant": [{"name": "c", "key": "c-key-0001"}]}), api_key=None)
     assert gate.counts["a"].num_inflight == 1 and "b" not in gate.counts      # a: still in flight
     assert [s["name"] for s in gate.statistics()] == ["c"]
     gate.leave(a, 1, 1)

@@ -27,7 +27,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from actors.http.browser_guard import policy_for
     from actors.http.gateway import GatewayConfig
+    from actors.http.tenants import TenantFileError, load_tenants
     from actors.ops.logs import configure_logging
+    from actors.ops.reload import ReloadSource, pinned_variables, started_env
     from actors.ops.systemd_notify import handed_listen_fd, socket_address
     from actors.supervisor import FINAL_WRITE_S, Daemon, DaemonConfig, hypercorn_config, serve_daemon
     from forge.api.responses.responses_store import ResponseStore
@@ -72,13 +74,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"forge: --preload names no served model: {', '.join(unknown)}")
     try:
+        tenants = load_tenants(args.api_keys_file) if args.api_keys_file else None
+    except TenantFileError as exc:
+        print(f"forge: {exc}", file=sys.stderr)
+        return 2
+    try:
         kv_events = _kv_events(args)
     except OSError as exc:
         print(f"forge: {exc} (--kv-events-endpoint or FORGE_KV_EVENTS_ENDPOINT)", file=sys.stderr)
         return 2
     config = DaemonConfig(
         engine=engine_config(args),
-        gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, max_body_size=body,
+        gateway=GatewayConfig(served_model_name=name, api_key=args.api_key, tenants=tenants, max_body_size=body,
                               max_waiting=args.max_waiting, max_queued_tokens=args.max_queued_tokens,
                               watchdog_s=args.watchdog, body_timeout=args.body_timeout,
                               responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl,
@@ -86,7 +93,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               browser=browser),
         model=model, drain_timeout=args.drain_timeout, models=many, max_loaded_models=args.max_loaded_models,
         models_memory=models_memory, model_turn_wait=args.model_turn_wait, preload=preload, kv_events=kv_events,
-        handed_socket=handed is not None)
+        handed_socket=handed is not None, api_keys_file=args.api_keys_file, log_level=args.log_level,
+        keep_alive=keep_alive, reload_source=ReloadSource(env_file=env("FORGE_ENV_FILE", None),
+                                                          pinned=pinned_variables(sys.argv), started_env=started_env()))
     listen = hypercorn_config(args.addr, fd=handed)
     if handed is not None:
         structlog.get_logger("forge").info("socket_activated", addr=addr)
@@ -178,6 +187,10 @@ def register(sub: Any) -> None:
                        help="require 'Authorization: Bearer KEY' on every route but /healthz, /health (the same, for "
                             "LLM routers) and /dashboard (a page that holds no data and asks for the key) "
                             "[FORGE_API_KEY; none]")
+    serve.add_argument("--api-keys-file", default=env("FORGE_API_KEYS_FILE", None),
+                       help="a TOML file of tenants, each a [[tenant]] table with name, key (or key_sha256), "
+                            "priority, share, max_concurrent, tokens_per_minute (docs/operations.md); a "
+                            "request's key names its tenant; re-read on SIGHUP [FORGE_API_KEYS_FILE; none]")
     serve.add_argument("--allowed-hosts", default=env("FORGE_ALLOWED_HOSTS", None),
                        help="comma-separated names the daemon answers to besides localhost and IP addresses "
                             "(a port is ignored; *.example.com: every name under it; *: any); other Host "

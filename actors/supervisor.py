@@ -3,7 +3,8 @@
 The HTTP server comes up first (readiness 503 while the model loads), then the models named at start
 load and their actors start (one model served is a set of one: actors.runtime.model_set).
 SIGTERM or SIGINT drains: readiness turns 503, new requests get 503, running ones finish within
-the drain timeout, then the process exits 0. An actor that crashes takes the daemon down loudly.
+the drain timeout, then the process exits 0. SIGHUP reloads what can change live (actors.ops.reload).
+An actor that crashes takes the daemon down loudly.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hypercorn.config import Config as HypercornConfig
 from actors.http.access_log import AccessLog
 from actors.http.gateway import Gateway, GatewayConfig
 from actors.ops.metrics import Metrics
+from actors.ops.reload import LiveSettings, Reloader, ReloadSource
 from actors.ops.systemd_notify import Notifier, Report, run_reports, watchdog_interval
 from actors.runtime.allocator_actor import AllocatorActor
 from actors.runtime.encoder_actor import EncoderActor
@@ -64,6 +66,10 @@ class DaemonConfig:
     # accept only once the models serve and stop when a drain starts, so that connections wait in the kernel's
     # backlog for a process that serves them instead of getting 503 "loading" or "draining".
     handed_socket: bool = False
+    api_keys_file: str | None = None          # the tenant file (gateway.tenants is its reading): re-read on SIGHUP
+    log_level: str = "info"
+    keep_alive: list[str] = field(default_factory=list)     # --keep-alive values, as given
+    reload_source: ReloadSource = field(default_factory=ReloadSource)   # what SIGHUP reads (actors.ops.reload)
 
 
 class Daemon:
@@ -83,6 +89,11 @@ class Daemon:
         self.is_started = anyio.Event()
         self.draining = anyio.Event()
         self.notifier = Notifier.from_env()         # systemd's notify socket (Type=notify); inert without one
+        live = LiveSettings(api_key=config.gateway.api_key, api_keys_file=config.api_keys_file,
+                            log_level=config.log_level, keep_alive=tuple(config.keep_alive),
+                            max_loaded_models=config.max_loaded_models, models_memory=config.models_memory)
+        self.reloader = Reloader(live, config.reload_source, tenants=self.gateway.tenants, notifier=self.notifier,
+                                 models=lambda: self.models, several=bool(config.models))
 
     def app(self) -> Any:
         return AccessLog(self.gateway.app())
@@ -327,10 +338,14 @@ async def serve_daemon(daemon: Daemon, config: HypercornConfig, *, handle_signal
 
 
 async def _watch_signals(daemon: Daemon) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    """SIGTERM, SIGINT: drain and stop. SIGHUP: reload (actors.ops.reload), streams untouched."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("signal", signal=signal.Signals(signum).name)
-            daemon.request_drain()
+            if signum == signal.SIGHUP:
+                daemon.reloader.reload()
+            else:
+                daemon.request_drain()
 
 
 @asynccontextmanager

@@ -60,14 +60,24 @@ def check_key(request: Request, key: str | None) -> None:
     `x-api-key: <key>` too (401 otherwise), compared in constant time."""
     if key is None:
         return
-    given = request.headers.get("authorization", "")
-    tokens = [given[7:] if given[:7].lower() == "bearer " else ""]
-    if speaks_messages(request.url.path, request.headers):
-        tokens.append(request.headers.get("x-api-key", ""))
-    matches = [hmac.compare_digest(token.encode(), key.encode()) for token in tokens]
+    matches = [hmac.compare_digest(token.encode(), key.encode()) for token in presented_keys(request)]
     if not any(matches):
-        raise RequestError("invalid or missing API key", status=401, type="authentication_error",
-                           code="invalid_api_key")
+        raise unauthorized()
+
+
+def unauthorized() -> RequestError:
+    """The 401 of a missing or unknown key."""
+    return RequestError("invalid or missing API key", status=401, type="authentication_error", code="invalid_api_key")
+
+
+def presented_keys(request: Request) -> list[str]:
+    """The keys a request presents: `Authorization: Bearer <key>` ("" without one), and on the Messages
+    API's routes `x-api-key` too."""
+    given = request.headers.get("authorization", "")
+    keys = [given[7:] if given[:7].lower() == "bearer " else ""]
+    if speaks_messages(request.url.path, request.headers):
+        keys.append(request.headers.get("x-api-key", ""))
+    return keys
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -99,9 +109,12 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 def rejection_reason(exc: RequestError) -> str:
     """forge:request_rejected_total's reason: overload, draining (or loading), too_long, auth, cross_site
-    (a foreign Host or Origin: actors.http.browser_guard), invalid."""
+    (a foreign Host or Origin: actors.http.browser_guard), tenant_limit (a tenant past its limits: 429),
+    invalid."""
     if exc.status == 401:
         return "auth"
+    if exc.status == 429:
+        return "tenant_limit"
     if exc.status in (403, 421):
         return "cross_site"
     if exc.status == 503:                 # a CapacityError, or one relayed from the engine as data

@@ -39,6 +39,8 @@ from actors.http.routes.embeddings_route import EmbeddingsRoutes
 from actors.http.routes.models_route import ModelRoutes
 from actors.http.routes.responses_route import ResponsesRoutes
 from actors.http.routes.text_routes import TextRoutes
+from actors.http.tenant_limits import TenantGate
+from actors.http.tenants import TenantTable
 from actors.ops.dashboard import dashboard_page
 from actors.ops.fleet import FleetRoutes
 from actors.ops.metrics import Metrics
@@ -59,6 +61,7 @@ log = structlog.get_logger("forge.gateway")
 class GatewayConfig:
     served_model_name: str = "forge"
     api_key: str | None = None
+    tenants: TenantTable | None = None   # --api-keys-file's tenants (actors/http/tenants.py); None: api_key alone
     max_body_size: int = 1 << 20
     body_timeout: float = 30.0      # seconds a request body has to arrive whole (408 after)
     max_waiting: int = 256
@@ -80,7 +83,8 @@ class Gateway:
         self.stats = Stats(metrics, sources=self._stats_sources)
         self.admission = Admission(max_waiting=config.max_waiting, max_queued_tokens=config.max_queued_tokens,
                                    retry_after_s=config.retry_after_s)
-        self.resolver = ModelResolver(self.admission, api_key=config.api_key, max_body_size=config.max_body_size,
+        self.tenants = TenantGate(config.tenants, api_key=config.api_key, metrics=metrics)
+        self.resolver = ModelResolver(self.admission, tenants=self.tenants, max_body_size=config.max_body_size,
                                       body_timeout=config.body_timeout, retry_after_s=config.retry_after_s)
         self.fleet = FleetRoutes(self.resolver, healthz=self.healthz, total_load=self._total_load)
         self.life = ResponseLifetime(self.admission, self.resolver, ping_interval=config.sse_ping_interval,
@@ -216,6 +220,7 @@ class Gateway:
         snapshot = self.stats.snapshot(self._health()["status"])
         if self.model_set is not None:
             snapshot["models"] = self.model_set.statistics()
+        snapshot["tenants"] = self.tenants.statistics()      # [] without a tenant file
         return json_response(snapshot, headers={"Cache-Control": "no-store"})
 
     async def openapi(self, request: Request) -> Response:

@@ -14,9 +14,10 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,6 +33,9 @@ from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_prepare import Constraint
 from forge.errors import RequestError
 from forge.messages import Accepted, Submit
+
+if TYPE_CHECKING:
+    from actors.http.tenants import Tenant
 
 # Tokens a response may have generated and not yet written to its client, all its choices together, before
 # the daemon ends it (--max-unsent-tokens): its writer is stuck on a client that stopped reading, past what
@@ -71,6 +75,10 @@ class ResponseLifetime:
         try:
             if pipe.embeds_only and not embeds:                # a generation route on an embedding model
                 raise only_embeds(pipe.serving.served_model_name)
+            tenant = getattr(request.state, "tenant", None)
+            if tenant is not None:
+                self._resolver.tenants.enter(tenant)           # 429 past its limits
+                request.state.tenant_entered = tenant
         except BaseException:
             self._resolver.release(request)
             raise
@@ -82,9 +90,14 @@ class ResponseLifetime:
             raise
 
     def leave(self, request: Request) -> None:
-        """The response has ended: out of admission, and its model no longer held."""
+        """The response has ended: out of admission, its tenant's count and bucket, and its model no longer held."""
         self.admission.leave()
         self._resolver.release(request)
+        tenant = getattr(request.state, "tenant_entered", None)
+        if tenant is not None:
+            request.state.tenant_entered = None
+            self._resolver.tenants.leave(tenant, getattr(request.state, "prompt_tokens", 0) or 0,
+                                         getattr(request.state, "completion_tokens", 0) or 0)
 
     async def check_constraint(self, pipe: ModelHandle, constraint: Constraint | None) -> None:
         """A constraint compiles against the vocabulary (InvalidRequest if not), checked off the event
@@ -98,6 +111,7 @@ class ResponseLifetime:
         """Admit the response as one unit (503 past the bounds; 400 if it never could be: more choices than
         `max_choices`, by default --max-waiting), open its streams, submit its first window of choices,
         wait for their verdicts. The reader feeds the rest as those end."""
+        submits = [with_tenant(s, getattr(request.state, "tenant", None)) for s in submits]
         window = self.admission.window(len(submits), num_bytes // 4, max_choices=max_choices,
                                        engine_slots=pipe.serving.max_num_seqs)
         with self.admission.admitting(pipe.load_stats, window.num_choices, window.num_tokens):
@@ -169,3 +183,13 @@ class ResponseLifetime:
         """Stop reading the group; its choices in the engine are dropped behind their Submits."""
         pipe.demux.close(feed.group)
         feed.abort()
+
+
+def with_tenant(submit: Submit, tenant: Tenant | None) -> Submit:
+    """The Submit as its tenant may send it: its priority no more urgent than the tenant's (a larger number
+    of the two), the tenant's name and share on its parameters for the scheduler. Without a tenant, as sent."""
+    if tenant is None:
+        return submit
+    params = msgspec.structs.replace(submit.params, priority=max(submit.params.priority, tenant.priority),
+                                     tenant=tenant.name, tenant_share=tenant.share)
+    return msgspec.structs.replace(submit, params=params)

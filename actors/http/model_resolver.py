@@ -17,7 +17,8 @@ import msgspec
 from starlette.requests import Request
 
 from actors.http.admission import Admission
-from actors.http.edge import check_key, read_body
+from actors.http.edge import read_body
+from actors.http.tenant_limits import TenantGate
 from actors.runtime.model_actors import ModelActors
 from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet, parse_keep_alive
@@ -38,21 +39,24 @@ def peek(body: bytes) -> Peek:
 
 
 class ModelResolver:
-    def __init__(self, admission: Admission, *, api_key: str | None, max_body_size: int, body_timeout: float,
+    def __init__(self, admission: Admission, *, tenants: TenantGate, max_body_size: int, body_timeout: float,
                  retry_after_s: int) -> None:
-        """`admission`: the gateway's bounds, which a wait for a model's load counts against; `api_key`: the
-        key every route but the health checks asks for; `max_body_size`, `body_timeout`: a body's limits."""
+        """`admission`: the gateway's bounds, which a wait for a model's load counts against; `tenants`: the
+        key (or tenant table) every route but the health checks asks for; `max_body_size`, `body_timeout`: a
+        body's limits."""
         self.admission = admission
         self.models: ModelSet | None = None      # set by the daemon once its models are ready (503 until then)
         self.is_draining = False
-        self._api_key = api_key
+        self.tenants = tenants
         self._max_body_size, self._body_timeout = max_body_size, body_timeout
         self._retry_after_s = retry_after_s
 
     # ---- checks at the edge ---------------------------------------------------------------------
 
     def check_key(self, request: Request) -> None:
-        check_key(request, self._api_key)
+        """401 unless the request carries a key the daemon knows; its tenant (None without a tenant file)
+        goes on request.state.tenant."""
+        request.state.tenant = self.tenants.identify(request)
 
     def check_open(self, request: Request) -> ModelSet:
         """The key, then 503 while draining or before the models are ready; the set."""

@@ -33,3 +33,12 @@ def configure_logging(level: str = "info", fmt: str | None = None) -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, format="%(message)s")
+
+
+def set_log_level(level: str) -> None:
+    """A new level for every logger from now on (a reload); the format stays."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(numeric))
+    logging.getLogger().setLevel(max(numeric, logging.WARNING))

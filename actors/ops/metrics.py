@@ -140,7 +140,14 @@ class Metrics:
         self.model_swaps = Counter("forge:model_swaps", "Models unloaded to make room for another's load.",
                                    ["model_name"], registry=r)
         self.model_loads = Counter("forge:model_loads", "Model loads, by model.", ["model_name"], registry=r)
-        for rejected in ("overload", "draining", "too_long", "auth", "cross_site", "invalid"):
+        # tenants (--api-keys-file, actors/http/tenant_limits.py): label values are the file's tenant names
+        self.tenant_requests = Counter("forge:tenant_requests", "Responses let in, by tenant.", ["tenant"],
+                                       registry=r)
+        self.tenant_tokens = Counter("forge:tenant_tokens", "Tokens used by ended responses, by tenant and kind "
+                                     "(prompt, completion).", ["tenant", "kind"], registry=r)
+        self.tenant_rejected = Counter("forge:tenant_rejected", "Responses refused with 429, by tenant and the "
+                                       "limit (max_concurrent, tokens_per_minute).", ["tenant", "reason"], registry=r)
+        for rejected in ("overload", "draining", "too_long", "auth", "cross_site", "tenant_limit", "invalid"):
             self.request_rejected.labels(reason=rejected)
         # the vLLM-named aliases (they pick their families by name), and each served model's cache layout
         self.cache_configs: dict[str, dict[str, str]] = {}

@@ -115,6 +115,7 @@ class EngineCore:
         # max_tokens 0: the prompt runs to its end (build() takes no token from it) and the request ends there
         seq = Sequence(next(self._ids), prompt_ids, max(params.max_tokens, 1))
         seq.cache_salt = params.cache_salt
+        seq.priority, seq.tenant, seq.share = params.priority, params.tenant, params.tenant_share
         # Scoring the prompt reads every position's logits: none may come from the prefix cache.
         seq.reads_all_states = params.prompt_logprobs is not None
         if self._spec_config.enabled and not params.has_penalties and params.max_tokens > 0:
@@ -139,6 +140,7 @@ class EngineCore:
                 f"your input has {len(prompt_ids)} tokens.", param="input")
         seq = Sequence(next(self._ids), prompt_ids, 1)   # one "token": the vector, so it runs to its end
         seq.cache_salt = params.cache_salt
+        seq.priority, seq.tenant, seq.share = params.priority, params.tenant, params.tenant_share
         seq.reads_all_states = params.pooling != "last"  # last: a cached prefix's K/V are all it needs
         self.scheduler.submit(seq)
         self._requests[seq.id] = _Request(request_id, seq, params, frozenset())

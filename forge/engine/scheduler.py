@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from forge.config import SCHEDULING_POLICIES, EngineConfig
 from forge.engine.block_allocator import CacheLayout, SeqId
+from forge.engine.fair_share import FairShare, is_mixed
 from forge.engine.prefix_estimate import PrefixEstimate
 from forge.engine.schedule_policy import admission_order, budget_order
 from forge.engine.sequence import SeqState, Sequence, TokenId
@@ -98,6 +99,7 @@ class Scheduler:
             layout, enabled=config.policy == "shortest-first" and layout.enable_prefix_caching)
         self.num_preemptions = 0
         self.cost = StepCostModel()
+        self.fair = FairShare()                 # tenants' recent service (forge.engine.fair_share)
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -181,7 +183,9 @@ class Scheduler:
         budget = self._step_budget()
         shares: dict[SeqId, int] = {}
         decoding: list[Sequence] = []
-        for seq in budget_order(self.config.policy, self._running, self._step):
+        self.fair.tick()
+        self._preempt_for_priority()
+        for seq in self._by_priority(budget_order(self.config.policy, self._running, self._step)):
             left = seq.total_len() - seq.num_computed_tokens
             num = min(left, budget)
             budget -= num
@@ -190,14 +194,15 @@ class Scheduler:
             if left == num == 1 and seq.lookahead is not None:
                 decoding.append(seq)
         num_slots = min(self.config.max_num_seqs - len(self._running), MAX_ADMIT_CANDIDATES)
-        candidates = (admission_order(self.config.policy, self._waiting, num_slots, self._step, self._prefixes,
-                                      self._running) if budget > 0 and num_slots > 0 else [])
+        candidates = self._candidates(num_slots) if budget > 0 and num_slots > 0 else []
         if decoding and draft_budget.speculates(self.config.speculative, self._running):
             # Guesses come last: only from budget no prompt can use this step (the running ones
             # had theirs above; the waiting candidates need their uncached tokens).
             spare = budget - sum(seq.total_len() - self._prefixes.cached(seq) for seq in candidates)
             budget -= draft_budget.hand_out(self.config.speculative, decoding, spare)
-        asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._running]
+        # The allocator preempts from the end of the running asks: the least urgent priority, and within it
+        # the most recently admitted, gives its blocks up first.
+        asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._by_priority(self._running)]
         if budget > 0:
             asks += [self._ask(seq, seq.total_len(), is_running=False) for seq in candidates]
         return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
@@ -245,6 +250,7 @@ class Scheduler:
                 seq.num_cached_tokens = grant.num_cached
             seq.num_tokens_sent = seq.total_len()
             seq.num_computed_tokens = grant.start + grant.num_tokens
+            self.fair.charge(seq, grant.num_tokens)
             self._prefixes.computed(seq)
             if grant.num_tokens == 0:
                 seq.draft = []
@@ -256,6 +262,31 @@ class Scheduler:
         return plan
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _candidates(self, limit: int) -> list[Sequence]:
+        """Up to `limit` waiting sequences in the order the allocator should try them: the policy's, unless
+        they differ in priority or tenant, when forge.engine.fair_share orders the policy's ranking."""
+        args = (self.config.policy, self._waiting)
+        if not is_mixed(self._waiting):
+            return admission_order(*args, limit, self._step, self._prefixes, self._running)
+        ranked = admission_order(*args, len(self._waiting), self._step, self._prefixes, self._running)
+        return self.fair.order(ranked, limit)
+
+    def _preempt_for_priority(self) -> None:
+        """Every slot taken and a sequence waiting that is more urgent than the least urgent running one: that
+        one gives up its slot and blocks (freed with this step's frees) and waits to be recomputed, as vLLM's
+        priority scheduling preempts. One a step: the freed slot goes to the most urgent waiting."""
+        if len(self._running) < self.config.max_num_seqs or not self._waiting:
+            return
+        victim = self._by_priority(self._running)[-1]
+        if victim.priority > min(s.priority for s in self._waiting):
+            self._preempt(victim)
+            self._to_free.append(victim.id)
+
+    @staticmethod
+    def _by_priority(seqs: list[Sequence]) -> list[Sequence]:
+        """`seqs` in the same order, stably sorted by priority (most urgent first) when they differ."""
+        return sorted(seqs, key=lambda s: s.priority) if any(s.priority != seqs[0].priority for s in seqs) else seqs
 
     def _ask(self, seq: Sequence, num: int, *, is_running: bool) -> BlockAsk:
         sent = seq.num_tokens_sent if is_running else 0

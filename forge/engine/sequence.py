@@ -39,6 +39,9 @@ class Sequence:
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
     cache_salt: str | None = None    # prefix-cache isolation (forge.engine.block_allocator.salt_root)
     reads_all_states: bool = False   # reads every token's state (a mean pooling, prompt logprobs): no prefix-cache hit
+    priority: int = 0                # lower is admitted first (forge.engine.fair_share)
+    tenant: str | None = None        # whose request it is; None: no tenant named
+    share: float = 1.0               # its tenant's weight among the tenants of one priority
 
     def __init__(self, id: SeqId, prompt: list[TokenId], max_new_tokens: int) -> None:
         self.id = id
@@ -56,6 +59,9 @@ class Sequence:
         self.draft = []
         self.cache_salt = None
         self.reads_all_states = False
+        self.priority = 0
+        self.tenant = None
+        self.share = 1.0
 
     def total_len(self) -> int:
         return len(self.prompt) + len(self.output)

@@ -70,6 +70,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # A reasoning model's request: the runner follows its thinking section, counts its tokens and closes
     # it at the budget. None: the output is not read for a section.
     thinking: Thinking | None = None
+    # Where the scheduler puts it among waiting requests (forge.engine.fair_share): lower is more urgent (vLLM's
+    # `priority`); then the tenant with the least recent service for its share goes first. The daemon sets
+    # tenant and tenant_share from the request's key (None: no tenant; all such requests are one tenant).
+    priority: int = 0
+    tenant: str | None = None
+    tenant_share: float = 1.0
 
     @property
     def is_greedy(self) -> bool:

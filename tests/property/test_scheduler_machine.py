@@ -28,10 +28,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.finished: set[int] = set()
         self.next_id = 0
 
-    @rule(prompt_len=st.integers(1, 24), max_new=st.integers(1, 16), shared=st.booleans())
-    def submit(self, prompt_len: int, max_new: int, shared: bool) -> None:
+    @rule(prompt_len=st.integers(1, 24), max_new=st.integers(1, 16), shared=st.booleans(),
+          priority=st.integers(0, 2), tenant=st.sampled_from([None, "a", "b"]))
+    def submit(self, prompt_len: int, max_new: int, shared: bool, priority: int, tenant: str | None) -> None:
         prompt = list(range(prompt_len)) if shared else [self.next_id + 50] * prompt_len
-        self.sched.submit(Sequence(self.next_id, prompt, max_new))
+        seq = Sequence(self.next_id, prompt, max_new)
+        seq.priority, seq.tenant = priority, tenant       # priorities and tenants (forge.engine.fair_share)
+        self.sched.submit(seq)
         self.submitted.add(self.next_id)
         self.next_id += 1
 

@@ -251,6 +251,7 @@ def to_sampling_params(
         grammar=constraint.grammar if constraint else None,
         close_within=min(CLOSE_WITHIN, max_tokens // 4) if constraint is not None and constraint.json else 0,
         cache_salt=req.cache_salt,
+        priority=req.priority,
     )
 
 

@@ -40,6 +40,7 @@ RepetitionPenalty = Annotated[float, Meta(ge=MIN_REPETITION_PENALTY, le=MAX_REPE
 NumChoices = Annotated[int, Meta(ge=1, le=8)]
 MinTokens = Annotated[int, Meta(ge=0, le=_MAX_INT32)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]      # any int64; negatives are seeds too
+Priority = Annotated[int, Meta(ge=-(2**31 - 1), le=2**31 - 1)]
 StopString = Annotated[str, Meta(max_length=MAX_STOP_LENGTH)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)]
 
@@ -133,6 +134,7 @@ class SamplingExtras(_OpenAIWire, frozen=True, kw_only=True):
     repetition_penalty: RepetitionPenalty = 1.0
     min_tokens: MinTokens = 0
     ignore_eos: bool = False
+    priority: Priority = 0          # vLLM's: lower is scheduled first; a tenant's key bounds it (docs/api.md)
 
 
 def sampling_extras(req: SamplingExtras) -> dict[str, Any]:

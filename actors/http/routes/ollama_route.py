@@ -37,8 +37,8 @@ from actors.runtime.model_handle import ModelHandle
 from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embedding_value, prepare_embeddings
 from forge.api.ollama import ollama_output as wire
 from forge.api.ollama.ollama_schema import (
-    ChatRequest,
-    GenerateRequest,
+    OllamaChat,
+    OllamaGenerate,
     decode_chat,
     decode_embed,
     decode_embeddings,
@@ -105,14 +105,14 @@ class OllamaRoutes:
         return await self._life.respond(request, pipe, reader, lambda: renderer.body(reader),
                                         render_error=renderer.error_response)
 
-    def _prepare(self, pipe: ModelHandle, req: ChatRequest | GenerateRequest) -> PreparedChat:
+    def _prepare(self, pipe: ModelHandle, req: OllamaChat | OllamaGenerate) -> PreparedChat:
         """The chat request it means; `think` asked of a model without a thinking section is a 400, as
         Ollama answers it."""
         if req.think not in (None, False) and pipe.reasoning_parser == "none":
             raise InvalidRequest(f"\"{req.model}\" does not support thinking", param="think")
         return prepare_chat(req, served_model_name=pipe.serving.served_model_name, max_model_len=pipe.max_model_len)
 
-    def _loaded(self, request: Request, req: ChatRequest | GenerateRequest, arrival: float, *, chat: bool) -> Response:
+    def _loaded(self, request: Request, req: OllamaChat | OllamaGenerate, arrival: float, *, chat: bool) -> Response:
         """A request with nothing to generate loads the model (the resolver has) and says so; with keep_alive
         0 it is unloaded once idle."""
         self._life.leave(request)

@@ -47,7 +47,7 @@ class _OllamaWire(msgspec.Struct, frozen=True, kw_only=True):
     """A request body's part. Unknown fields are ignored (Ollama's server ignores them too)."""
 
 
-class Options(_OllamaWire, frozen=True, kw_only=True):
+class OllamaOptions(_OllamaWire, frozen=True, kw_only=True):
     """`options`: the sampling settings forge has. The runtime ones of llama.cpp (num_gpu, num_thread,
     num_batch, use_mmap, ...) and those forge has no sampler for (mirostat, tfs_z, typical_p,
     repeat_last_n, penalize_newline, num_keep) are accepted and ignored, as unknown fields are."""
@@ -65,21 +65,21 @@ class Options(_OllamaWire, frozen=True, kw_only=True):
     frequency_penalty: Penalty | None = None
 
 
-class CallFunction(_OllamaWire, frozen=True, kw_only=True):
+class OllamaCallFunction(_OllamaWire, frozen=True, kw_only=True):
     name: str
     arguments: dict[str, Any] = {}                       # an object, not JSON text (Ollama's shape)
 
 
-class ToolCall(_OllamaWire, frozen=True, kw_only=True):
-    function: CallFunction
+class OllamaToolCall(_OllamaWire, frozen=True, kw_only=True):
+    function: OllamaCallFunction
 
 
-class Message(_OllamaWire, frozen=True, kw_only=True):
+class OllamaMessage(_OllamaWire, frozen=True, kw_only=True):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None                          # an earlier turn's; the prompt does not repeat it
     images: list[str] | None = None                      # refused: the models forge serves read text
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None                         # a tool turn: which tool answered
 
 
@@ -87,19 +87,19 @@ class _Generating(_OllamaWire, frozen=True, kw_only=True):
     model: Annotated[str, Meta(min_length=1)]
     stream: bool = True                                  # Ollama streams unless told not to
     format: Literal["", "json"] | dict[str, Any] | None = None
-    options: Options = Options()
+    options: OllamaOptions = OllamaOptions()
     keep_alive: float | str | None = None                # read by the model resolver before decoding
     think: bool | Effort | None = None
 
 
-class ChatRequest(_Generating, frozen=True, kw_only=True):
+class OllamaChat(_Generating, frozen=True, kw_only=True):
     """POST /api/chat."""
 
-    messages: list[Message] = []
+    messages: list[OllamaMessage] = []
     tools: list[Tool] | None = None                      # OpenAI's shape: {"type": "function", "function": ...}
 
 
-class GenerateRequest(_Generating, frozen=True, kw_only=True):
+class OllamaGenerate(_Generating, frozen=True, kw_only=True):
     """POST /api/generate: a prompt through the chat template (with `system`), or `raw` as it is."""
 
     prompt: str = ""
@@ -111,27 +111,27 @@ class GenerateRequest(_Generating, frozen=True, kw_only=True):
     images: list[str] | None = None
 
 
-class EmbedRequest(_OllamaWire, frozen=True, kw_only=True):
+class OllamaEmbed(_OllamaWire, frozen=True, kw_only=True):
     """POST /api/embed."""
 
     model: Annotated[str, Meta(min_length=1)]
     input: str | list[str]
     truncate: bool = True
     dimensions: Annotated[int, Meta(ge=1)] | None = None
-    options: Options = Options()
+    options: OllamaOptions = OllamaOptions()
     keep_alive: float | str | None = None
 
 
-class EmbeddingsRequest(_OllamaWire, frozen=True, kw_only=True):
+class OllamaEmbeddings(_OllamaWire, frozen=True, kw_only=True):
     """POST /api/embeddings, the older one-prompt form."""
 
     model: Annotated[str, Meta(min_length=1)]
     prompt: str
-    options: Options = Options()
+    options: OllamaOptions = OllamaOptions()
     keep_alive: float | str | None = None
 
 
-class ShowRequest(_OllamaWire, frozen=True, kw_only=True):
+class OllamaShow(_OllamaWire, frozen=True, kw_only=True):
     """POST /api/show: `model`, or `name` as older clients send it."""
 
     model: str | None = None
@@ -148,9 +148,9 @@ class ShowRequest(_OllamaWire, frozen=True, kw_only=True):
 
 # ---- decoding -------------------------------------------------------------------------------------------
 
-def decode_chat(body: bytes) -> ChatRequest:
+def decode_chat(body: bytes) -> OllamaChat:
     """A body -> its request, or InvalidRequest naming the bad field ("messages[0].role")."""
-    req = decode_body(body, ChatRequest)
+    req = decode_body(body, OllamaChat)
     for i, msg in enumerate(req.messages):
         if msg.images:
             raise _images(f"messages[{i}].images")
@@ -162,8 +162,8 @@ def decode_chat(body: bytes) -> ChatRequest:
     return req
 
 
-def decode_generate(body: bytes) -> GenerateRequest:
-    req = decode_body(body, GenerateRequest)
+def decode_generate(body: bytes) -> OllamaGenerate:
+    req = decode_body(body, OllamaGenerate)
     if req.images:
         raise _images("images")
     if req.suffix:
@@ -178,22 +178,22 @@ def decode_generate(body: bytes) -> GenerateRequest:
     return req
 
 
-def decode_embed(body: bytes) -> EmbedRequest:
-    req = decode_body(body, EmbedRequest)
+def decode_embed(body: bytes) -> OllamaEmbed:
+    req = decode_body(body, OllamaEmbed)
     if req.input == "" or req.input == []:
         raise InvalidRequest("input must not be empty", param="input")
     return req
 
 
-def decode_embeddings(body: bytes) -> EmbeddingsRequest:
-    req = decode_body(body, EmbeddingsRequest)
+def decode_embeddings(body: bytes) -> OllamaEmbeddings:
+    req = decode_body(body, OllamaEmbeddings)
     if not req.prompt:
         raise InvalidRequest("prompt must not be empty", param="prompt")
     return req
 
 
-def decode_show(body: bytes) -> ShowRequest:
-    return decode_body(body, ShowRequest)
+def decode_show(body: bytes) -> OllamaShow:
+    return decode_body(body, OllamaShow)
 
 
 def _images(param: str) -> InvalidRequest:
@@ -202,14 +202,14 @@ def _images(param: str) -> InvalidRequest:
 
 # ---- the chat request it is ------------------------------------------------------------------------------
 
-def chat_request(req: ChatRequest | GenerateRequest, *, max_model_len: int) -> ChatCompletionRequest:
+def chat_request(req: OllamaChat | OllamaGenerate, *, max_model_len: int) -> ChatCompletionRequest:
     """The chat request an Ollama request means: its messages (for /api/generate: `system`, then the prompt
     as the user's), tool calls with their arguments as JSON text and each tool turn answering the latest
     call of its tool, options as chat's sampling fields (Ollama's defaults for temperature, top_p and top_k
     where unset), `format` as response_format, `think` false as a thinking budget of 0 and a low, medium
     or high effort as reasoning_effort. The model is left out: the resolver has found it by name."""
     opts = req.options
-    if isinstance(req, ChatRequest):
+    if isinstance(req, OllamaChat):
         messages = chat_messages(req.messages)
         tools = req.tools
     else:
@@ -236,7 +236,7 @@ def chat_request(req: ChatRequest | GenerateRequest, *, max_model_len: int) -> C
     return chat
 
 
-def max_tokens(opts: Options, *, max_model_len: int) -> int | None:
+def max_tokens(opts: OllamaOptions, *, max_model_len: int) -> int | None:
     """num_predict as chat's limit (-1 and -2: none, so the context bounds it); num_ctx above the model's
     context is refused, and below it bounds the output when num_predict does not."""
     if opts.num_ctx is not None and opts.num_ctx > max_model_len:
@@ -260,7 +260,7 @@ def response_format(fmt: str | dict[str, Any] | None) -> ResponseFormat | None:
     return None
 
 
-def chat_messages(messages: list[Message]) -> list[ChatMessage]:
+def chat_messages(messages: list[OllamaMessage]) -> list[ChatMessage]:
     """Ollama's messages as chat's: an assistant's calls get ids (`call_<i>`, Ollama sends none), and a tool
     turn answers the latest call of the tool it names (or the latest call, when it names none)."""
     out: list[ChatMessage] = []
@@ -283,7 +283,7 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
     return out
 
 
-def prepare_chat(req: ChatRequest | GenerateRequest, *, served_model_name: str, max_model_len: int) -> PreparedChat:
+def prepare_chat(req: OllamaChat | OllamaGenerate, *, served_model_name: str, max_model_len: int) -> PreparedChat:
     """What the engine runs for a decoded /api/chat or (not raw) /api/generate request (chat's preparation)."""
     return prepare_chat_request(chat_request(req, max_model_len=max_model_len), served_model_name=served_model_name,
                                 max_model_len=max_model_len)

@@ -2,7 +2,8 @@
 client against the real server and the real models: a chat is the chat completion of the same messages,
 streamed (NDJSON) or not; generate with the template and raw; `format` as JSON and as a schema; a tool
 conversation round-trips; embeddings are /v1/embeddings'; the model routes describe what is served; errors
-are Ollama's error object with the right status; the API key and the browser guard apply."""
+are Ollama's error object with the right status; the API key and the browser guard apply; a reasoning
+model's section is `message.thinking`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
+from forge.llm import LoadedModel
 from tests.integration.harness import (
     HANG_GUARD_S,
     PROMPT,
@@ -29,7 +31,10 @@ from tests.integration.harness import (
     assert_ollama_error,
     engine_config,
     wait_idle,
+    wait_until,
 )
+from tests.integration.test_reasoning import QWEN3_TEMPLATE, R1_TEMPLATE, model_with, thinking_tokenizer
+from tests.integration.test_reasoning import serving as reasoning_serving
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0, "num_predict": 16}
@@ -220,6 +225,10 @@ async def test_models_embeddings_and_names_with_two_models(default_model_path: P
             tags, ps = await client.list(), await client.ps()
             shown = {name: await client.show(name) for name in (SMOL, MINILM)}
             version = (await http.get("/api/version")).json()
+            # keep_alive 0 with nothing to generate: Ollama's way to unload a model (once it is idle)
+            unload = await client.generate(model=SMOL, keep_alive=0)
+            await wait_until(lambda: daemon.models is not None and daemon.models.entries[SMOL].state == "unloaded")
+            after = await client.ps()
     vectors = [item["embedding"] for item in openai["data"]]
     assert len(embedded.embeddings) == 2
     for got, want in zip(embedded.embeddings, vectors, strict=True):
@@ -242,3 +251,30 @@ async def test_models_embeddings_and_names_with_two_models(default_model_path: P
     assert (shown[SMOL].modelinfo or {})["llama.context_length"] == 8192
     assert (shown[SMOL].modelinfo or {})["general.parameter_count"] == 134515008
     assert version["version"] and "forge_version" in version
+    assert unload.done_reason == "unload" and [m.model for m in after.models] == [f"{MINILM}:latest"]
+
+
+async def test_a_reasoning_models_section_is_the_messages_thinking(loaded: LoadedModel,
+                                                                   default_model_path: Path) -> None:
+    """The default model's weights behind tokens renamed `<think>`/`</think>` and a template that opens the
+    section (tests/integration/test_reasoning.py): `think` true gives the section as `message.thinking`, the
+    same text chat gives as reasoning_content, streamed or not; `think` false under a template that can
+    leave the section out is chat's answer without one."""
+    tok = thinking_tokenizer(default_model_path)
+    opts = {"temperature": 0, "num_predict": 24}
+    for template, think in ((R1_TEMPLATE, True), (QWEN3_TEMPLATE, False)):
+        model = model_with(loaded, tok, template)
+        extra: dict[str, Any] = {} if think else {"thinking_budget": 0,
+                                                  "chat_template_kwargs": {"enable_thinking": False}}
+        with anyio.fail_after(HANG_GUARD_S):
+            async with reasoning_serving(model) as url, httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+                expected = await openai_chat(http, QUESTION, max_tokens=24, **extra)
+                async with ollama.AsyncClient(host=url, timeout=HANG_GUARD_S) as client:
+                    plain = await client.chat(model=SERVED_MODEL, messages=QUESTION, think=think, options=opts)
+                    parts = [p async for p in await client.chat(model=SERVED_MODEL, messages=QUESTION, think=think,
+                                                                 options=opts, stream=True)]
+        reasoning = expected["message"].get("reasoning_content") or None
+        assert (plain.message.thinking or None) == reasoning and (reasoning is not None) == think
+        assert (plain.message.content or "") == (expected["message"]["content"] or "")
+        assert "".join(p.message.thinking or "" for p in parts) == (reasoning or "")
+        assert "".join(p.message.content or "" for p in parts) == (expected["message"]["content"] or "")

@@ -19,7 +19,7 @@ _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
 _NULL_DEPTH = 5  # body -> messages -> message -> content -> part: nulls count as absent down to parts
 # JSON schemas and tool inputs: null is a value there
 _SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json", "input_schema", "input",
-                          "format", "arguments"})     # Ollama's: a schema, a call's arguments as an object
+                          "arguments"})     # Ollama's calls' arguments are an object
 
 
 def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None) -> _W:

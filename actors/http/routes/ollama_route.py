@@ -34,6 +34,7 @@ from actors.http.generation import Renderer, ToolReading, generate_chat, params_
 from actors.http.lifetime import ResponseLifetime
 from actors.http.stream_writer import StreamFrames
 from actors.runtime.model_handle import ModelHandle
+from actors.runtime.model_set import parse_keep_alive
 from forge.api.embeddings.embeddings_schema import MAX_INPUTS, embedding_value, prepare_embeddings
 from forge.api.ollama import ollama_output as wire
 from forge.api.ollama.ollama_schema import (
@@ -116,7 +117,8 @@ class OllamaRoutes:
         """A request with nothing to generate loads the model (the resolver has) and says so; with keep_alive
         0 it is unloaded once idle."""
         self._life.leave(request)
-        reason: wire.DoneReason = "unload" if req.keep_alive in (0, "0", "0s", "0m") else "load"
+        unloads = req.keep_alive is not None and parse_keep_alive(req.keep_alive) == 0
+        reason: wire.DoneReason = "unload" if unloads else "load"
         obj = (wire.chat_object(req.model, content="") if chat else wire.generate_object(req.model, response=""))
         return json_response(wire.ended(obj, reason, None) | {"load_duration": int((time.monotonic() - arrival) * 1e9)})
 

@@ -2,7 +2,8 @@
 
 The Messages API's routes (/v1/messages...), and the model list asked for with Anthropic's
 `anthropic-version` header, speak that API's edge: errors in its envelope, and the key taken from
-`x-api-key` as well as `Authorization: Bearer`. Every other route speaks OpenAI's.
+`x-api-key` as well as `Authorization: Bearer`. Ollama's routes (/api/...) answer errors as Ollama does,
+`{"error": "..."}`. Every other route speaks OpenAI's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from forge.api.anthropic import anthropic_output as anthropic
+from forge.api.ollama import ollama_output as ollama
 from forge.api.openai import openai_output as wire
 from forge.errors import PromptTooLong, RequestError
 
@@ -30,6 +32,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 MESSAGES_PATH = "/v1/messages"
 MODELS_PATH = "/v1/models"
 ANTHROPIC_VERSION = "anthropic-version"         # the header every Anthropic client sends
+OLLAMA_PREFIX = "/api/"                          # Ollama's routes (actors/http/routes/ollama_route.py)
 
 
 def speaks_messages(path: str, headers: Mapping[str, str] | None = None) -> bool:
@@ -50,8 +53,15 @@ def messages_error_response(exc: RequestError) -> Response:
     return json_response(anthropic.error_body(exc.status, exc.message, exc.param), exc.status, exc.headers)
 
 
+def ollama_error_response(exc: RequestError) -> Response:
+    """The error as Ollama writes it: {"error": message}, with the same status and headers."""
+    return json_response(ollama.error_body(exc.message), exc.status, exc.headers)
+
+
 def error_response_for(path: str, exc: RequestError, headers: Mapping[str, str] | None = None) -> Response:
     """The error in the envelope of the API the route at `path` (asked with `headers`) speaks."""
+    if path.startswith(OLLAMA_PREFIX):
+        return ollama_error_response(exc)
     return messages_error_response(exc) if speaks_messages(path, headers) else error_response(exc)
 
 

@@ -37,6 +37,8 @@ from actors.http.openapi import openapi_document
 from actors.http.routes.anthropic_route import MessagesRoutes
 from actors.http.routes.embeddings_route import EmbeddingsRoutes
 from actors.http.routes.models_route import ModelRoutes
+from actors.http.routes.ollama_models_route import OllamaModelRoutes
+from actors.http.routes.ollama_route import OllamaRoutes
 from actors.http.routes.responses_route import ResponsesRoutes
 from actors.http.routes.text_routes import TextRoutes
 from actors.http.tenant_limits import TenantGate
@@ -96,6 +98,8 @@ class Gateway:
         self.embeddings = EmbeddingsRoutes(self.life)
         self.text_routes = TextRoutes(resolve=self.resolver.resolve)
         self.model_routes = ModelRoutes(self.resolver)
+        self.ollama = OllamaRoutes(self.life)
+        self.ollama_models = OllamaModelRoutes(self.resolver)
 
     @property
     def model_set(self) -> ModelSet | None:
@@ -132,6 +136,8 @@ class Gateway:
             *self.embeddings.routes(),
             *self.fleet.routes(),
             *self.model_routes.routes(),
+            *self.ollama.routes(),
+            *self.ollama_models.routes(),
         ]
         handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
             HTTPException: self._http_exception, RequestError: self._request_error, Exception: self._unexpected}

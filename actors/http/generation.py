@@ -47,6 +47,7 @@ class Renderer(ABC):
     `<id>-<j>`), its one JSON body once every choice has ended, or its stream."""
 
     done: bytes | None = None           # what ends a stream after its frames (OpenAI's [DONE]; None: nothing)
+    media_type = "text/event-stream"    # its stream's (Ollama's: NDJSON)
 
     def __init__(self, response_id: str) -> None:
         self.response_id = response_id
@@ -81,7 +82,8 @@ async def generate_chat(life: ResponseLifetime, request: Request, pipe: ModelHan
     reader = await life.start(request, pipe, submits, num_bytes, arrival)
     reader.split_reasoning(reasoning)
     if req.stream:
-        return life.sse(request, pipe, reader, renderer.frames(reader).stream(), done=renderer.done)
+        return life.sse(request, pipe, reader, renderer.frames(reader).stream(), done=renderer.done,
+                        media_type=renderer.media_type)
     return await life.respond(request, pipe, reader, lambda: renderer.body(reader),
                               render_error=renderer.error_response)
 

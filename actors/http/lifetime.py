@@ -148,8 +148,9 @@ class ResponseLifetime:
         return response
 
     def sse(self, request: Request, pipe: ModelHandle, reader: ChoiceReader, frames: AsyncIterator[bytes], *,
-            done: bytes | None = wire.SSE_DONE) -> SSEResponse:
-        """The frames as an event stream, then `done` (OpenAI's [DONE]; None for none)."""
+            done: bytes | None = wire.SSE_DONE, media_type: str = "text/event-stream") -> SSEResponse:
+        """The frames as an event stream (or another `media_type`'s), then `done` (OpenAI's [DONE]; None
+        for none)."""
         async def body() -> AsyncIterator[bytes]:
             async for frame in frames:
                 yield frame
@@ -160,7 +161,7 @@ class ResponseLifetime:
             self.end(request, pipe, reader)
             self.leave(request)
 
-        return SSEResponse(body(), cleanup)
+        return SSEResponse(body(), cleanup, media_type=media_type)
 
     def end(self, request: Request, pipe: ModelHandle, reader: ChoiceReader) -> None:
         """Stop reading the response (its choices in the engine dropped, those never sent forgotten); its

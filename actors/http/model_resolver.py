@@ -2,7 +2,8 @@
 
 The daemon serves a set of models (actors.runtime.model_set; one model served is a set of one). A body
 names its model: `acquire` finds it in the set (404 naming the ids there are), loads it if need be or
-waits for its turn (the wait counted against the admission bounds, 503 past them) and holds it until
+waits for its turn (the wait counted against the admission bounds, 503 past them; a name with Ollama's
+`:latest` tag finds the model without it) and holds it until
 `release`, so that it is never unloaded under a response; a body that names none gets the model used
 last. A route with no body to name one (/get_server_info, /flush_cache) gets the loaded model used
 last (`recent`).
@@ -24,6 +25,8 @@ from actors.runtime.model_handle import ModelHandle
 from actors.runtime.model_set import ModelSet, parse_keep_alive
 from forge.errors import CapacityError
 
+LATEST = ":latest"                                 # the tag Ollama's names carry by default
+
 
 class Peek(msgspec.Struct):
     model: object = None
@@ -36,6 +39,14 @@ def peek(body: bytes) -> Peek:
         return msgspec.json.decode(body, type=Peek)
     except (msgspec.DecodeError, RecursionError):      # the route's own decoding says what is wrong (400)
         return Peek()
+
+
+def known_name(models: ModelSet, name: str) -> str:
+    """The id a name means: itself, or without Ollama's default tag (`smollm2:latest` -> `smollm2`) when only
+    that is served."""
+    if name not in models.entries and name.endswith(LATEST):
+        return name.removesuffix(LATEST)
+    return name
 
 
 class ModelResolver:
@@ -92,6 +103,7 @@ class ModelResolver:
         if model_id is None:
             recent = models.most_recent()
             model_id = recent.model_id if recent is not None else next(iter(models.entries))
+        model_id = known_name(models, model_id)
         entry = models.entry(model_id)              # 404 naming the available ids
         request.state.model_name = model_id         # for the access log, whatever happens next
         keep_alive = peeked.keep_alive if peeked.keep_alive is not None else request.headers.get("x-keep-alive")

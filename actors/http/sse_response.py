@@ -17,8 +17,10 @@ class SSEResponse(StreamingResponse):
     """An event stream that always watches for the client going away, in every phase, and runs
     `cleanup` exactly once however the stream ends (finished, disconnected, cancelled)."""
 
-    def __init__(self, frames: AsyncIterator[bytes], cleanup: Callable[[], None]) -> None:
-        super().__init__(frames, media_type="text/event-stream",
+    def __init__(self, frames: AsyncIterator[bytes], cleanup: Callable[[], None], *,
+                 media_type: str = "text/event-stream") -> None:
+        """`media_type`: the stream's (Ollama's routes stream NDJSON the same way)."""
+        super().__init__(frames, media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._cleanup = cleanup
 

@@ -18,7 +18,8 @@ _AT_PATH = re.compile(r"^(?P<detail>.*?) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
 _NULL_DEPTH = 5  # body -> messages -> message -> content -> part: nulls count as absent down to parts
 # JSON schemas and tool inputs: null is a value there
-_SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json", "input_schema", "input"})
+_SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json", "input_schema", "input",
+                          "arguments"})     # Ollama's calls' arguments are an object
 
 
 def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None) -> _W:

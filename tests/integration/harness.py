@@ -186,6 +186,18 @@ def assert_error(resp: httpx.Response, status: int, *, param: str | None = None,
     return err  # type: ignore[no-any-return]
 
 
+def assert_ollama_error(resp: httpx.Response, status: int, *, naming: str | None = None) -> str:
+    """The response is Ollama's error object, {"error": message}, with this status (and a message that names
+    `naming`, when given)."""
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
+    if naming is not None:
+        assert naming in body["error"], body
+    return body["error"]  # type: ignore[no-any-return]
+
+
 def assert_messages_error(resp: httpx.Response, status: int, *, type: str | None = None,
                           naming: str | None = None) -> dict[str, Any]:
     """The response is the Messages API's error envelope with this status (and type, and a message that

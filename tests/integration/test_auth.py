@@ -22,6 +22,7 @@ from tests.integration.harness import (
     MakeDaemon,
     assert_error,
     assert_messages_error,
+    assert_ollama_error,
 )
 
 KEY = "s3cret-Key-0042"
@@ -53,6 +54,8 @@ async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never
                                               headers=headers)
                     if path in MESSAGES:
                         assert_messages_error(resp, 401, type="authentication_error")
+                    elif path.startswith("/api/"):           # Ollama's routes: its error object
+                        assert_ollama_error(resp, 401, naming="API key")
                     else:
                         assert_error(resp, 401, type="authentication_error")
                     assert KEY not in resp.text
@@ -60,7 +63,7 @@ async def test_every_route_but_health_and_the_page_needs_the_key_and_it_is_never
             assert ok.status_code == 200
     assert {path for path, _ in app_routes} >= {"/v1/completions", "/v1/chat/completions", "/metrics", "/stats",
                                                 "/openapi.json", "/tokenize", "/v1/responses",
-                                                "/v1/responses/{response_id}", *MESSAGES}
+                                                "/v1/responses/{response_id}", "/api/chat", "/api/tags", *MESSAGES}
     logs = capsys.readouterr()
     assert "401" in logs.out + logs.err                        # the refusals were logged...
     assert KEY not in logs.out and KEY not in logs.err         # ...without the key

@@ -26,6 +26,7 @@ from tests.integration.harness import (
     MakeDaemon,
     assert_error,
     assert_messages_error,
+    assert_ollama_error,
     engine_config,
     generated_tokens,
     long_prompt,
@@ -54,6 +55,8 @@ def assert_refused(resp: httpx.Response, path: str, status: int, code: str) -> N
     assert "location" not in resp.headers, resp.headers
     if path.startswith("/v1/messages"):
         assert_messages_error(resp, status)
+    elif path.startswith("/api/"):
+        assert_ollama_error(resp, status)
     else:
         assert_error(resp, status, code=code)
 
@@ -101,7 +104,7 @@ async def test_a_cross_site_post_is_refused_and_changes_nothing(make_daemon: Mak
                 ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),
                 ({"Content-Type": "multipart/form-data; boundary=x"}, 415, "unsupported_media_type"),
             ]:
-                for path in ("/v1/completions", "/flush_cache", "/v1/messages"):
+                for path in ("/v1/completions", "/flush_cache", "/v1/messages", "/api/chat", "/api/generate"):
                     resp = await http.post(path, content=json.dumps(COMPLETION), headers=headers)
                     assert_refused(resp, path, status, code)
             assert generated_tokens(daemon) == before                   # no completion ran

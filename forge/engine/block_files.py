@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,7 +82,7 @@ def write_block(directory: Path, fingerprint: bytes, key: bytes, token_ids: Sequ
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, fingerprint, key, len(token_ids), len(payload))
     crc = zlib.crc32(payload, zlib.crc32(tokens, zlib.crc32(header)))
     final = directory / file_name(key)
-    temp = directory / f".{final.name}.{os.getpid()}.tmp"
+    temp = directory / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with open(temp, "wb") as f:
             f.write(header)

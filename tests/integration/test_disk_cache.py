@@ -94,10 +94,10 @@ async def test_another_layouts_directory_is_never_read(make_daemon: MakeDaemon, 
 
 async def test_blocks_evicted_from_ram_come_back_from_disk(make_daemon: MakeDaemon, tmp_path: Path) -> None:
     root = tmp_path / "kv"
-    # 48 blocks of RAM: the prompt (21 blocks), then four others (21 each) that push it out
-    others = [f"Story {n}: " + SHARED.replace("Gull Rock", f"Rock {n}") * 4 for n in range(4)]
+    # 64 blocks of RAM (the 1024-token context): the prompt (21 blocks), then five others (21 each) push it out
+    others = [f"Story {n}: " + SHARED.replace("Gull Rock", f"Rock {n}") * 4 for n in range(5)]
     with anyio.fail_after(2 * HANG_GUARD_S):
-        async with running_daemon(make_daemon(kv_cache_dir=str(root), kv_cache_memory=48 * 368640)) as url, \
+        async with running_daemon(make_daemon(kv_cache_dir=str(root), kv_cache_memory=64 * 368640)) as url, \
                 httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
             first, _ = await ask(http)
             for other in others:
@@ -131,7 +131,7 @@ async def test_an_unusable_directory_is_one_warning_and_serving_goes_on(tmp_path
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     args = ["--model", str(default_model_path), "--kv-cache-dir", str(not_a_dir / "kv"),
-            "--kv-cache-memory", "64MiB", "--max-model-len", "1024"]
+            "--kv-cache-memory", "64MiB", "--max-model-len", "1024", "--served-model-name", SERVED_MODEL]
     with anyio.fail_after(HANG_GUARD_S):
         async with forge_serve(tmp_path, args, forge_home=tmp_path / "home") as (proc, port, log), \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD_S) as http:

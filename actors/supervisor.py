@@ -238,7 +238,9 @@ class Daemon:
             if isinstance(loaded, LoadedEncoder):
                 return wire_encoder(loaded, cfg, self.metrics, served_model_name=entry.model_id)
             draft = load_draft(loaded, cfg, _progress)
-            parts = build_engine(loaded, cfg, draft)
+            parts = build_engine(loaded, cfg, draft,
+                                 warn=lambda reason: log.warning("kv_disk_tier_off", model_name=entry.model_id,
+                                                                 reason=reason))
             if parts.plan.warning is not None:
                 log.warning("kv_cache_short", model_name=entry.model_id, reason=parts.plan.warning)
             return wire_actors(loaded, cfg, parts, self.metrics, served_model_name=entry.model_id,

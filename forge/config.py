@@ -93,9 +93,13 @@ class EngineConfig:
     # Write down every change to the prefix cache's set of blocks as a KV event (forge.engine.kv_events),
     # which the daemon publishes to routers with --kv-events.
     record_kv_events: bool = False
+    # The prefix cache's disk tier (forge.engine.disk_tier): full blocks the cache forgets are kept in files
+    # under this directory (None: no tier), at most kv_cache_disk_size bytes of them, and loaded back.
+    kv_cache_dir: str | None = None
+    kv_cache_disk_size: int = 4 * 2**30
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "kv_cache_disk_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if self.blas_threads is not None and self.blas_threads < 1:

@@ -54,7 +54,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                             num_speculative_tokens=args.num_speculative_tokens,
                             speculative_max_batch=args.speculative_max_batch, draft_model=args.draft_model,
                             draft_layers=args.draft_layers, draft_p_min=args.draft_p_min,
-                            pooling=args.pooling, reasoning_parser=args.reasoning_parser)
+                            pooling=args.pooling, reasoning_parser=args.reasoning_parser,
+                            kv_cache_dir=args.kv_cache_dir, kv_cache_disk_size=parse_size(args.kv_cache_disk_size))
     except ValueError as exc:
         raise SystemExit(f"forge: {exc}") from None
 
@@ -149,6 +150,13 @@ def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -
                    help="write every page of the KV cache at start: its memory is taken then, and no step "
                         "pays the page faults of first writes (tens of microseconds each on some virtual "
                         "machines) [FORGE_KV_CACHE_COMMIT; on]")
+    g.add_argument("--kv-cache-dir", default=env("FORGE_KV_CACHE_DIR", None),
+                   help="keep the prefix cache's blocks that RAM forgets in files under this directory, and "
+                        "load them back for prompts that miss, across restarts too (under systemd: "
+                        "/var/lib/forge/kv) [FORGE_KV_CACHE_DIR; no disk tier]")
+    g.add_argument("--kv-cache-disk-size", default=env("FORGE_KV_CACHE_DISK_SIZE", "4GiB"),
+                   help="most bytes of block files in --kv-cache-dir; the least recently used go first "
+                        "[FORGE_KV_CACHE_DISK_SIZE; 4GiB]")
     g.add_argument("--matmul-strategy", choices=["split", "blas"], default=env("FORGE_MATMUL_STRATEGY", "split"),
                    help="split: each matmul's columns over a pool of 1-thread-BLAS threads (robust when "
                         "other work shares the cores); blas: BLAS's own threads [FORGE_MATMUL_STRATEGY; split]")

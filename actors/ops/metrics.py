@@ -22,10 +22,12 @@ from forge.engine.block_allocator import MISS_REASONS
 if TYPE_CHECKING:
     from actors.runtime.kv_publisher import KvEventPublisherStats
     from forge.engine.core import CoreStats
+    from forge.engine.disk_tier import DiskTierStats
     from forge.messages import CacheStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+_DISK_READ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -109,6 +111,20 @@ class Metrics:
         self.kv_events_published = counter("forge:kv_events_published", "KV-event batches sent (--kv-events).")
         self.kv_events_dropped = counter("forge:kv_events_dropped",
                                          "KV-event batches dropped: the queue to the socket was full.")
+        # the K/V disk tier (--kv-cache-dir): blocks and bytes, each file one block
+        self.kv_disk_hits = counter("forge:kv_disk_hit_blocks", "Prompt blocks loaded from the disk tier.")
+        self.kv_disk_misses = counter("forge:kv_disk_miss_blocks",
+                                      "Full prompt blocks found neither in RAM nor on disk.")
+        self.kv_disk_bad_files = counter("forge:kv_disk_bad_files", "Block files that failed their checks (misses).")
+        self.kv_disk_bytes_read = counter("forge:kv_disk_read_bytes", "Bytes of K/V read from the disk tier.")
+        self.kv_disk_bytes_written = counter("forge:kv_disk_written_bytes", "Bytes written to the disk tier.")
+        self.kv_disk_blocks_written = counter("forge:kv_disk_written_blocks", "Blocks written to the disk tier.")
+        self.kv_disk_writes_dropped = counter("forge:kv_disk_dropped_writes",
+                                              "Evicted blocks not written: the writer was behind.")
+        self.kv_disk_blocks = gauge("forge:kv_disk_blocks", "Block files in the disk tier.")
+        self.kv_disk_bytes = gauge("forge:kv_disk_bytes", "Bytes of block files in the disk tier.")
+        self.kv_disk_read_seconds = histogram("forge:kv_disk_read_seconds", "Time to load one prompt's blocks.",
+                                              _DISK_READ_BUCKETS)
         self.time_to_first_token = histogram("forge:time_to_first_token_seconds", "Time to first token.",
                                              _LATENCY_BUCKETS)
         self.inter_token_latency = histogram("forge:inter_token_latency_seconds", "Time between tokens.",
@@ -200,6 +216,16 @@ class ModelMetrics:
     prefix_cache_misses: Labelled
     kv_events_published: Counter
     kv_events_dropped: Counter
+    kv_disk_hits: Counter
+    kv_disk_misses: Counter
+    kv_disk_bad_files: Counter
+    kv_disk_bytes_read: Counter
+    kv_disk_bytes_written: Counter
+    kv_disk_blocks_written: Counter
+    kv_disk_writes_dropped: Counter
+    kv_disk_blocks: Gauge
+    kv_disk_bytes: Gauge
+    kv_disk_read_seconds: Histogram
     time_to_first_token: Histogram
     inter_token_latency: Histogram
     time_per_output_token: Histogram
@@ -257,6 +283,21 @@ class ModelMetrics:
         if events is not None:
             self._count(self.kv_events_published, "kv_published", events.num_published)
             self._count(self.kv_events_dropped, "kv_dropped", events.num_dropped)
+
+    def refresh_disk(self, disk: DiskTierStats, read_seconds: list[float]) -> None:
+        """The disk tier's counts carried into the counters, its size into the gauges, its loads' times observed."""
+        for counter, key, total in ((self.kv_disk_hits, "disk_hits", disk.hit_blocks),
+                                    (self.kv_disk_misses, "disk_misses", disk.miss_blocks),
+                                    (self.kv_disk_bad_files, "disk_bad", disk.bad_files),
+                                    (self.kv_disk_bytes_read, "disk_read", disk.bytes_read),
+                                    (self.kv_disk_bytes_written, "disk_written", disk.bytes_written),
+                                    (self.kv_disk_blocks_written, "disk_blocks_written", disk.blocks_written),
+                                    (self.kv_disk_writes_dropped, "disk_dropped", disk.writes_dropped)):
+            self._count(counter, key, total)
+        self.kv_disk_blocks.set(disk.files)
+        self.kv_disk_bytes.set(disk.bytes_on_disk)
+        for seconds in read_seconds:
+            self.kv_disk_read_seconds.observe(seconds)
 
     def unloaded(self) -> None:
         """Its model is gone: nothing running, waiting or held, no kernels in use (counters keep their totals)."""

@@ -58,8 +58,11 @@ class ModelActors:
         as it unloads)."""
         if self.scheduler is not None and self.allocator is not None:
             publisher = self.publisher
+            tier = self.allocator.tier
             self.metrics.refresh(self.scheduler.statistics(), self.allocator.statistics(),
                                  publisher.statistics() if publisher is not None else None)
+            if tier is not None:
+                self.metrics.refresh_disk(tier.stats(), tier.take_read_seconds())
 
     def requests(self) -> tuple[int, int]:
         """(running, waiting): its sequences in the engine, or the encoder's inputs not yet embedded."""
@@ -76,13 +79,18 @@ class ModelActors:
 
     async def run(self, stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start its actors, report started, serve until `stop` is set, then stop them."""
-        with self.handle.to_tokenizer:          # the gateway's end: closed when the set stops
-            async with anyio.create_task_group() as tg:
-                for actor in self._actors():
-                    await tg.start(actor.run)
-                task_status.started()
-                await stop.wait()
-                tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+        try:
+            with self.handle.to_tokenizer:          # the gateway's end: closed when the set stops
+                async with anyio.create_task_group() as tg:
+                    for actor in self._actors():
+                        await tg.start(actor.run)
+                    task_status.started()
+                    await stop.wait()
+                    tg.cancel_scope.cancel()            # nothing is in flight: stop the actors
+        finally:                                    # no step runs now: the disk tier keeps what RAM holds
+            if self.allocator is not None and self.allocator.tier is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.allocator.close_tier)
 
 
 def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metrics: Metrics, *,
@@ -107,7 +115,7 @@ def wire_actors(loaded: LoadedModel, cfg: EngineConfig, parts: EngineParts, metr
     to_worker, worker_in = anyio.create_memory_object_stream[StepBatch](1)
     worker_out, from_worker = anyio.create_memory_object_stream[StepOutput](1)
     demux = StreamDemux()
-    allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher)
+    allocator = AllocatorActor(parts.allocator, alloc_in, alloc_out, publisher=publisher, tier=parts.tier)
     worker = ModelWorkerActor(parts.runner, worker_in, worker_out, cores=cores)
     scheduler = SchedulerActor(parts.core, own, inbox=sched_in, to_allocator=to_alloc,
                                from_allocator=from_alloc, to_worker=to_worker,

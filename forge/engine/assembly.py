@@ -9,6 +9,8 @@ actor (actors/supervisor.py).
 from __future__ import annotations
 
 import importlib.metadata
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +18,10 @@ import msgspec
 
 from forge.config import EngineConfig
 from forge.engine.block_allocator import BlockAllocator
+from forge.engine.block_files import fingerprint
 from forge.engine.cache_plan import CachePlan, plan_cache
 from forge.engine.core import EngineCore
+from forge.engine.disk_tier import DiskTier
 from forge.engine.model_runner import ModelRunner
 from forge.engine.scheduler import SchedulerConfig
 from forge.kernels import compiled
@@ -36,12 +40,15 @@ class EngineParts:
     runner: ModelRunner         # the model, the K/V arrays, sampling
     plan: CachePlan
     kv_commit_s: float | None   # seconds spent committing the K/V memory at start; None: not committed
+    tier: DiskTier | None = None  # the prefix cache's disk tier (--kv-cache-dir), attached to the allocator
 
 
-def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None) -> EngineParts:
+def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None, *,
+                 warn: Callable[[str], None] | None = None) -> EngineParts:
     """Every part of one engine over a loaded model (and its draft, checked to share its
     vocabulary). Raises ConfigError for a budget that cannot hold one sequence. Sets the process's
-    matmul pool (config.matmul_strategy, blas_threads) and commits the K/V memory when asked."""
+    matmul pool (config.matmul_strategy, blas_threads) and commits the K/V memory when asked.
+    `warn`: where a disk tier that cannot start says why (one line; stderr by default)."""
     configure_matmul(config.matmul_strategy, config.blas_threads)
     if draft is not None:
         check_draft(loaded, draft)
@@ -61,7 +68,34 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel |
                          grammars=Grammars(tokenizer), end_token_ids=tokenizer.end_token_ids,
                          draft_model=draft_model, draft_layers=config.draft_layers, draft_p_min=config.draft_p_min)
     kv_commit_s = runner.commit_kv_memory() if config.kv_cache_commit else None
-    return EngineParts(core, allocator, runner, plan, kv_commit_s)
+    tier = disk_tier(loaded, config, runner, warn or _stderr) if config.kv_cache_dir is not None else None
+    allocator.tier = tier
+    return EngineParts(core, allocator, runner, plan, kv_commit_s, tier)
+
+
+def disk_tier(loaded: LoadedModel, config: EngineConfig, runner: ModelRunner,
+              warn: Callable[[str], None]) -> DiskTier | None:
+    """The disk tier over the runner's K/V arrays, in config.kv_cache_dir's directory for this model and
+    layout; None (after one warning) where it cannot run."""
+    assert config.kv_cache_dir is not None
+    kv = runner.kv
+    if not config.enable_prefix_caching or config.draft_model is not None or not hasattr(kv, "k"):
+        warn("the K/V disk tier is off: it needs the prefix cache, and no separate draft model")
+        return None
+    arrays = [a for a in (kv.k, kv.v, getattr(kv, "k_scales", None), getattr(kv, "v_scales", None))
+              if a is not None]
+    try:
+        fp = fingerprint(loaded.path, kv_dtype=config.kv_cache_dtype, numerics=loaded.kernels.numerics,
+                         block_size=config.block_size,
+                         arrays=[(str(a.dtype), a.shape[0], *a.shape[2:]) for a in arrays])
+    except OSError as exc:
+        warn(f"the K/V disk tier is off: cannot read the model file: {exc}")
+        return None
+    return DiskTier.open(config.kv_cache_dir, fp, config.kv_cache_disk_size, arrays, config.block_size, warn=warn)
+
+
+def _stderr(message: str) -> None:
+    print(f"forge: {message}", file=sys.stderr, flush=True)
 
 
 class Serving(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,49 +14,31 @@ When a sequence frees a full block, the block keeps its contents and identity on
 evictable blocks; a later sequence with the same prefix takes it back instead of recomputing.
 Evictable blocks count as free: they are reused (and forgotten) only when the free list is empty.
 With `record_events`, each change to the cached set is also a KV event (forge.engine.kv_events) for routers.
+A lower `tier` (forge.engine.disk_tier) keeps the blocks forgotten here and brings them back for prompts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from forge.engine.block_files import chain_key, root_key
+from forge.engine.block_table import (
+    BlockId,
+    BlockTable,
+    CacheError,
+    CacheLayout,
+    LowerTier,
+    OutOfBlocks,
+    SeqId,
+    UnknownSequence,
+    block_hash,
+    divceil,
+    salt_root,
+)
 from forge.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, wire_hash
-from forge.errors import ForgeError
 from forge.messages import BlockAsk, Grant, StepAllocation
-
-SeqId = int
-BlockId = int
-
-
-class CacheError(ForgeError):
-    """Base of the paged cache's errors."""
-
-
-class OutOfBlocks(CacheError):
-    def __init__(self, needed: int, free: int) -> None:
-        super().__init__(f"out of KV blocks: needed {needed}, free {free}")
-        self.needed = needed
-        self.free = free
-
-
-class UnknownSequence(CacheError):
-    def __init__(self, seq: SeqId) -> None:
-        super().__init__(f"unknown sequence {seq}")
-        self.seq = seq
-
-
-@dataclass(slots=True)
-class BlockTable:
-    blocks: list[BlockId] = field(default_factory=list)
-    num_tokens: int = 0
-
-    def capacity(self, block_size: int) -> int:
-        return len(self.blocks) * block_size
-
-    def slack(self, block_size: int) -> int:
-        return self.capacity(block_size) - self.num_tokens
 
 
 @dataclass(slots=True)
@@ -65,34 +47,10 @@ class _SeqEntry:
     token_ids: list[int]            # tokens known for prefix hashing (may run ahead of num_tokens)
     num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
     last_hash: int | None = None    # chain hash of the last registered block (at first: the salt's root)
-
-
-def _divceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def block_hash(parent: int | None, chunk: tuple[int, ...]) -> int:
-    """The key of a full block of tokens in the prefix cache: its tokens and the key of the block
-    before it (None for the first), so equal keys mean equal prefixes (up to hash collisions,
-    which the cache checks against the stored tokens)."""
-    return hash((parent, chunk))
-
-
-def salt_root(cache_salt: str | None) -> int | None:
-    """The parent key of a sequence's first block: None unsalted; for a salted one, a key of its own,
-    so sequences with different salts (tenants) never share a block."""
-    return None if cache_salt is None else hash(("cache_salt", cache_salt))
+    last_key: bytes = b""           # its stable key (block_files.chain_key), with a lower tier only
 
 
 MISS_REASONS = ("partial_block", "evicted", "new")
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLayout:
-    """The figures a planner needs about a cache it does not own: they never change after start-up."""
-    num_blocks: int
-    block_size: int
-    enable_prefix_caching: bool = False
 
 
 class BlockAllocator:
@@ -111,7 +69,7 @@ class BlockAllocator:
         self._seqs: dict[SeqId, _SeqEntry] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self._evictable: OrderedDict[BlockId, None] = OrderedDict()  # ref 0, still cached; LRU first
-        self._hash_of: dict[BlockId, tuple[int, tuple[int, ...]]] = {}  # block -> (chain hash, its tokens)
+        self._hash_of: dict[BlockId, tuple[int, tuple[int, ...], bytes]] = {}  # block -> (chain hash, tokens, key)
         self._block_of: dict[int, BlockId] = {}                          # chain hash -> block
         self.num_prefix_queries = 0   # tokens looked up in the prefix cache
         self.num_prefix_hits = 0      # of which found
@@ -120,6 +78,7 @@ class BlockAllocator:
         self.num_prefix_misses = dict.fromkeys(MISS_REASONS, 0)
         self._evicted: OrderedDict[int, None] = OrderedDict()            # keys evicted lately (bounded)
         self._events: list[KVEvent] | None = [] if record_events else None  # since the last take_events
+        self.tier: LowerTier | None = None    # where forgotten blocks go (chain keys are kept only with one)
 
     def layout(self) -> CacheLayout:
         return CacheLayout(self._num_blocks, self._block_size, self.enable_prefix_caching)
@@ -142,7 +101,7 @@ class BlockAllocator:
         """New blocks `seq` needs to hold `extra_tokens` more tokens (an unknown sequence holds none)."""
         entry = self._seqs.get(seq)
         table = entry.table if entry else BlockTable()
-        return max(0, _divceil(table.num_tokens + extra_tokens, self._block_size) - len(table.blocks))
+        return max(0, divceil(table.num_tokens + extra_tokens, self._block_size) - len(table.blocks))
 
     def append(self, seq: SeqId, count: int) -> None:
         """Make room for `count` more tokens. Transactional: on OutOfBlocks nothing changes."""
@@ -164,7 +123,7 @@ class BlockAllocator:
         if self.enable_prefix_caching:
             self._register_full_blocks(entry)
         for block in reversed(entry.table.blocks):  # tail first: the LRU evicts a chain's end first
-            self._release_block(block)
+            self.release(block)
 
     def block_table(self, seq: SeqId) -> BlockTable | None:
         entry = self._seqs.get(seq)
@@ -187,7 +146,8 @@ class BlockAllocator:
         if seq in self._seqs:
             raise CacheError(f"sequence {seq} is already admitted")
         root = salt_root(cache_salt)
-        entry = _SeqEntry(BlockTable(), list(token_ids), last_hash=root)
+        entry = _SeqEntry(BlockTable(), list(token_ids), last_hash=root,
+                          last_key=root_key(cache_salt) if self.tier is not None else b"")
         self._seqs[seq] = entry
         if not self.enable_prefix_caching or not lookup:
             return 0
@@ -212,6 +172,8 @@ class BlockAllocator:
         entry.table.num_tokens = num_cached
         entry.num_hashed_blocks = len(entry.table.blocks)
         entry.last_hash = parent
+        if entry.table.blocks:
+            entry.last_key = self._hash_of[entry.table.blocks[-1]][2]
         self.num_prefix_hits += num_cached
         if missed is not None:
             self.num_prefix_misses[missed] += max_blocks * bs - num_cached
@@ -242,8 +204,8 @@ class BlockAllocator:
         table = entry.table
         keep = max(min(num_tokens, table.num_tokens), entry.num_hashed_blocks * self._block_size)
         table.num_tokens = keep
-        while len(table.blocks) > _divceil(keep, self._block_size):
-            self._release_block(table.blocks.pop())
+        while len(table.blocks) > divceil(keep, self._block_size):
+            self.release(table.blocks.pop())
 
     def flush_prefix_cache(self) -> int:
         """Forget every cached block: those no sequence holds go back to the free list, those in use
@@ -276,21 +238,43 @@ class BlockAllocator:
     def _register_full_blocks(self, entry: _SeqEntry) -> None:
         bs = self._block_size
         num_full = min(entry.table.num_tokens, len(entry.token_ids)) // bs
-        parent = entry.last_hash
+        parent, key = entry.last_hash, entry.last_key
         for i in range(entry.num_hashed_blocks, num_full):
             chunk = tuple(entry.token_ids[i * bs:(i + 1) * bs])
             h = block_hash(parent, chunk)
-            block = entry.table.blocks[i]
-            if h not in self._block_of and block not in self._hash_of:
-                self._block_of[h] = block
-                self._hash_of[block] = (h, chunk)
-                if self._events is not None:
-                    self._events.append(BlockStored(block_hashes=(wire_hash(h),), token_ids=chunk, block_size=bs,
-                                                    parent_block_hash=None if parent is None else wire_hash(parent)))
+            key = chain_key(key, chunk) if self.tier is not None else b""
+            self.adopt(entry.table.blocks[i], h, chunk, key, parent)
             parent = h
         if num_full > entry.num_hashed_blocks:
             entry.num_hashed_blocks = num_full
-            entry.last_hash = parent
+            entry.last_hash, entry.last_key = parent, key
+
+    def adopt(self, block: BlockId, h: int, chunk: tuple[int, ...], key: bytes, parent: int | None) -> bool:
+        """Cache `block` (computed, or brought back by the tier) as key `h`; False if either is cached already."""
+        if h in self._block_of or block in self._hash_of:
+            return False
+        self._block_of[h] = block
+        self._hash_of[block] = (h, chunk, key)
+        if self._events is not None:
+            self._events.append(BlockStored(block_hashes=(wire_hash(h),), token_ids=chunk, block_size=self._block_size,
+                                            parent_block_hash=None if parent is None else wire_hash(parent)))
+        return True
+
+    def cached_prefix(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[int, int | None, bytes]:
+        """Leading full blocks of `token_ids` cached (none taken), the last one's chain hash and key (or roots)."""
+        bs, parent, key, num = self._block_size, salt_root(cache_salt), root_key(cache_salt), 0
+        while (num + 1) * bs <= len(token_ids):
+            chunk = tuple(token_ids[num * bs:(num + 1) * bs])
+            block = self._block_of.get(h := block_hash(parent, chunk))
+            if block is None or self._hash_of[block][1] != chunk:
+                break
+            parent, key, num = h, self._hash_of[block][2], num + 1
+        return num, parent, key
+
+    def cached_blocks(self) -> list[tuple[BlockId, bytes, tuple[int, ...]]]:
+        """Every cached block (block, key, tokens): those in use first, then the rest, most recently used first."""
+        held = [b for b in self._hash_of if b not in self._evictable]
+        return [(b, self._hash_of[b][2], self._hash_of[b][1]) for b in held + list(reversed(self._evictable))]
 
     # ---- one engine step ----------------------------------------------------------------
 
@@ -309,6 +293,8 @@ class BlockAllocator:
         grants: list[Grant] = []
         preempted: list[SeqId] = []
         num_flushed = self.flush_prefix_cache() if flush else 0
+        if self.tier is not None:
+            self.tier.collect(self)
         victims = [a.seq_id for a in asks if a.is_running]            # lowest priority last
         budget = admit_budget if admit_budget is not None else 1 << 62
         for ask in asks:
@@ -324,8 +310,13 @@ class BlockAllocator:
             else:
                 if preempted or budget <= 0:
                     break
+                tier = self.tier if self.enable_prefix_caching and ask.use_prefix_cache else None
+                if tier is not None and tier.fetch(self, seq, ask.new_token_ids, ask.cache_salt):
+                    break                                             # its blocks are coming in: not yet
                 num_cached = self.admit_with_prefix(seq, ask.new_token_ids, ask.cache_salt,
                                                     lookup=ask.use_prefix_cache)
+                if tier is not None:
+                    tier.admitted(self, seq, num_cached, len(ask.new_token_ids))
             entry = self._seqs[seq]
             start = entry.table.num_tokens
             num = min(ask.max_compute, len(entry.token_ids) - start)
@@ -364,13 +355,21 @@ class BlockAllocator:
 
     # ---- blocks -------------------------------------------------------------------------
 
+    def take_blocks(self, num: int) -> list[BlockId]:
+        """`num` blocks held by no sequence (reference count 1 each: release() gives each back)."""
+        if num > self.free_blocks():
+            raise OutOfBlocks(num, self.free_blocks())
+        return [self._take_block() for _ in range(num)]
+
     def _take_block(self) -> BlockId:
         if self._free:
             block = self._free.popleft()
         else:
             block, _ = self._evictable.popitem(last=False)   # least recently used cached block
-            h, _ = self._hash_of.pop(block)
+            h, chunk, key = self._hash_of.pop(block)
             del self._block_of[h]
+            if self.tier is not None:
+                self.tier.evicted(block, key, chunk)
             if self._events is not None:
                 self._events.append(BlockRemoved(block_hashes=(wire_hash(h),)))
             self._evicted[h] = None                           # remembered to name later misses
@@ -379,7 +378,8 @@ class BlockAllocator:
         self._ref[block] = 1
         return block
 
-    def _release_block(self, block: BlockId) -> None:
+    def release(self, block: BlockId) -> None:
+        """Give back one reference to `block` (of a sequence's, or one take_blocks took)."""
         self._ref[block] -= 1
         if self._ref[block] > 0:
             return

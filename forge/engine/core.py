@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from forge.engine.block_allocator import CacheLayout
+from forge.engine.block_table import CacheLayout
 from forge.engine.scheduler import Scheduler, SchedulerConfig
 from forge.engine.sequence import Sequence
 from forge.errors import InvalidRequest, PromptTooLong

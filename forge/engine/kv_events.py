@@ -8,7 +8,7 @@ encoder; the ZMQ socket that sends them is the shell's (actors/runtime/kv_publis
            {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"}
            {"type": "AllBlocksCleared"}
 
-A block's hash is forge's prefix-cache chain key (forge.engine.block_allocator.block_hash) as an unsigned 64-bit
+A block's hash is forge's prefix-cache chain key (forge.engine.block_table.block_hash) as an unsigned 64-bit
 integer: opaque to the router, which matches prompts by the events' token ids and chains blocks by the
 parent hash. The medium is vLLM's name for the device tier ("GPU"), which routers score as local.
 """

@@ -3,14 +3,14 @@
 Shortest-first ranks a waiting prompt by the tokens it will compute, not by its length: the prompt
 blocks this scheduler has seen computed (an LRU no larger than the cache) estimate what the
 allocator's prefix cache will find. An estimate for ordering only: the allocator's lookup decides
-what is reused. Keys are the allocator's own (forge.engine.block_allocator.block_hash, salted alike).
+what is reused. Keys are the allocator's own (forge.engine.block_table.block_hash, salted alike).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from forge.engine.block_allocator import CacheLayout, block_hash, salt_root
+from forge.engine.block_table import CacheLayout, block_hash, salt_root
 from forge.engine.sequence import Sequence
 
 

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from forge.config import SCHEDULING_POLICIES, EngineConfig
-from forge.engine.block_allocator import CacheLayout, SeqId
+from forge.engine.block_table import CacheLayout, SeqId
 from forge.engine.fair_share import FairShare, is_mixed
 from forge.engine.prefix_estimate import PrefixEstimate
 from forge.engine.schedule_policy import admission_order, budget_order

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from forge.engine.block_allocator import SeqId
+from forge.engine.block_table import SeqId
 from forge.spec_decode.speculation import Lookahead
 
 TokenId = int
@@ -37,7 +37,7 @@ class Sequence:
     num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
     draft: list[TokenId] = field(default_factory=list)  # draft tokens proposed for this step
-    cache_salt: str | None = None    # prefix-cache isolation (forge.engine.block_allocator.salt_root)
+    cache_salt: str | None = None    # prefix-cache isolation (forge.engine.block_table.salt_root)
     reads_all_states: bool = False   # reads every token's state (a mean pooling, prompt logprobs): no prefix-cache hit
     priority: int = 0                # lower is admitted first (forge.engine.fair_share)
     tenant: str | None = None        # whose request it is; None: no tenant named

@@ -3,7 +3,8 @@ surface on top. The daemon never calls these; they are the seed's API, kept to i
 
 from __future__ import annotations
 
-from forge.engine.block_allocator import BlockAllocator, BlockTable, CacheError, OutOfBlocks, SeqId, UnknownSequence
+from forge.engine.block_allocator import BlockAllocator
+from forge.engine.block_table import BlockTable, CacheError, OutOfBlocks, SeqId, UnknownSequence
 
 __all__ = ["BlockTable", "CacheError", "OutOfBlocks", "PagedKVCache", "UnknownSequence"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from forge.engine import scheduler as core
-from forge.engine.block_allocator import SeqId
+from forge.engine.block_table import SeqId
 from forge.engine.sequence import SeqState, Sequence, TokenId
 from forge.seed.paged_cache import PagedKVCache
 

@@ -268,9 +268,9 @@ class CacheMachine(RuleBasedStateMachine):
         assert set(free) | set(cached) == {b for b in range(NUM_BLOCKS) if cache.ref_count(b) == 0}
         assert len(free) + len(cached) + cache.used_blocks() == NUM_BLOCKS
         assert set(cached) <= set(recorded) and not set(free) & set(recorded)
-        assert {h: block for block, (h, _) in recorded.items()} == cache._block_of   # one block per hash
+        assert {h: block for block, (h, _, _) in recorded.items()} == cache._block_of   # one block per hash
         assert cache.enable_prefix_caching or not recorded
-        for block, (_, tokens) in recorded.items():
+        for block, (_, tokens, _) in recorded.items():
             assert tuple(self.slots[block]) == tokens, block
         assert 0 <= cache.num_prefix_hits <= cache.num_prefix_queries
 

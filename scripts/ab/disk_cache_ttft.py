@@ -27,6 +27,9 @@ from typing import Any
 
 import httpx
 
+from forge.models.hub import resolve_model
+from forge.text.tokenizer import Tokenizer
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -70,18 +73,19 @@ def ttft(base: str, prompt: str) -> tuple[float, int, int]:
     reply = httpx.post(f"{base}/v1/completions", timeout=600,
                        json={"prompt": prompt, "max_tokens": 1, "temperature": 0})
     seconds = time.perf_counter() - t0
-    reply.raise_for_status()
+    if reply.status_code != 200:
+        raise SystemExit(f"forge answered {reply.status_code}: {reply.text}")
     usage: dict[str, Any] = reply.json()["usage"]
     return seconds, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def prefix(round_id: int, num_tokens: int) -> str:
-    """About `num_tokens` tokens of a tool list and instructions, different for each round."""
-    words, i = [f"Session {round_id}. You are an agent with these tools:"], 0
-    while len(words) * 3 < num_tokens:          # ~3 tokens a word on SmolLM2's vocabulary
-        words.append(f"tool_{round_id}_{i}(path, mode={i % 7}) reads item {i * 37 % 1000};")
-        i += 1
-    return " ".join(words)
+def prefix(round_id: int, num_tokens: int, tokenizer: Tokenizer) -> str:
+    """`num_tokens` tokens (or a few more) of a tool list and instructions, different for each round."""
+    parts, i = [f"Session {round_id}. You are an agent with these tools:"], 0
+    while len(tokenizer.encode(" ".join(parts), add_special_tokens=False)) < num_tokens:
+        parts.extend(f"tool_{round_id}_{j}(path, mode={j % 7}) reads item {j * 37 % 1000};" for j in range(i, i + 20))
+        i += 20
+    return " ".join(parts)
 
 
 def main() -> None:
@@ -93,10 +97,11 @@ def main() -> None:
     p.add_argument("serve_args", nargs="*", help="more `forge serve` flags (after --)")
     args = p.parse_args()
     rows = []
+    tokenizer = Tokenizer.from_gguf(resolve_model(args.model, lambda _: None))
     with tempfile.TemporaryDirectory(prefix="forge-kv-") as tmp:
         kv_dir, log = Path(tmp) / "kv", Path(tmp) / "forge.log"
         for r in range(args.rounds):
-            shared = prefix(r, args.prefix_tokens)
+            shared = prefix(r, args.prefix_tokens, tokenizer)
             proc, base = start(args, kv_dir, log)
             cold = ttft(base, shared + " Question: which tool reads item 37? Answer:")
             warm = ttft(base, shared + " Question: which tool reads item 74? Answer:")

@@ -132,3 +132,37 @@ def test_the_directory_stays_within_its_size_and_is_held_by_one(tmp_path: Path) 
     again = DiskTier.open(str(tmp_path), FP, 1 << 20, arrays, BS, warn=lambda m: None)
     assert again is not None and again.stats().files == 3        # the index from the names alone
     again.close()
+
+
+def test_leftovers_of_a_killed_writer_go_at_start(tmp_path: Path) -> None:
+    alloc, arrays, tier = make(tmp_path)
+    run(alloc, 1, list(range(100, 117)), arrays, tier)
+    tier.write_out(alloc)
+    tier.close()
+    good = sorted(tier.directory.glob("*.kvb"))
+    assert len(good) == 4
+    (tier.directory / f".{good[0].name}.123.456.tmp").write_bytes(b"half a block")   # kill -9 mid-write
+    with open(good[1], "r+b") as f:                                                  # a torn file
+        f.truncate(10)
+    again = DiskTier.open(str(tmp_path), FP, 1 << 20, arrays, BS, warn=lambda m: None)
+    assert again is not None and again.stats().files == 3
+    kept = sorted(p.name for p in again.directory.iterdir())
+    assert kept == sorted(["lock", good[0].name, *(p.name for p in good[2:])])
+    again.close()
+
+
+def test_a_failed_write_turns_the_tier_off_once_and_allocation_goes_on(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    arrays = [np.zeros((2, 8, BS, 3), np.float16) for _ in range(2)]
+    alloc = BlockAllocator(8, BS, enable_prefix_caching=True)
+    tier = DiskTier.open(str(tmp_path), FP, 1 << 20, arrays, BS, warn=warnings.append)
+    assert tier is not None
+    alloc.tier = tier
+    for path in tier.directory.iterdir():
+        path.unlink()
+    tier.directory.rmdir()                          # the disk went away (full, read-only, unmounted)
+    for n in range(4):
+        run(alloc, n, [n * 1000 + i for i in range(32)], arrays, tier)   # each forgets the last one's blocks
+    tier.close()
+    assert not tier.enabled and len(warnings) == 1 and "off" in warnings[0]
+    assert run(alloc, 9, list(range(32)), arrays, tier)[0] == 0           # the cache serves on without it

@@ -22,17 +22,19 @@ _SCHEMA_KEYS = frozenset({"schema", "parameters", "json", "guided_json", "input_
                           "arguments"})     # Ollama's calls' arguments are an object
 
 
-def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None) -> _W:
+def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] | None = None,
+                schema_keys: frozenset[str] = frozenset()) -> _W:
     """Bytes -> a validated Struct of any wire schema, or InvalidRequest naming the bad field. Never raises
     anything else. Unknown fields are ignored and a null field counts as absent (down to a message's
-    content parts; inside JSON schemas and tool inputs null is a value). `normalise` rewrites the parsed
-    JSON before it is typed (a wire format whose union members may leave their tag out)."""
+    content parts; inside JSON schemas and tool inputs null is a value, and inside `schema_keys`, the
+    wire format's own fields that hold a schema). `normalise` rewrites the parsed JSON before it is typed
+    (a wire format whose union members may leave their tag out)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest("request body is not valid UTF-8") from None
     try:
-        raw = _drop_nulls(msgspec.json.decode(body), _NULL_DEPTH)
+        raw = _drop_nulls(msgspec.json.decode(body), _NULL_DEPTH, _SCHEMA_KEYS | schema_keys)
         return msgspec.convert(normalise(raw) if normalise is not None else raw, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(str(exc)) from None
@@ -42,14 +44,14 @@ def decode_body(body: bytes, kind: type[_W], *, normalise: Callable[[Any], Any] 
         raise InvalidRequest("request body is nested too deeply") from None
 
 
-def _drop_nulls(obj: Any, depth: int) -> Any:
+def _drop_nulls(obj: Any, depth: int, kept: frozenset[str]) -> Any:
     """Remove null-valued keys from objects, so that `"n": null` means the same as leaving n out."""
     if depth <= 0:
         return obj
     if isinstance(obj, dict):
-        return {k: v if k in _SCHEMA_KEYS else _drop_nulls(v, depth - 1) for k, v in obj.items() if v is not None}
+        return {k: v if k in kept else _drop_nulls(v, depth - 1, kept) for k, v in obj.items() if v is not None}
     if isinstance(obj, list):
-        return [_drop_nulls(v, depth - 1) for v in obj]
+        return [_drop_nulls(v, depth - 1, kept) for v in obj]
     return obj
 
 

@@ -9,7 +9,7 @@ route; what forge cannot do (images, a template of the request's own, suffix, co
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -41,7 +41,8 @@ _MAX_INT32 = 2**31 - 1
 DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_TOP_K = 0.8, 0.9, 40
 NumPredict = Annotated[int, Meta(ge=-2, le=_MAX_INT32)]        # -1: no limit, -2: fill the context
 Effort = Literal["low", "medium", "high"]
-_R = TypeVar("_R", "OllamaChat", "OllamaGenerate")
+# `format`, when a JSON schema, kept as sent: in a schema null is a value (`"const": null`)
+_FORMAT = frozenset({"format"})
 
 
 class _OllamaWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,7 +152,7 @@ class OllamaShow(_OllamaWire, frozen=True, kw_only=True):
 
 def decode_chat(body: bytes) -> OllamaChat:
     """A body -> its request, or InvalidRequest naming the bad field ("messages[0].role")."""
-    req = _schema_kept(decode_body(body, OllamaChat), body)
+    req = decode_body(body, OllamaChat, schema_keys=_FORMAT)
     for i, msg in enumerate(req.messages):
         if msg.images:
             raise _images(f"messages[{i}].images")
@@ -164,7 +165,7 @@ def decode_chat(body: bytes) -> OllamaChat:
 
 
 def decode_generate(body: bytes) -> OllamaGenerate:
-    req = _schema_kept(decode_body(body, OllamaGenerate), body)
+    req = decode_body(body, OllamaGenerate, schema_keys=_FORMAT)
     if req.images:
         raise _images("images")
     if req.suffix:
@@ -195,15 +196,6 @@ def decode_embeddings(body: bytes) -> OllamaEmbeddings:
 
 def decode_show(body: bytes) -> OllamaShow:
     return decode_body(body, OllamaShow)
-
-
-def _schema_kept(req: _R, body: bytes) -> _R:
-    """The request with `format`, when it is a schema, as sent: decoding drops nulls as absent fields, but in
-    a schema null is a value (`"const": null`). The body has parsed once already, so it parses again."""
-    if not isinstance(req.format, dict):
-        return req
-    fmt = msgspec.json.decode(body).get("format")
-    return msgspec.structs.replace(req, format=fmt) if isinstance(fmt, dict) else req
 
 
 def _images(param: str) -> InvalidRequest:

@@ -139,3 +139,10 @@ def test_the_final_object_carries_its_reason_and_timings_in_nanoseconds() -> Non
     assert (obj["prompt_eval_count"], obj["eval_count"]) == (3, 4)
     assert wire.done_reason("stop") == wire.done_reason("tool_calls") == "stop"
     assert wire.ndjson_line(obj).endswith(b"}\n") and b"\n" not in wire.ndjson_line(obj)[:-1]
+
+
+def test_a_format_schema_keeps_its_nulls_while_the_body_drops_them() -> None:
+    body = (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "options": null,'
+            b' "format": {"type": "object", "properties": {"a": {"const": null}}}}')
+    req = decode_chat(body)
+    assert req.format == {"type": "object", "properties": {"a": {"const": None}}}

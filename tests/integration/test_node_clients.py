@@ -138,6 +138,10 @@ async def test_openai_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -> N
     # the SDK's default, base64, decodes to the floats asked for as floats
     assert embedded["first"] == embedded["first_as_floats"]
 
+    assert seen["models"] == {"ids": [SERVED_MODEL], "retrieved": SERVED_MODEL}
+    assert seen["wrong_model"] == {"thrown": "NotFoundError", "status": 404, "code": "model_not_found",
+                                   "param": "model", "type": "invalid_request_error"}
+
 
 async def test_anthropic_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -> None:
     seen = await run_script(make_daemon, node_clients, "anthropic_client.mjs")
@@ -167,6 +171,9 @@ async def test_anthropic_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -
     assert json.loads("".join(seen["tools_stream"]["json_deltas"])) == seen["tools_stream"]["tool_uses"][0]["input"]
     assert answer["block_types"] == ["text"] and answer["text"].strip(), answer
     assert answer["stop_reason"] in {"end_turn", "max_tokens"}, answer
+
+    assert seen["models"] == {"ids": [SERVED_MODEL]}
+    assert seen["wrong_model"] == {"thrown": "NotFoundError", "status": 404, "type": "not_found_error"}
 
 
 async def test_vercel_ai_sdk(make_daemon: MakeDaemon, node_clients: Path) -> None:
@@ -203,3 +210,6 @@ async def test_vercel_ai_sdk(make_daemon: MakeDaemon, node_clients: Path) -> Non
 
     embedded = seen["embeddings"]
     assert embedded["dimensions"][0] == embedded["dimensions"][1] > 0 and embedded["usage"]["tokens"] > 0, embedded
+    wrong = seen["wrong_model"]
+    assert wrong["thrown"] == "APICallError" and wrong["status"] == 404 and wrong["retryable"] is False, wrong
+    assert "no-such-model" in wrong["message"], wrong      # the SDK found the message in forge's envelope

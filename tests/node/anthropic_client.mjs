@@ -1,6 +1,9 @@
-// The `@anthropic-ai/sdk` Node SDK against forge's Messages API: create, stream, countTokens, and a forced
-// tool call sent back as a tool_result, the model list and an error. Prints one JSON summary (common.mjs).
+// The `@anthropic-ai/sdk` Node SDK against forge's Messages API: create, stream, countTokens, a forced tool
+// call sent back as a tool_result, structured outputs (messages.parse with a zod schema), the model list and
+// an error. Prints one JSON summary (common.mjs).
 import Anthropic from "@anthropic-ai/sdk";
+import { zodOutputFormat } from "@anthropic-ai/sdk/helpers/zod";
+import { z } from "zod";
 
 import { API_KEY, runParts, target } from "./common.mjs";
 
@@ -15,6 +18,8 @@ const WEATHER = {
   input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
 };
 const WEATHER_ASK = [{ role: "user", content: "What is the weather in Paris?" }];
+const City = z.object({ city: z.string(), population: z.number().int() });
+const CITY_ASK = [{ role: "user", content: "Name the capital of France and its population as JSON." }];
 
 function messageOf(message) {
   return {
@@ -74,6 +79,22 @@ async function toolsStream() {
   return { ...messageOf(await stream.finalMessage()), json_deltas };
 }
 
+async function parse() {
+  // Structured outputs: output_config.format from a zod schema, the reply parsed and checked by the SDK.
+  const message = await client.messages.parse({
+    model, messages: CITY_ASK, max_tokens: 64, temperature: 0, output_config: { format: zodOutputFormat(City) },
+  });
+  return { ...messageOf(message), parsed: message.parsed_output };
+}
+
+async function parseStream() {
+  const stream = client.messages.stream({
+    model, messages: CITY_ASK, max_tokens: 64, temperature: 0, output_config: { format: zodOutputFormat(City) },
+  });
+  const message = await stream.finalMessage();
+  return { ...messageOf(message), parsed: message.parsed_output };
+}
+
 async function models() {
   return { ids: (await client.models.list()).data.map((m) => m.id) };
 }
@@ -88,5 +109,6 @@ async function wrongModel() {
 }
 
 await runParts({
-  create, stream, count_tokens: countTokens, tools, tools_stream: toolsStream, models, wrong_model: wrongModel,
+  create, stream, count_tokens: countTokens, tools, tools_stream: toolsStream, parse, parse_stream: parseStream,
+  models, wrong_model: wrongModel,
 });

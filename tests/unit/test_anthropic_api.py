@@ -54,6 +54,12 @@ def body(**fields: Any) -> bytes:
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}}, "tool_choice.name"),
     ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+    ({"output_config": {"format": {"type": "xml", "schema": {}}}}, "output_config.format.type"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+    ({"output_format": {"type": "json_schema", "schema": {}},
+      "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_format"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "any"}, "output_format": {"type": "json_schema", "schema": {}}},
+     "tool_choice"),
 ])
 def test_a_bad_field_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
     raw = json.loads(body())
@@ -126,6 +132,50 @@ def test_a_message_prepares_exactly_as_the_equivalent_chat_request() -> None:
         served_model_name="m", max_model_len=1024)
     assert prep.params == chat.params and prep.params.grammar is not None
     assert (prep.messages, prep.functions, prep.constraint) == (chat.messages, chat.functions, chat.constraint)
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize("fields", [
+    {"output_config": {"format": {"type": "json_schema", "schema": CITY}, "effort": "low"}},
+    {"output_format": {"type": "json_schema", "schema": CITY}},          # the structured-outputs beta's name
+])
+def test_an_output_format_constrains_the_text_as_chats_json_schema(fields: dict[str, Any]) -> None:
+    """Structured outputs (what the SDKs' messages.parse sends): the same grammar as chat's response_format
+    json_schema with the schema as given."""
+    _, prep = prepare_messages(body(temperature=0, **fields), served_model_name="m", max_model_len=1024)
+    chat = prepare_chat(json.dumps({
+        "model": "m", "max_tokens": 8, "temperature": 0, "messages": USER,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": CITY}}}).encode(),
+        served_model_name="m", max_model_len=1024)
+    assert prep.params == chat.params and prep.params.grammar is not None
+    assert prep.constraint is not None and chat.constraint is not None and prep.constraint.json
+    assert prep.constraint.grammar == chat.constraint.grammar and prep.messages == chat.messages
+    assert prep.constraint.param in {"output_config.format.schema", "output_format.schema"}
+    assert chat_request(decode_messages(body(output_config={"effort": "low"}))).response_format is None
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format.schema"),
+    ({"output_format": {"type": "json_schema", "schema": {}}}, "output_format.schema")])
+def test_a_bad_output_schema_is_refused_by_the_messages_field(fields: dict[str, Any], param: str) -> None:
+    """Refused while preparing (nested too deep) or later, compiled against the vocabulary (an unknown
+    type): either way the 400 names the Messages field, not chat's response_format."""
+    def given(schema: dict[str, Any]) -> dict[str, Any]:
+        [where] = fields
+        fmt = {"type": "json_schema", "schema": schema}
+        return {where: {"format": fmt} if where == "output_config" else fmt}
+
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(InvalidRequest) as refused:
+        prepare_messages(body(**given(deep)), served_model_name="m", max_model_len=1024)
+    assert refused.value.param == param, refused.value.message
+    _, prep = prepare_messages(body(**given({"type": "object", "properties": {"a": {"type": "nonsense"}}})),
+                               served_model_name="m", max_model_len=1024)
+    assert prep.constraint is not None and prep.constraint.param == param
 
 
 # ---- responses ------------------------------------------------------------------------------------------

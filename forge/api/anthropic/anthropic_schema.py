@@ -7,6 +7,7 @@ Unknown fields are ignored and a null field counts as absent, as on every forge 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any, Literal
 
@@ -19,10 +20,12 @@ from forge.api.openai.openai_schema import (
     ChatMessage,
     ContentPart,
     FunctionDefinition,
+    JsonSchemaFormat,
     MaxTokens,
     MessageToolCall,
     NamedFunction,
     NamedToolChoice,
+    ResponseFormat,
     Tool,
     ToolCallFunction,
     TopP,
@@ -142,10 +145,23 @@ class ThinkingDisabled(_Thinking, frozen=True, kw_only=True, tag="disabled"):
     pass
 
 
+class JsonOutputFormat(_AnthropicWire, frozen=True, kw_only=True):
+    """Structured outputs: the answer's text is a JSON document valid under `schema` (chat's response_format
+    json_schema: constrained decoding, the schema as given)."""
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(_AnthropicWire, frozen=True, kw_only=True):
+    format: JsonOutputFormat | None = None                     # `effort` and the rest are ignored
+
+
 class MessagesRequest(CountTokensRequest, frozen=True, kw_only=True):
     """POST /v1/messages."""
 
     thinking: ThinkingEnabled | ThinkingDisabled | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None              # the structured-outputs beta's output_config.format
 
     max_tokens: MaxTokens
     stop_sequences: StopSequences | None = None
@@ -162,7 +178,19 @@ def decode_messages(body: bytes) -> MessagesRequest:
     """A body -> its request, or InvalidRequest whose param is the bad field's path ("messages[0].role")."""
     req = decode_body(body, MessagesRequest)
     _check(req)
+    if req.output_format is not None and _format_param(req) == "output_config.format":
+        raise InvalidRequest("give output_config.format or output_format, not both", param="output_format")
+    if _format_param(req) is not None and isinstance(req.tool_choice, ToolChoiceAny | ToolChoiceTool):
+        raise InvalidRequest("a tool_choice that forces a tool call and an output format cannot both shape "
+                             "the answer", param="tool_choice")
     return req
+
+
+def _format_param(req: MessagesRequest) -> str | None:
+    """Where the request's output format is given, if it is."""
+    if req.output_config is not None and req.output_config.format is not None:
+        return "output_config.format"
+    return "output_format" if req.output_format is not None else None
 
 
 def decode_count_tokens(body: bytes) -> CountTokensRequest:
@@ -234,6 +262,10 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     elif isinstance(req.thinking, ThinkingDisabled):        # a template that can leaves the section out;
         chat = msgspec.structs.replace(chat, thinking_budget=0,   # for one that cannot, it closes at once
                                        chat_template_kwargs={"enable_thinking": False})
+    fmt = req.output_config.format if req.output_config is not None else None
+    if (fmt := fmt or req.output_format) is not None:
+        chat = msgspec.structs.replace(chat, response_format=ResponseFormat(
+            type="json_schema", json_schema=JsonSchemaFormat(name="output", schema=fmt.schema)))
     return chat
 
 
@@ -292,10 +324,24 @@ def _tool_choice(choice: ToolChoice | None) -> tuple[Literal["none", "auto", "re
 
 def prepare_messages(body: bytes, *, served_model_name: str, max_model_len: int) -> tuple[MessagesRequest,
                                                                                           PreparedChat]:
-    """POST /v1/messages: the request, and what the engine runs for it (chat's preparation)."""
+    """POST /v1/messages: the request, and what the engine runs for it (chat's preparation; a schema it
+    refuses is named where the Messages request gave it)."""
     req = decode_messages(body)
-    return req, prepare_chat_request(chat_request(req), served_model_name=served_model_name,
-                                     max_model_len=max_model_len)
+    if (where := _format_param(req)) is None:
+        return req, prepare_chat_request(chat_request(req), served_model_name=served_model_name,
+                                         max_model_len=max_model_len)
+    try:
+        prep = prepare_chat_request(chat_request(req), served_model_name=served_model_name,
+                                    max_model_len=max_model_len)
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message, param=f"{where}.schema") if _chats(exc.param) else exc from None
+    if prep.constraint is not None and _chats(prep.constraint.param):   # checked against the vocabulary later
+        prep = dataclasses.replace(prep, constraint=dataclasses.replace(prep.constraint, param=f"{where}.schema"))
+    return req, prep
+
+
+def _chats(param: str | None) -> bool:
+    return (param or "").startswith("response_format")
 
 
 def prepare_count_tokens(body: bytes, *, served_model_name: str, max_model_len: int) -> PreparedChat:

@@ -49,4 +49,4 @@ bench: model
 	$(FORGE) bench --model default
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache tests/node/node_modules

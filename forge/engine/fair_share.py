@@ -6,13 +6,14 @@ first; within a priority, the tenant that has received the least service for its
 tenant with 64 queued sequences does not starve one with 1. Service is the tokens scheduled for a tenant's
 sequences, divided by its share and decayed every step (a half-life of HALF_LIFE_STEPS), so it measures
 recent use, not all-time use. Inside one tenant the scheduling policy's order stands (forge.engine.schedule_policy).
+When every slot is taken, the next turn may take one from the tenant furthest over its share (`FairShare.victim`).
 
 Pure bookkeeping for the scheduler (forge.engine.scheduler), which owns the sequences.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence as Seq
 
 from forge.engine.sequence import Sequence
@@ -20,6 +21,9 @@ from forge.engine.sequence import Sequence
 HALF_LIFE_STEPS = 64
 _DECAY = 0.5 ** (1 / HALF_LIFE_STEPS)
 _FORGET_BELOW = 1e-3              # service this small is forgotten (the table holds recent tenants only)
+# Steps a sequence runs after its admission before fairness may preempt it: a preempted sequence, admitted
+# again, is not the next one to give its slot up, and a preemption always buys some progress.
+MIN_RUN_STEPS = 16
 
 
 def is_mixed(waiting: Seq[Sequence]) -> bool:
@@ -72,3 +76,27 @@ class FairShare:
             if len(out) == limit:
                 break
         return out
+
+    def victim(self, running: Seq[Sequence], head: Sequence, step: int) -> Sequence | None:
+        """The running sequence that gives its slot up to `head` (the next turn among the waiting ones), or None.
+
+        Only a sequence of `head`'s priority and of another tenant is taken, of the tenant with the most running
+        sequences for its share, and only when the gap is real: `head`'s tenant, with one more, would still
+        hold no more for its share than that tenant with one fewer, and it has had less service for its share.
+        Each such move lowers the sum over tenants of running**2 / share, so two tenants never take a slot back
+        and forth. Inside the tenant: the most recently admitted of those that have run MIN_RUN_STEPS steps.
+        """
+        level = [s for s in running if s.priority == head.priority]
+        counts = Counter(s.tenant for s in level)
+        shares = {s.tenant: s.share for s in level}
+        wanted = (counts.get(head.tenant, 0) + 1) / head.share
+        served = self.service.get(head.tenant, 0.0)
+        for tenant in sorted(counts, key=lambda t: counts[t] / shares[t], reverse=True):
+            if (counts[tenant] - 1) / shares[tenant] < wanted:
+                return None                       # no gap here, nor at any tenant after it
+            if tenant == head.tenant or self.service.get(tenant, 0.0) <= served:
+                continue
+            ready = [s for s in level if s.tenant == tenant and step - s.admitted_step >= MIN_RUN_STEPS]
+            if ready:
+                return max(reversed(ready), key=lambda s: s.admitted_step)    # ties: the last admitted
+        return None

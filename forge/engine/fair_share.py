@@ -2,11 +2,12 @@
 
 A sequence carries a priority (lower is more urgent, vLLM's meaning) and a tenant (None is a tenant too,
 the one of every request that names none) with its share. Waiting sequences are admitted by priority
-first; within a priority, the tenant that has received the least service for its share goes next, so a
-tenant with 64 queued sequences does not starve one with 1. Service is the tokens scheduled for a tenant's
-sequences, divided by its share and decayed every step (a half-life of HALF_LIFE_STEPS), so it measures
-recent use, not all-time use. Inside one tenant the scheduling policy's order stands (forge.engine.schedule_policy).
-When every slot is taken, the next turn may take one from the tenant furthest over its share (`FairShare.victim`).
+first; within a priority, the tenant with the fewest running sequences for its share goes next, and among
+equals the one that has received the least service for its share, so a tenant with 64 queued sequences does
+not starve one with 1. Service is the tokens scheduled for a tenant's sequences, divided by its share and
+decayed every step (a half-life of HALF_LIFE_STEPS), so it measures recent use, not all-time use. Inside one
+tenant the scheduling policy's order stands (forge.engine.schedule_policy). When every slot is taken, the next
+turn may take one from the tenant furthest over its share (`FairShare.victim`).
 
 Pure bookkeeping for the scheduler (forge.engine.scheduler), which owns the sequences.
 """
@@ -54,10 +55,12 @@ class FairShare:
             else:
                 self.service[tenant] = value
 
-    def order(self, ranked: list[Sequence], limit: int) -> list[Sequence]:
-        """Up to `limit` of `ranked` (the policy's order): by priority, then turn by turn to the tenant with
-        the least service for its share, each turn counted as the tokens the sequence has to compute, in
-        the policy's order inside each tenant."""
+    def order(self, ranked: list[Sequence], limit: int, running: Seq[Sequence] = ()) -> list[Sequence]:
+        """Up to `limit` of `ranked` (the policy's order): by priority, then turn by turn to the tenant with the
+        fewest sequences for its share (those `running` at that priority and the turns it was given here), and
+        among equals to the one with the least service for its share, each turn counted as the tokens the
+        sequence has to compute; in the policy's order inside each tenant. Slots come first because they are
+        what preemption for fairness (`victim`) weighs: a turn given here is never one it would take back."""
         position = {seq.id: i for i, seq in enumerate(ranked)}
         levels: dict[int, dict[str | None, deque[Sequence]]] = {}
         for seq in ranked:
@@ -65,11 +68,14 @@ class FairShare:
         out: list[Sequence] = []
         for priority in sorted(levels):
             queues = levels[priority]
+            held = Counter(s.tenant for s in running if s.priority == priority)
+            slots = {tenant: held.get(tenant, 0) / queues[tenant][0].share for tenant in queues}
             virtual = {tenant: self.service.get(tenant, 0.0) for tenant in queues}
             while queues and len(out) < limit:
-                tenant = min(queues, key=lambda t: (virtual[t], position[queues[t][0].id]))
+                tenant = min(queues, key=lambda t: (slots[t], virtual[t], position[queues[t][0].id]))
                 seq = queues[tenant].popleft()
                 out.append(seq)
+                slots[tenant] += 1 / seq.share
                 virtual[tenant] += max(seq.total_len() - seq.num_computed_tokens, 1) / seq.share
                 if not queues[tenant]:
                     del queues[tenant]

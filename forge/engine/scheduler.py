@@ -277,7 +277,7 @@ class Scheduler:
         if not is_mixed(self._waiting):
             return admission_order(*args, limit, self._step, self._prefixes, self._running)
         ranked = admission_order(*args, len(self._waiting), self._step, self._prefixes, self._running)
-        return self.fair.order(ranked, limit)
+        return self.fair.order(ranked, limit, self._running)
 
     def _preempt_for_priority(self) -> bool:
         """Every slot taken and a sequence waiting that is more urgent than the least urgent running one: that

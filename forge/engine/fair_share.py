@@ -24,7 +24,7 @@ _DECAY = 0.5 ** (1 / HALF_LIFE_STEPS)
 _FORGET_BELOW = 1e-3              # service this small is forgotten (the table holds recent tenants only)
 # Steps a sequence runs after its admission before fairness may preempt it: a preempted sequence, admitted
 # again, is not the next one to give its slot up, and a preemption always buys some progress.
-MIN_RUN_STEPS = 16
+MIN_RUN_STEPS = 8
 
 
 def is_mixed(waiting: Seq[Sequence]) -> bool:

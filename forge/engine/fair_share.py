@@ -90,7 +90,8 @@ class FairShare:
         sequences for its share, and only when the gap is real: `head`'s tenant, with one more, would still
         hold no more for its share than that tenant with one fewer, and it has had less service for its share.
         Each such move lowers the sum over tenants of running**2 / share, so two tenants never take a slot back
-        and forth. Inside the tenant: the most recently admitted of those that have run MIN_RUN_STEPS steps.
+        and forth. Inside the tenant: the most recently admitted of those that have run MIN_RUN_STEPS steps and
+        are decoding (their prompt, recomputed or not, is done), so a sequence gains a token between preemptions.
         """
         level = [s for s in running if s.priority == head.priority]
         counts = Counter(s.tenant for s in level)
@@ -102,7 +103,8 @@ class FairShare:
                 return None                       # no gap here, nor at any tenant after it
             if tenant == head.tenant or self.service.get(tenant, 0.0) <= served:
                 continue
-            ready = [s for s in level if s.tenant == tenant and step - s.admitted_step >= MIN_RUN_STEPS]
+            ready = [s for s in level if s.tenant == tenant and step - s.admitted_step >= MIN_RUN_STEPS
+                     and s.total_len() - s.num_computed_tokens <= 1]
             if ready:
                 return max(reversed(ready), key=lambda s: s.admitted_step)    # ties: the last admitted
         return None

@@ -142,13 +142,15 @@ def test_the_victim_is_of_the_tenant_furthest_over_its_share_and_of_the_heads_pr
     b = [seq(10 + i, tenant="b", share=2.0) for i in range(4)]     # 4 for a share of 2: 2 a share, a has 3
     c = [seq(20, tenant="c", priority=-1)]
     for i, s in enumerate(a + b + c):
-        s.admitted_step = i
+        s.admitted_step, s.num_computed_tokens = i, s.total_len() - 1     # decoding
     for s in a + b + c:
         fair.charge(s, 100)
     head = seq(30, tenant="d")
     assert fair.victim(a + b + c, head, step_now) is a[2]          # a: most running for its share; its newest
     a[2].admitted_step = step_now - 1                              # a's newest has only just started
     assert fair.victim(a + b + c, head, step_now) is a[1]
+    a[1].num_computed_tokens = 0                                   # a's next is still computing its prompt
+    assert fair.victim(a + b + c, head, step_now) is a[0]
     assert fair.victim(a + b + c, seq(31, tenant="d", priority=-1), step_now) is None   # c has only one
     fair.charge(head, 10_000)                                      # d has had more service than everyone
     assert fair.victim(a + b + c, head, step_now) is None

@@ -102,6 +102,8 @@ class Metrics:
                                           "Responses ended because their client stopped reading them "
                                           "(--max-unsent-tokens).")
         self.num_preemptions = counter("forge:num_preemptions", "Sequences preempted.")
+        self.fair_preemptions = counter("forge:fair_preemptions",
+                                        "Sequences preempted to give a tenant under its share a slot.")
         self.prefix_cache_hit_rate = gauge("forge:prefix_cache_hit_rate", "Prompt tokens found cached.")
         self.prefix_cache_queries = counter("forge:prefix_cache_queries",
                                             "Prompt tokens looked up in the prefix cache.")
@@ -210,6 +212,7 @@ class ModelMetrics:
     request_failed: Counter
     slow_reader_aborts: Counter
     num_preemptions: Counter
+    fair_preemptions: Counter
     prefix_cache_hit_rate: Gauge
     prefix_cache_queries: Counter
     prefix_cache_hits: Counter

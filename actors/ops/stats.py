@@ -97,6 +97,7 @@ class Stats:
         out["totals"] = {
             "prompt_tokens": _total(m.prompt_tokens), "generation_tokens": _total(m.generation_tokens),
             "requests_finished": _total(m.request_success), "preemptions": _total(m.num_preemptions),
+            "fair_preemptions": _total(m.fair_preemptions),
             "prefix_cache_queries": _total(m.prefix_cache_queries), "prefix_cache_hits": _total(m.prefix_cache_hits),
             "spec_draft_tokens": draft_tokens, "spec_accepted_tokens": accepted}
         out["finished"] = _by_label(m.request_success, "finished_reason")

@@ -41,6 +41,7 @@ log = structlog.get_logger("forge.scheduler")
 class _Totals:
     """The core's running totals that feed counters, as last carried into them."""
     preemptions: int = 0
+    fair_preemptions: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
@@ -176,11 +177,13 @@ class SchedulerActor:
         """Carry the core's running totals (preemptions, made in build(); speculation's, in apply()) into
         the counters by what they gained since the last count: whichever phase of the step counts them."""
         m, seen, spec = self._metrics, self._seen, self._core.spec
-        now = _Totals(self._core.scheduler.num_preemptions, spec.num_drafts, spec.num_draft_tokens,
+        sched = self._core.scheduler
+        now = _Totals(sched.num_preemptions, sched.num_fair_preemptions, spec.num_drafts, spec.num_draft_tokens,
                       spec.num_accepted_tokens, tuple(spec.accepted_per_position))
         if now == seen:
             return
         m.num_preemptions.inc(now.preemptions - seen.preemptions)
+        m.fair_preemptions.inc(now.fair_preemptions - seen.fair_preemptions)
         m.spec_num_drafts.inc(now.drafts - seen.drafts)
         m.spec_num_draft_tokens.inc(now.draft_tokens - seen.draft_tokens)
         m.spec_num_accepted_tokens.inc(now.accepted - seen.accepted)

@@ -98,8 +98,11 @@ class Scheduler:
         self._prefixes = PrefixEstimate(
             layout, enabled=config.policy == "shortest-first" and layout.enable_prefix_caching)
         self.num_preemptions = 0
+        self.num_fair_preemptions = 0           # of those, to give a tenant under its share a slot
         self.cost = StepCostModel()
         self.fair = FairShare()                 # tenants' recent service (forge.engine.fair_share)
+        self._head_asked: SeqId | None = None   # the first waiting sequence offered to the last allocation
+        self._head_blocked: SeqId | None = None  # it, when the allocation refused it for want of blocks
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -184,7 +187,8 @@ class Scheduler:
         shares: dict[SeqId, int] = {}
         decoding: list[Sequence] = []
         self.fair.tick()
-        self._preempt_for_priority()
+        if not self._preempt_for_priority():
+            self._preempt_for_fairness()
         for seq in self._by_priority(budget_order(self.config.policy, self._running, self._step)):
             left = seq.total_len() - seq.num_computed_tokens
             num = min(left, budget)
@@ -203,6 +207,7 @@ class Scheduler:
         # The allocator preempts from the end of the running asks: the least urgent priority, and within it
         # the most recently admitted, gives its blocks up first.
         asks = [self._ask(seq, shares[seq.id], is_running=True) for seq in self._by_priority(self._running)]
+        self._head_asked = candidates[0].id if budget > 0 and candidates else None
         if budget > 0:
             asks += [self._ask(seq, seq.total_len(), is_running=False) for seq in candidates]
         return AllocateStep(frees=tuple(self.take_frees()), asks=tuple(asks), admit_budget=budget)
@@ -238,6 +243,7 @@ class Scheduler:
     def commit(self, alloc: StepAllocation) -> StepPlan:
         plan = StepPlan(finished=self._retired)
         self._retired = []
+        self._note_blocked_head(alloc)
         for seq_id in alloc.preempted:
             self._preempt(self._seqs[seq_id])
             plan.preempted.append(seq_id)
@@ -248,6 +254,7 @@ class Scheduler:
                 self._running.append(seq)
                 seq.state = SeqState.RUNNING
                 seq.num_cached_tokens = grant.num_cached
+                seq.admitted_step = self._step
             seq.num_tokens_sent = seq.total_len()
             seq.num_computed_tokens = grant.start + grant.num_tokens
             self.fair.charge(seq, grant.num_tokens)
@@ -270,18 +277,51 @@ class Scheduler:
         if not is_mixed(self._waiting):
             return admission_order(*args, limit, self._step, self._prefixes, self._running)
         ranked = admission_order(*args, len(self._waiting), self._step, self._prefixes, self._running)
-        return self.fair.order(ranked, limit)
+        return self.fair.order(ranked, limit, self._running)
 
-    def _preempt_for_priority(self) -> None:
+    def _preempt_for_priority(self) -> bool:
         """Every slot taken and a sequence waiting that is more urgent than the least urgent running one: that
         one gives up its slot and blocks (freed with this step's frees) and waits to be recomputed, as vLLM's
         priority scheduling preempts. One a step: the freed slot goes to the most urgent waiting."""
         if len(self._running) < self.config.max_num_seqs or not self._waiting:
-            return
+            return False
         victim = self._by_priority(self._running)[-1]
-        if victim.priority > min(s.priority for s in self._waiting):
+        if victim.priority <= min(s.priority for s in self._waiting):
+            return False
+        self._preempt(victim)
+        self._to_free.append(victim.id)
+        return True
+
+    def _preempt_for_fairness(self) -> None:
+        """Every slot taken, or the blocks too few for the next turn (`_candidates`) at the last allocation, and
+        that turn is of a tenant under its share, at a priority no running sequence is less urgent than: a
+        sequence of the tenant furthest over its share gives its slot and blocks up to it (FairShare.victim says
+        which, and when not). One a step; with one tenant, never."""
+        is_full = len(self._running) >= self.config.max_num_seqs
+        if not self._waiting or not self._running or not (is_full or self._head_blocked is not None):
+            return
+        tenants = {s.tenant for s in self._running}
+        if len(tenants) == 1 and all(s.tenant in tenants for s in self._waiting):
+            return
+        heads = self._candidates(1)
+        if not heads or not (is_full or heads[0].id == self._head_blocked):
+            return
+        victim = self.fair.victim(self._running, heads[0], self._step)
+        if victim is not None:
             self._preempt(victim)
             self._to_free.append(victim.id)
+            self.num_fair_preemptions += 1
+
+    def _note_blocked_head(self, alloc: StepAllocation) -> None:
+        """Whether the allocation refused the first waiting sequence offered for want of blocks: nothing was
+        preempted (which stops admission), it got no grant, and the blocks left could not hold its tokens (a
+        prompt whose blocks the disk tier is still loading is refused with blocks to spare)."""
+        head, self._head_asked, self._head_blocked = self._head_asked, None, None
+        seq = self._seqs.get(head) if head is not None and not alloc.preempted else None
+        if seq is None or any(grant.seq_id == head for grant in alloc.grants):
+            return
+        if alloc.num_free_blocks * self.layout.block_size < seq.total_len():
+            self._head_blocked = head
 
     @staticmethod
     def _by_priority(seqs: list[Sequence]) -> list[Sequence]:

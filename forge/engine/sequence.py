@@ -33,6 +33,7 @@ class Sequence:
     num_tokens_sent: int = 0         # tokens the allocator knows (for prefix hashing)
     num_cached_tokens: int = 0       # prompt tokens found in the prefix cache at admission
     arrival_step: int = 0            # the scheduler's step count when it was submitted
+    admitted_step: int = 0           # the step it last started running (forge.engine.fair_share.MIN_RUN_STEPS)
     prompt_hashes: list[int] | None = None  # prefix-cache keys of the prompt's full blocks (shortest-first)
     num_indexed_blocks: int = 0      # of those, how many the scheduler has seen computed
     lookahead: Lookahead | None = None  # speculation state; None: this sequence never speculates
@@ -53,6 +54,7 @@ class Sequence:
         self.num_tokens_sent = 0
         self.num_cached_tokens = 0
         self.arrival_step = 0
+        self.admitted_step = 0
         self.prompt_hashes = None
         self.num_indexed_blocks = 0
         self.lookahead = None

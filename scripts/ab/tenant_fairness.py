@@ -29,7 +29,7 @@ from actors.http.tenants import parse_tenants  # noqa: E402
 from actors.supervisor import Daemon, DaemonConfig, running_daemon  # noqa: E402
 from forge.llm import LoadedModel  # noqa: E402
 from forge.models.hub import resolve_model  # noqa: E402
-from tests.integration.harness import engine_config, wait_until  # noqa: E402
+from tests.integration.harness import engine_config, sample, wait_until  # noqa: E402
 
 HEAVY, LIGHT = "heavy-key-0001", "light-key-0002"
 ARMS = ("alone", "no-tenants", "equal", "urgent")
@@ -48,7 +48,9 @@ async def first_token(http: httpx.AsyncClient, key: str, urgent: bool) -> float:
     return waited
 
 
-async def arm(loaded: LoadedModel, name: str, *, heavy: int, requests: int, max_num_seqs: int) -> list[float]:
+async def arm(loaded: LoadedModel, name: str, *, heavy: int, requests: int,
+              max_num_seqs: int) -> tuple[list[float], dict[str, float]]:
+    """The light tenant's waits, and the arm's preemptions (all, and those for fairness)."""
     tenants = None
     if name != "no-tenants":
         light = {"name": "light", "key": LIGHT, "priority": -1 if name == "urgent" else 0}
@@ -74,7 +76,9 @@ async def arm(loaded: LoadedModel, name: str, *, heavy: int, requests: int, max_
             for _ in range(requests):
                 waits.append(await first_token(http, LIGHT, urgent=name == "urgent"))
             tg.cancel_scope.cancel()
-    return waits
+    counts = {"preempted": sample(daemon, "forge:num_preemptions_total"),
+              "for fairness": sample(daemon, "forge:fair_preemptions_total")}
+    return waits, counts
 
 
 async def main() -> None:
@@ -86,9 +90,10 @@ async def main() -> None:
     args = ap.parse_args()
     loaded = LoadedModel.load(str(resolve_model(None, lambda _m: None)), progress=lambda _m: None)
     for name in args.arms.split(","):
-        waits = await arm(loaded, name, heavy=args.heavy, requests=args.requests, max_num_seqs=args.max_num_seqs)
-        print(f"{name:11s} light TTFT p50 {statistics.median(waits):7.3f} s  each {[round(w, 2) for w in waits]}",
-              flush=True)
+        waits, counts = await arm(loaded, name, heavy=args.heavy, requests=args.requests,
+                                  max_num_seqs=args.max_num_seqs)
+        print(f"{name:11s} light TTFT p50 {statistics.median(waits):7.3f} s  each {[round(w, 2) for w in waits]}  "
+              + "  ".join(f"{k} {v:.0f}" for k, v in counts.items()), flush=True)
 
 
 if __name__ == "__main__":

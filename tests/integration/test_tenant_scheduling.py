@@ -1,6 +1,8 @@
-"""Priority and fair turns through the real daemon, read from the order of first tokens (never from timings):
-with two sequences running at most, a heavy tenant's queue does not hold back a light tenant's one request,
-and a more urgent request takes the next slot (a full batch gives one up to it)."""
+"""Priority and fair turns through the real daemon, read from the order of first tokens and from the
+preemption counters (never from timings): with two sequences running at most, a light tenant's one request
+takes a slot from a heavy tenant that holds both (before the heavy tenant's queue, long before its running
+streams end), two tenants of equal load share the slots without taking them back and forth, nothing is
+preempted without a tenant file, and a more urgent request takes the next slot (a full batch gives one up to it)."""
 
 from __future__ import annotations
 
@@ -49,18 +51,49 @@ async def first_token_order(daemon: Daemon, url: str, held: list[dict[str, Any]]
     return order
 
 
-async def test_a_light_tenants_request_is_admitted_before_a_heavy_tenants_queue(make_daemon: MakeDaemon) -> None:
+def two_tenants(make_daemon: MakeDaemon) -> Daemon:
     table = parse_tenants({"tenant": [{"name": "heavy", "key": HEAVY}, {"name": "light", "key": LIGHT}]})
-    daemon = make_daemon(gateway={"tenants": table}, max_num_seqs=2)
+    return make_daemon(gateway={"tenants": table}, max_num_seqs=2)
+
+
+async def test_a_light_tenants_request_takes_a_slot_from_a_heavy_tenant_that_holds_them_all(
+        make_daemon: MakeDaemon) -> None:
+    daemon = two_tenants(make_daemon)
     with anyio.fail_after(HANG_GUARD_S):
         async with running_daemon(daemon) as url:
             order = await first_token_order(daemon, url, held=[{"key": HEAVY, "max_tokens": 96}] * 2,
                                             queued=[{"key": HEAVY}] * 4, late={"key": LIGHT})
-    assert order[:2] == ["held", "held"]
-    # The two held ones end in one step and free both slots: the light request takes one of them (its first
-    # token may come with the first queued one's); in arrival order it would have come last.
-    assert "late" in order[2:4], order
+            async with httpx.AsyncClient(base_url=url) as http:
+                stats = (await http.get("/stats", headers={"Authorization": f"Bearer {LIGHT}"})).json()
+    # Equal priorities: without preemption for fairness the light request would wait for a held one to end
+    # (the queued ones then start in the same step); a held one gave its slot up instead.
+    assert order == ["held", "held", "late", "queued", "queued", "queued", "queued"], order
+    assert sample(daemon, "forge:fair_preemptions_total") == 1
+    assert sample(daemon, "forge:num_preemptions_total") == 1
+    assert stats["totals"]["fair_preemptions"] == 1 and stats["totals"]["preemptions"] == 1
+
+
+async def test_two_tenants_of_equal_load_share_the_slots_without_taking_them_back(make_daemon: MakeDaemon) -> None:
+    daemon = two_tenants(make_daemon)
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url:
+            order = await first_token_order(daemon, url, held=[{"key": HEAVY, "max_tokens": 64}] * 2,
+                                            queued=[{"key": LIGHT, "max_tokens": 64}] * 2,
+                                            late={"key": LIGHT, "max_tokens": 64})
+    # The light tenant takes one slot (one each), and no more: with one each, no gap is left to close.
+    assert order[:3] == ["held", "held", "queued"], order
+    assert sample(daemon, "forge:fair_preemptions_total") == 1
+    assert sample(daemon, "forge:num_preemptions_total") == 1
+
+
+async def test_without_a_tenant_file_equal_priorities_never_preempt(make_daemon: MakeDaemon) -> None:
+    daemon = make_daemon(max_num_seqs=2)
+    with anyio.fail_after(HANG_GUARD_S):
+        async with running_daemon(daemon) as url:
+            order = await first_token_order(daemon, url, held=[{"max_tokens": 48}] * 2, queued=[{}] * 2, late={})
+    assert order == ["held", "held", "queued", "queued", "late"], order       # arrival order
     assert sample(daemon, "forge:num_preemptions_total") == 0
+    assert sample(daemon, "forge:fair_preemptions_total") == 0
 
 
 async def test_a_more_urgent_request_takes_a_slot_from_a_full_batch_and_goes_before_the_queue(
@@ -85,5 +118,6 @@ async def test_a_tenant_cannot_ask_for_more_urgency_than_its_key_allows(make_dae
                                             queued=[{"key": HEAVY}] * 2,
                                             late={"key": LIGHT, "body": {"priority": -100}})
             await wait_until(lambda: daemon.gateway.admission.num_inflight == 0)
-    assert sample(daemon, "forge:num_preemptions_total") == 0         # -100 counted as the tenant's 5
+    # -100 counted as the tenant's 5: no preemption for priority (one for fairness, at equal priorities)
+    assert sample(daemon, "forge:num_preemptions_total") == sample(daemon, "forge:fair_preemptions_total") == 1
     assert order[:2] == ["held", "held"]

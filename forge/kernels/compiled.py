@@ -48,7 +48,7 @@ FILE_FLAGS = {"qmatmul_det.c": ["-fno-fast-math", "-ffp-contract=off"]}
 # run (and the tests check) the code a smaller CPU would get. FORGE_KERNEL_ISA picks the level the
 # process runs (default native; avx512 is how an AMX host measures the path other CPUs take).
 NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
-ISA_FLAGS = {"native": [], "avx512": NO_AMX, "avx2": [*NO_AMX, "-mno-avx512f"],
+ISA_FLAGS = {"native": [], "avx512": NO_AMX, "avx2": [*NO_AMX, "-mno-avx512f", "-mno-avxvnni"],
              "baseline": [*NO_AMX, "-mno-avx512f", "-mno-avx2", "-mno-fma"]}
 
 _lock = threading.Lock()

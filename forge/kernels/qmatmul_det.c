@@ -34,8 +34,7 @@
 
 #include <stdatomic.h>
 
-#define DET_CHUNK 32           /* blocks of 32 values unpacked at a time (8 weight rows: 8 KiB of codes) */
-#define DET_COLS 8             /* weight rows a thread takes together */
+#define DET_CHUNK 16           /* blocks of 32 values unpacked at a time (32 weight rows: 16 KiB of codes) */
 
 int forge_qmatmul_det_type(int64_t type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0 ||
@@ -181,6 +180,72 @@ static void unpack_block(int64_t type, const uint8_t *row, int64_t b, uint8_t *c
 
 /* ---- the product -------------------------------------------------------------------------------- */
 
+/* The vector form: VW weight rows in the lanes of one vector (16 with AVX-512 BW/VL/VNNI, 8 with AVX2),
+ * DET_COLS = 2 VW rows a thread takes together, rows of x DET_RB at a time. Each lane does exactly
+ * the scalar definition's operations for its weight row, so the width changes nothing in the bits. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define VW 16
+typedef __m512i vi;
+typedef __m512 vfl;
+#define VI_LOAD(p) _mm512_load_si512((const void *)(p))
+#define VI_ZERO() _mm512_setzero_si512()
+#define VI_SET1(v) _mm512_set1_epi32(v)
+#define VI_ADD(a, b) _mm512_add_epi32(a, b)
+#define VI_SUB(a, b) _mm512_sub_epi32(a, b)
+#define VI_MUL(a, b) _mm512_mullo_epi32(a, b)
+#define VF_LOAD(p) _mm512_load_ps(p)
+#define VF_LOADU(p) _mm512_loadu_ps(p)
+#define VF_STOREU(p, v) _mm512_storeu_ps(p, v)
+#define VF_SET1(v) _mm512_set1_ps(v)
+#define VF_ADD(a, b) _mm512_add_ps(a, b)
+#define VF_MUL(a, b) _mm512_mul_ps(a, b)
+#define VF_CVT(a) _mm512_cvtepi32_ps(a)
+#define DOT_U8(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)        /* exact: no saturation */
+#define DET_VNNI 1
+#elif defined(__AVX2__)
+#define VW 8
+typedef __m256i vi;
+typedef __m256 vfl;
+#define VI_LOAD(p) _mm256_load_si256((const __m256i *)(p))
+#define VI_ZERO() _mm256_setzero_si256()
+#define VI_SET1(v) _mm256_set1_epi32(v)
+#define VI_ADD(a, b) _mm256_add_epi32(a, b)
+#define VI_SUB(a, b) _mm256_sub_epi32(a, b)
+#define VI_MUL(a, b) _mm256_mullo_epi32(a, b)
+#define VF_LOAD(p) _mm256_load_ps(p)
+#define VF_LOADU(p) _mm256_loadu_ps(p)
+#define VF_STOREU(p, v) _mm256_storeu_ps(p, v)
+#define VF_SET1(v) _mm256_set1_ps(v)
+#define VF_ADD(a, b) _mm256_add_ps(a, b)
+#define VF_MUL(a, b) _mm256_mul_ps(a, b)
+#define VF_CVT(a) _mm256_cvtepi32_ps(a)
+#if defined(__AVXVNNI__)
+#define DOT_U8(acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
+#define DET_VNNI 1
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DOT_U8(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
+#define DET_VNNI 1
+#else
+/* unsigned codes up to 63 times x's codes: VPMADDUBSW's pairs stay below 2 * 63 * 127, no saturation */
+#define DOT_U8(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+#endif
+#endif
+
+#if defined(VW)
+#define DET_COLS (2 * VW)
+#define DET_RB 4
+/* Q8_0's signed codes go in as code + 128 (the z of 128 takes them back out): VPDPBUSD's unsigned side.
+ * Without VNNI the same exact sum comes from |code| against x with the code's sign. */
+#if defined(DET_VNNI)
+#define Q8_SHIFT 128
+#else
+#define Q8_SHIFT 0
+#endif
+#else
+#define DET_COLS 8
+#define Q8_SHIFT 0
+#endif
+
 typedef struct {
     int64_t T, K, nb;
     const int8_t *xq;          /* [T, K] */
@@ -216,77 +281,362 @@ static inline float block_term(const det_consts *k, float dx, int32_t I, int32_t
     return t + u;
 }
 
-#if defined(__AVX2__)
-/* The sums of each of 8 vectors' 8 int32 lanes, in one vector (lane c: v[c]'s sum). */
+#if defined(VW)
+/* A chunk of blocks of DET_COLS weight rows, unpacked for the vector form: for block b and 4-byte group g
+ * of its 32 codes, the rows' 4 codes side by side (so that one VPDPBUSD of x's 4 codes, broadcast, gives
+ * every row its share of the block's sum), and the rows' constants side by side. */
+typedef struct {
+    uint8_t codes[DET_CHUNK][8][DET_COLS * 4] __attribute__((aligned(64)));
+    float A[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
+    float M[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
+    int32_t S0[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
+    int32_t S1[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
+} det_chunk;
+
+/* Rows [t0, t0 + R) of x (R <= DET_RB) against the chunk's nbc blocks from block b0: acc += the terms. */
+static inline void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64_t b0, int64_t nbc,
+                              int64_t t0, int R, float *acc) {
+    const int64_t nb = jb->nb;
+    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? Q8_SHIFT : 0;
+    const int q6 = type == T_Q6_K;
+    vfl s[DET_RB][2];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) s[r][h] = VF_LOADU(acc + (t0 + r) * DET_COLS + h * VW);
+    for (int64_t b = 0; b < nbc; b++) {
+        vi I0[DET_RB][2], I1[DET_RB][2];
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) I0[r][h] = I1[r][h] = VI_ZERO();
+        for (int g = 0; g < 8; g++) {
+            const vi w0 = VI_LOAD(ch->codes[b][g]), w1 = VI_LOAD(ch->codes[b][g] + VW * 4);
+            for (int r = 0; r < R; r++) {
+                int32_t xw;
+                memcpy(&xw, jb->xq + (t0 + r) * jb->K + 32 * (b0 + b) + 4 * g, 4);
+                const vi xv = VI_SET1(xw);
+#if !defined(DET_VNNI)
+                if (type == T_Q8_0) {      /* signed codes: |w| against x with w's sign */
+                    const vi xs0 = _mm256_sign_epi8(xv, w0), xs1 = _mm256_sign_epi8(xv, w1);
+                    if (g < 4) {
+                        I0[r][0] = DOT_U8(I0[r][0], _mm256_abs_epi8(w0), xs0);
+                        I0[r][1] = DOT_U8(I0[r][1], _mm256_abs_epi8(w1), xs1);
+                    } else {
+                        I1[r][0] = DOT_U8(I1[r][0], _mm256_abs_epi8(w0), xs0);
+                        I1[r][1] = DOT_U8(I1[r][1], _mm256_abs_epi8(w1), xs1);
+                    }
+                    continue;
+                }
+#endif
+                if (g < 4) {
+                    I0[r][0] = DOT_U8(I0[r][0], w0, xv);
+                    I0[r][1] = DOT_U8(I0[r][1], w1, xv);
+                } else {
+                    I1[r][0] = DOT_U8(I1[r][0], w0, xv);
+                    I1[r][1] = DOT_U8(I1[r][1], w1, xv);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const int64_t t = t0 + r;
+            const int32_t *hs = jb->hsum + t * 2 * nb + 2 * (b0 + b);
+            const int32_t bs = jb->bsum[t * nb + b0 + b];
+            const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
+            for (int h = 0; h < 2; h++) {
+                vi I;
+                if (q6) {
+                    const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
+                    I = VI_ADD(VI_MUL(s0, VI_SUB(I0[r][h], VI_SET1(32 * hs[0]))),
+                               VI_MUL(s1, VI_SUB(I1[r][h], VI_SET1(32 * hs[1]))));
+                } else {
+                    I = VI_SUB(VI_ADD(I0[r][h], I1[r][h]), VI_SET1(z * bs));
+                }
+                const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
+                s[r][h] = VF_ADD(s[r][h], VF_ADD(VF_MUL(a, VF_CVT(I)), VF_MUL(m, bsf)));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) VF_STOREU(acc + (t0 + r) * DET_COLS + h * VW, s[r][h]);
+}
+#endif
+
+#if defined(VW)
+/* ---- steps of a few rows (decode): 8 weight rows unpacked in registers, no buffer ----------------
+ * Each block's codes of 8 weight rows are unpacked into 8 vectors, multiplied with x's block (eight int32
+ * partial sums a row), the partial sums added per weight row by a transposition of adds (lane_sums), and
+ * the 8 rows' terms added in one 8-lane vector: the same integers and the same float operations as the
+ * chunked path, in the same order (so the same bits). The rows' constants come a superblock (8 blocks)
+ * at a time: each weight row's 8 blocks' scales as a vector, then per block the 8 rows' by a gather. */
+#define DET_DIRECT_ROWS 4
+
 static inline __m256i lane_sums(const __m256i *v) {
     const __m256i a01 = _mm256_hadd_epi32(v[0], v[1]), a23 = _mm256_hadd_epi32(v[2], v[3]);
     const __m256i a45 = _mm256_hadd_epi32(v[4], v[5]), a67 = _mm256_hadd_epi32(v[6], v[7]);
     const __m256i b0 = _mm256_hadd_epi32(a01, a23), b1 = _mm256_hadd_epi32(a45, a67);
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
+
+#if defined(DET_VNNI)
+#if defined(__AVXVNNI__)
+#define DOT8(w, x) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)
+#else
+#define DOT8(w, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+#endif
+#else
+#define DOT8(w, x) _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 #endif
 
-/* Weight rows [n0, n0 + cols) of part pt (cols <= DET_COLS), into out's columns col0 + (n0 - 0) ... */
-static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0, float *acc) {
+static inline __m256i load_b32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of nibbles as 32 codes: the low nibbles (values 0..15), then the high ones. */
+static inline __m256i nibbles_32(const uint8_t *q) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* 32 bits (bit i for value i) as 32 bytes of 0 or 16. */
+static inline __m256i bits_x16(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                  0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* Block b's 32 codes of a row of `type` (unsigned; Q8_0's as the dot takes them: + Q8_SHIFT). */
+static inline __attribute__((always_inline)) __m256i codes_of(int64_t type, const uint8_t *row, int64_t b) {
+    switch (type) {
+    case T_Q4_0: return nibbles_32(row + b * 18 + 2);
+    case T_Q4_1: return nibbles_32(row + b * 20 + 4);
+    case T_Q5_0: return _mm256_or_si256(nibbles_32(row + b * 22 + 6), bits_x16(row + b * 22 + 2));
+    case T_Q5_1: return _mm256_or_si256(nibbles_32(row + b * 24 + 8), bits_x16(row + b * 24 + 4));
+    case T_Q8_0: {
+        const __m256i w = load_b32(row + b * 34 + 2);
+        return Q8_SHIFT ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int j = (int)(b % 8);
+        const uint8_t *sb = row + b / 8 * (type == T_Q4_K ? 144 : 176);
+        const __m256i q = load_b32(sb + (type == T_Q4_K ? 16 : 48) + 32 * (j / 2));
+        __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j & 1)), _mm256_set1_epi8(15));
+        if (type == T_Q5_K) {
+            const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(load_b32(sb + 16), j), _mm256_set1_epi8(1));
+            c = _mm256_or_si256(c, _mm256_slli_epi16(qh, 4));
+        }
+        return c;
+    }
+    default: {    /* T_Q6_K */
+        const int j = (int)(b % 8), half = j / 4, r = j % 4;
+        const uint8_t *sb = row + b / 8 * 210;
+        const __m256i ql = load_b32(sb + 64 * half + 32 * (r & 1)), qh = load_b32(sb + 128 + 32 * half);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (r >> 1)), _mm256_set1_epi8(15));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+    }
+}
+
+/* out[j] lane c = in[c][j]: an 8 x 8 transposition (moves only). */
+static inline void transpose8(const float in[8][8], __m256 *out) {
+    __m256 r[8], t[8];
+    for (int c = 0; c < 8; c++) r[c] = _mm256_load_ps(in[c]);
+    for (int c = 0; c < 8; c += 2) {
+        t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+        t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+    }
+    for (int c = 0; c < 8; c += 4) {
+        r[c] = _mm256_shuffle_ps(t[c], t[c + 2], 0x44);
+        r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], 0xEE);
+        r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0x44);
+        r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        out[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
+        out[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+    }
+}
+
+/* The 8 weight rows' constants of blocks [b0, b0 + 8) (K-quants: one superblock; 32-blocks: 8 of
+ * them), lanes = weight rows: A[j], M[j], and Q6_K's group scales S0[j], S1[j]. */
+static inline __attribute__((always_inline)) void consts8(int64_t type, const uint8_t *const *rows, int64_t b0, int64_t n, __m256 *A, __m256 *M,
+                    __m256i *S0, __m256i *S1) {
+    float tA[8][8] __attribute__((aligned(32))), tM[8][8] __attribute__((aligned(32)));
+    const __m256i by_row = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+    if (type == T_Q4_K || type == T_Q5_K) {
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *sb = rows[c] + b0 / 8 * (type == T_Q4_K ? 144 : 176);
+            uint32_t u[3];
+            memcpy(u, sb + 4, 12);
+            const uint32_t sc[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
+            const uint32_t mn[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+            long long scb, mnb;
+            memcpy(&scb, sc, 8);
+            memcpy(&mnb, mn, 8);
+            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(scb)));
+            const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mnb)));
+            _mm256_store_ps(tA[c], _mm256_mul_ps(_mm256_set1_ps(f16(sb)), scf));
+            /* -(dmin * mn): the negation is exact */
+            _mm256_store_ps(tM[c], _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(f16(sb + 2)), mnf), _mm256_set1_ps(-0.0f)));
+        }
+        transpose8(tA, A);
+        transpose8(tM, M);
+        return;
+    }
+    if (type == T_Q6_K) {
+        int32_t tS[8][16] __attribute__((aligned(32)));
+        const __m256i by_row16 = _mm256_slli_epi32(by_row, 1);
+        float d[8];
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *sb = rows[c] + b0 / 8 * 210;
+            const __m128i sc = _mm_loadu_si128((const __m128i *)(sb + 192));
+            _mm256_store_si256((__m256i *)tS[c], _mm256_cvtepi8_epi32(sc));
+            _mm256_store_si256((__m256i *)(tS[c] + 8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+            d[c] = f16(sb + 208);
+        }
+        const __m256 dv = _mm256_loadu_ps(d);
+        for (int j = 0; j < 8; j++) {
+            A[j] = dv;
+            M[j] = _mm256_setzero_ps();
+            S0[j] = _mm256_i32gather_epi32(&tS[0][2 * j], by_row16, 4);
+            S1[j] = _mm256_i32gather_epi32(&tS[0][2 * j + 1], by_row16, 4);
+        }
+        return;
+    }
+    const int64_t bb = block_bytes(type);
+    const int has_m = type == T_Q4_1 || type == T_Q5_1;
+    for (int64_t j = 0; j < n; j++) {
+        uint16_t hd[8], hm[8];
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *blk = rows[c] + (b0 + j) * bb;
+            memcpy(&hd[c], blk, 2);
+            memcpy(&hm[c], blk + 2, 2);
+        }
+        A[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hd));
+        M[j] = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hm)) : _mm256_setzero_ps();
+    }
+}
+
+/* Rows [0, T) of x (T <= DET_DIRECT_ROWS) against 8 weight rows: out's columns col0 .. col0 + cols. Inlined
+ * once per type (direct_octet), so that each type's loop has its unpacking straight in it. */
+static inline __attribute__((always_inline)) void direct_body(const det_job *jb, const qpart *pt, int64_t n0, int cols,
+                                                              int64_t col0, const int64_t type) {
+    const int64_t nb = jb->nb, T = jb->T;
+    const int64_t row_bytes = jb->K / block_values(type) * block_bytes(type);
+    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q8_0 ? Q8_SHIFT : 0;
+    const uint8_t *rows[8];
+    for (int c = 0; c < 8; c++) rows[c] = pt->data + (n0 + (c < cols ? c : 0)) * row_bytes;
+    __m256 s[DET_DIRECT_ROWS];
+    for (int t = 0; t < T; t++) s[t] = _mm256_setzero_ps();
+    __m256 A[8], M[8];
+    __m256i S0[8], S1[8];
+    for (int64_t b8 = 0; b8 < nb; b8 += 8) {
+        const int64_t n = nb - b8 < 8 ? nb - b8 : 8;
+        consts8(type, rows, b8, n, A, M, S0, S1);
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t b = b8 + j;
+            __m256i w[8];
+            for (int c = 0; c < 8; c++) w[c] = codes_of(type, rows[c], b);
+            for (int t = 0; t < T; t++) {
+                const __m256i xv = load_b32((const uint8_t *)(jb->xq + t * jb->K + 32 * b));
+                const int32_t bs = jb->bsum[t * nb + b];
+                const int32_t *hs = jb->hsum + t * 2 * nb + 2 * b;
+                __m256i v[8], I;
+                if (type == T_Q6_K) {
+                    /* the two groups' sums apart: lanes 0-3 hold the first 16 codes' products */
+                    __m256i v0[8], v1[8];
+                    const __m256i lo = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+                    for (int c = 0; c < 8; c++) {
+                        const __m256i p = DOT8(w[c], xv);
+                        v0[c] = _mm256_and_si256(p, lo);
+                        v1[c] = _mm256_andnot_si256(lo, p);
+                    }
+                    const __m256i I0 = lane_sums(v0), I1 = lane_sums(v1);
+                    I = _mm256_add_epi32(_mm256_mullo_epi32(S0[j], _mm256_sub_epi32(I0, _mm256_set1_epi32(32 * hs[0]))),
+                                         _mm256_mullo_epi32(S1[j], _mm256_sub_epi32(I1, _mm256_set1_epi32(32 * hs[1]))));
+                } else {
+                    for (int c = 0; c < 8; c++) {
+#if !defined(DET_VNNI)
+                        if (type == T_Q8_0) {
+                            v[c] = DOT8(_mm256_abs_epi8(w[c]), _mm256_sign_epi8(xv, w[c]));
+                            continue;
+                        }
+#endif
+                        v[c] = DOT8(w[c], xv);
+                    }
+                    I = _mm256_sub_epi32(lane_sums(v), _mm256_set1_epi32(z * bs));
+                }
+                const __m256 d = _mm256_set1_ps(jb->dx[t * nb + b]);
+                const __m256 a = _mm256_mul_ps(A[j], d), m = _mm256_mul_ps(M[j], d);
+                s[t] = _mm256_add_ps(s[t], _mm256_add_ps(_mm256_mul_ps(a, _mm256_cvtepi32_ps(I)),
+                                                         _mm256_mul_ps(m, _mm256_set1_ps((float)bs))));
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float o[8];
+        _mm256_storeu_ps(o, s[t]);
+        for (int c = 0; c < cols; c++) jb->out[t * jb->ldo + col0 + c] = o[c];
+    }
+}
+
+static void direct_octet(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0) {
+    switch (pt->type) {
+    case T_Q4_0: direct_body(jb, pt, n0, cols, col0, T_Q4_0); return;
+    case T_Q4_1: direct_body(jb, pt, n0, cols, col0, T_Q4_1); return;
+    case T_Q5_0: direct_body(jb, pt, n0, cols, col0, T_Q5_0); return;
+    case T_Q5_1: direct_body(jb, pt, n0, cols, col0, T_Q5_1); return;
+    case T_Q8_0: direct_body(jb, pt, n0, cols, col0, T_Q8_0); return;
+    case T_Q4_K: direct_body(jb, pt, n0, cols, col0, T_Q4_K); return;
+    case T_Q5_K: direct_body(jb, pt, n0, cols, col0, T_Q5_K); return;
+    default: direct_body(jb, pt, n0, cols, col0, T_Q6_K); return;
+    }
+}
+#endif
+
+/* Weight rows [n0, n0 + cols) of part pt (cols <= DET_COLS), into out's columns col0 .. col0 + cols. */
+static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0, float *acc,
+                      void *scratch) {
     const int64_t type = pt->type, nb = jb->nb, T = jb->T;
     const int64_t row_bytes = jb->K / block_values(type) * block_bytes(type);
     const uint8_t *rows[DET_COLS];
     for (int c = 0; c < DET_COLS; c++) rows[c] = pt->data + (n0 + (c < cols ? c : 0)) * row_bytes;
-    uint8_t codes[DET_CHUNK][DET_COLS][32] __attribute__((aligned(32)));
-    det_consts ks[DET_CHUNK][DET_COLS];
+#if defined(VW)
+    if (T <= DET_DIRECT_ROWS) {
+        for (int c0 = 0; c0 < cols; c0 += 8) direct_octet(jb, pt, n0 + c0, cols - c0 < 8 ? cols - c0 : 8, col0 + c0);
+        return;
+    }
+#endif
     memset(acc, 0, (size_t)(T * DET_COLS) * sizeof(float));
+#if defined(VW)
+    det_chunk *ch = scratch;
+    for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
+        const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
+        for (int c = 0; c < DET_COLS; c++)
+            for (int64_t b = 0; b < nbc; b++) {
+                uint8_t code[32];
+                det_consts k;
+                unpack_block(type, rows[c], b0 + b, code, &k);
+                if (type == T_Q8_0 && Q8_SHIFT)
+                    for (int i = 0; i < 32; i++) code[i] = (uint8_t)(code[i] + Q8_SHIFT);
+                for (int g = 0; g < 8; g++) memcpy(ch->codes[b][g] + 4 * c, code + 4 * g, 4);
+                ch->A[b][c] = k.A;
+                ch->M[b][c] = k.M;
+                ch->S0[b][c] = k.s0;
+                ch->S1[b][c] = k.s1;
+            }
+        int64_t t = 0;
+        for (; t + DET_RB <= T; t += DET_RB) chunk_rows(jb, ch, type, b0, nbc, t, DET_RB, acc);
+        if (t < T) chunk_rows(jb, ch, type, b0, nbc, t, (int)(T - t), acc);
+    }
+#else
+    (void)scratch;
+    uint8_t codes[DET_CHUNK][DET_COLS][32];
+    det_consts ks[DET_CHUNK][DET_COLS];
     for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
         const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
         for (int64_t b = 0; b < nbc; b++)
             for (int c = 0; c < DET_COLS; c++) unpack_block(type, rows[c], b0 + b, codes[b][c], &ks[b][c]);
-#if defined(__AVX2__)
-        float A[DET_CHUNK][DET_COLS] __attribute__((aligned(32))), M[DET_CHUNK][DET_COLS] __attribute__((aligned(32)));
-        int32_t Z[DET_CHUNK][DET_COLS] __attribute__((aligned(32)));
-        int32_t S0[DET_CHUNK][DET_COLS] __attribute__((aligned(32))), S1[DET_CHUNK][DET_COLS] __attribute__((aligned(32)));
-        __m256i SV[DET_CHUNK][DET_COLS];    /* Q6_K: the int16 scales of each pair of products */
-        for (int64_t b = 0; b < nbc; b++)
-            for (int c = 0; c < DET_COLS; c++) {
-                A[b][c] = ks[b][c].A;
-                M[b][c] = ks[b][c].M;
-                Z[b][c] = ks[b][c].z;
-                S0[b][c] = ks[b][c].s0;
-                S1[b][c] = ks[b][c].s1;
-                if (type == T_Q6_K)
-                    SV[b][c] = _mm256_set_m128i(_mm_set1_epi16(ks[b][c].s1), _mm_set1_epi16(ks[b][c].s0));
-            }
-        const __m256i ones = _mm256_set1_epi16(1);
-        for (int64_t t = 0; t < T; t++) {
-            const int8_t *xq = jb->xq + t * jb->K + 32 * b0;
-            const float *dx = jb->dx + t * nb + b0;
-            const int32_t *bs = jb->bsum + t * nb + b0, *hs = jb->hsum + t * 2 * nb + 2 * b0;
-            __m256 s = _mm256_loadu_ps(acc + t * DET_COLS);
-            for (int64_t b = 0; b < nbc; b++) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m256i v[DET_COLS];
-                for (int c = 0; c < DET_COLS; c++) {
-                    const __m256i w = _mm256_load_si256((const __m256i *)codes[b][c]);
-                    __m256i pairs;
-                    if (type == T_Q8_0)
-                        pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
-                    else
-                        pairs = _mm256_maddubs_epi16(w, xv);
-                    v[c] = _mm256_madd_epi16(pairs, type == T_Q6_K ? SV[b][c] : ones);
-                }
-                __m256i I = lane_sums(v);
-                const __m256i s0 = _mm256_load_si256((const __m256i *)S0[b]);
-                const __m256i s1 = _mm256_load_si256((const __m256i *)S1[b]);
-                const __m256i off = _mm256_add_epi32(_mm256_mullo_epi32(s0, _mm256_set1_epi32(hs[2 * b])),
-                                                     _mm256_mullo_epi32(s1, _mm256_set1_epi32(hs[2 * b + 1])));
-                I = _mm256_sub_epi32(I, _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)Z[b]), off));
-                const __m256 d = _mm256_set1_ps(dx[b]);
-                const __m256 a = _mm256_mul_ps(_mm256_load_ps(A[b]), d), m = _mm256_mul_ps(_mm256_load_ps(M[b]), d);
-                const __m256 term = _mm256_add_ps(_mm256_mul_ps(a, _mm256_cvtepi32_ps(I)),
-                                                  _mm256_mul_ps(m, _mm256_set1_ps((float)bs[b])));
-                s = _mm256_add_ps(s, term);
-            }
-            _mm256_storeu_ps(acc + t * DET_COLS, s);
-        }
-#else
         for (int64_t t = 0; t < T; t++) {
             const int8_t *xq = jb->xq + t * jb->K + 32 * b0;
             const float *dx = jb->dx + t * nb + b0;
@@ -300,8 +650,8 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
                 acc[t * DET_COLS + c] = s;
             }
         }
-#endif
     }
+#endif
     for (int64_t t = 0; t < T; t++)
         for (int c = 0; c < cols; c++) jb->out[t * jb->ldo + col0 + c] = acc[t * DET_COLS + c];
 }
@@ -312,7 +662,14 @@ static void det_part(const void *ctx, int index, int count) {
     const int64_t lo = total * index / count, hi = total * (index + 1) / count;
     if (lo >= hi) return;
     float *acc = malloc((size_t)(jb->T * DET_COLS) * sizeof(float));
-    if (acc == NULL) {
+#if defined(VW)
+    void *scratch = aligned_alloc(64, sizeof(det_chunk));
+#else
+    void *scratch = NULL;
+#endif
+    if (acc == NULL || (scratch == NULL && DET_COLS > 8)) {
+        free(acc);
+        free(scratch);
         atomic_store((_Atomic int *)&jb->error, -3);
         return;
     }
@@ -322,11 +679,12 @@ static void det_part(const void *ctx, int index, int count) {
         for (int64_t g = jb->groups[p] > lo ? jb->groups[p] : lo; g < jb->groups[p + 1] && g < hi; g++) {
             const int64_t n0 = (g - jb->groups[p]) * DET_COLS;
             const int cols = (int)(pt->rows - n0 < DET_COLS ? pt->rows - n0 : DET_COLS);
-            det_group(jb, pt, n0, cols, col0 + n0, acc);
+            det_group(jb, pt, n0, cols, col0 + n0, acc, scratch);
         }
         col0 += pt->rows;
     }
     free(acc);
+    free(scratch);
 }
 
 /* x [T, K] (rows ldx floats apart) @ W.T into out [T, N] (rows ldo apart), W the parts stacked along N,

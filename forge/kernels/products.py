@@ -113,6 +113,7 @@ def _amx_library() -> ctypes.CDLL:
 # ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
 
 # The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
+FORGE_DET = 2               # forge_qmatmul's `fast` for the deterministic numerics (qmatmul.h)
 QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39})
 
 
@@ -303,7 +304,7 @@ def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
 
 
 def moe_matmul(x: F32, k: int, descriptor: ctypes.Array[QPart], num_experts: int, experts: I64, starts: I64,
-               out: F32, fast: bool = False, lib: ctypes.CDLL | None = None) -> None:
+               out: F32, fast: bool = False, lib: ctypes.CDLL | None = None, det: bool = False) -> None:
     """The grouped product of a mixture of experts (moe_matmul.c): out[starts[g]:starts[g + 1]] = those
     rows of x @ W_e.T for every group g, e = experts[g], W_e expert e's rows of the parts of
     `descriptor` stacked (each part's data: the 3-D tensor's start; rows: one expert's), all on the
@@ -322,7 +323,7 @@ def moe_matmul(x: F32, k: int, descriptor: ctypes.Array[QPart], num_experts: int
             or experts.min() < 0 or experts.max() >= num_experts)):
         raise ValueError("moe_matmul: experts outside the tensors, or starts not rising from 0 to the rows of x")
     rc = lib.forge_moe_matmul(ptr(x), k, k, ptr(experts), ptr(starts), num_groups, ctypes.addressof(descriptor),
-                              len(descriptor), ptr(out), out.shape[1], int(fast))
+                              len(descriptor), ptr(out), out.shape[1], FORGE_DET if det else int(fast))
     if rc == -2:
         raise ValueError("moe_matmul: this build has no fast numerics (AVX-512 BF16 or AVX2)")
     if rc == -3:

@@ -1,8 +1,8 @@
 """The deterministic numerics' product defined in numpy: what every build of qmatmul_det.c must give
 bit for bit (the tests compare them).
 
-    x per block of 32 values: dx = max|x| / 127, codes q = rint(x * (127 / max|x|)) (nearest even; all
-      0 where max|x| is 0), bsum = the sum of the block's codes, h0 / h1 the sums of its two halves;
+    x per block of 32 values: dx = max|x| / 16256, codes q = rint(x * (16256 / max|x|)) (nearest even;
+      all 0 where max|x| is 0), bsum = the sum of the block's codes, h0 / h1 the sums of its two halves;
     weight block: codes c with a scale A, offset M, zero point z and group scales s0, s1 (Q6_K's two
       groups of 16; 1 otherwise):
         I = s0 * sum(c q over the first 16) + s1 * sum(c q over the last 16) - z * (s0 h0 + s1 h1)
@@ -19,8 +19,10 @@ bit for bit (the tests compare them).
     Q5_K   0..31               d * sc      -(dmin * mn)   0
     Q6_K   0..63               d           0              32   (s0, s1: the int8 scales of the halves)
 
-The integers are exact (|I| < 2**24, so float(I) is too); only the float32 operations round, in the
-order written, so nothing about the host, the batch or the threads can change the result.
+The integers are exact (|I| < 2**31); float(I) rounds to nearest even, and the float32 operations round
+in the order written, so nothing about the host, the batch or the threads can change the result. x's
+15-bit codes are what keep the fidelity: 8-bit ones (llama.cpp's Q8_0 activations) kept 6 of 26 greedy
+continuations of the reference set (docs/design.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _ZERO = {GGMLQuantizationType.Q4_0: 8, GGMLQuantizationType.Q4_1: 0, GGMLQuantiz
          GGMLQuantizationType.Q5_1: 0, GGMLQuantizationType.Q8_0: 0, GGMLQuantizationType.Q4_K: 0,
          GGMLQuantizationType.Q5_K: 0, GGMLQuantizationType.Q6_K: 32}
 TYPES = frozenset(_ZERO)
+XMAX = 16256          # x's codes: 127 * 128, 15 bits (qmatmul_det.c's DET_XMAX)
 
 
 def quantize(x: F32) -> tuple[I64, F32, I64, I64]:
@@ -49,9 +52,9 @@ def quantize(x: F32) -> tuple[I64, F32, I64, I64]:
     v = np.ascontiguousarray(x, dtype=np.float32).reshape(t, k // 32, 32)
     amax = np.abs(v).max(axis=2)                                              # [T, nb]
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    dx = (amax / np.float32(127)).astype(np.float32)
-    q = np.clip(np.rint(v * inv[:, :, None]), -127, 127).astype(np.int64)    # [T, nb, 32]
+        inv = np.where(amax > 0, np.float32(XMAX) / amax, np.float32(0)).astype(np.float32)
+    dx = (amax / np.float32(XMAX)).astype(np.float32)
+    q = np.clip(np.rint(v * inv[:, :, None]), -XMAX, XMAX).astype(np.int64)  # [T, nb, 32]
     halves = q.reshape(t, k // 32, 2, 16).sum(axis=3)                        # [T, nb, 2]
     return q, dx, halves.sum(axis=2), halves
 
@@ -93,6 +96,7 @@ def matmul(x: F32, data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: t
     t, nb = dx.shape
     sums = np.einsum("nbgi,tbgi->tnbg", codes.reshape(-1, nb, 2, 16), q.reshape(t, nb, 2, 16))   # [T, N, nb, 2]
     ints = (sums * groups[None]).sum(axis=3) - z * (groups[None] * halves[:, None]).sum(axis=3)   # [T, N, nb]
+    assert np.abs(ints).max(initial=0) < 2**31
     out = np.zeros((t, shape[0]), dtype=np.float32)
     for b in range(nb):
         term = (a[None, :, b] * dx[:, b, None]) * ints[:, :, b].astype(np.float32)

@@ -175,14 +175,14 @@ def det_type(qtype: int, lib: ctypes.CDLL | None = None) -> bool:
     return lib is not None and bool(lib.forge_qmatmul_det_type(qtype))
 
 
-def det_quantize(x: F32, lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.int8], F32, I32, I32]:
-    """x [T, K] as the deterministic product quantizes it: codes [T, K], scales and code sums [T, K / 32],
-    half-block sums [T, K / 16]."""
+def det_quantize(x: F32, lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.int16], F32, I32, I32]:
+    """x [T, K] as the deterministic product quantizes it: 15-bit codes [T, K], scales and code sums
+    [T, K / 32], half-block sums [T, K / 16]."""
     lib = lib or library()
     assert lib is not None, "det_quantize called without the compiled kernels"
     x = np.ascontiguousarray(x, dtype=np.float32)
     t, k = x.shape
-    q = np.empty((t, k), dtype=np.int8)
+    q = np.empty((t, k), dtype=np.int16)
     dx = np.empty((t, k // 32), dtype=np.float32)
     bsum = np.empty((t, k // 32), dtype=np.int32)
     hsum = np.empty((t, k // 16), dtype=np.int32)

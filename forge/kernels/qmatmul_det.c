@@ -4,7 +4,7 @@
  * The arithmetic is defined once (forge.kernels.det_reference is the same definition in numpy, and
  * the tests hold every build of this file to it bit for bit):
  *
- *   x is quantized per block of 32 values: dx = max|x| / 127, codes q = x * (127 / max|x|) rounded to
+ *   x is quantized per block of 32 values: dx = max|x| / 16256, codes q = x * (16256 / max|x|) rounded to
  *     nearest even (all codes 0 where max|x| is 0), with the sum of the block's codes `bsum` (and of
  *     each half's 16, for Q6_K);
  *   a weight block of 32 values is integer codes c (0..63, or -128..127 for Q8_0) with a float scale
@@ -34,6 +34,11 @@
 
 #include <stdatomic.h>
 
+/* x's codes: |q| <= DET_XMAX = 127 * 128, so that Q6_K's block sums (|I| <= 2 * 128 * 16 * 32 * DET_XMAX)
+ * stay within int32 and the hi byte of q = 128 hi + lo stays within -127..127 (VPSIGNB can negate it) */
+#define DET_XMAX 16256
+#define DET_XMAX_F 16256.0f
+
 #define DET_CHUNK 16           /* blocks of 32 values unpacked at a time (32 weight rows: 16 KiB of codes) */
 
 int forge_qmatmul_det_type(int64_t type) {
@@ -43,9 +48,10 @@ int forge_qmatmul_det_type(int64_t type) {
 
 /* ---- x as int8 codes per block of 32 ------------------------------------------------------------ */
 
-/* Row x (K values, a multiple of 32) as codes q, scales dx per block, the sums of each block's codes
- * (bsum) and of each half's 16 (hsum, two per block). */
-static void det_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, int32_t *bsum, int32_t *hsum) {
+/* Row x (K values, a multiple of 32) as 15-bit codes q = 128 hi + lo (hi -128..127, lo 0..127), stored per
+ * block of 32 as the 32 hi bytes then the 32 lo bytes (xq: 2 K bytes), scales dx per block, the sums of
+ * each block's codes (bsum) and of each half's 16 (hsum, two per block). */
+static void det_quantize_row(const float *x, int64_t K, int8_t *xq, float *dx, int32_t *bsum, int32_t *hsum) {
     for (int64_t b = 0; b < K / 32; b++) {
         const float *v = x + 32 * b;
         float amax = 0.0f;
@@ -53,30 +59,38 @@ static void det_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, in
             const float a = fabsf(v[i]);
             amax = a > amax ? a : amax;                  /* a NaN drops out */
         }
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        dx[b] = amax / 127.0f;
+        const float id = amax > 0.0f ? DET_XMAX_F / amax : 0.0f;
+        dx[b] = amax / DET_XMAX_F;
+        int8_t *hi8 = xq + 64 * b, *lo8 = hi8 + 32;
         int32_t h[2] = {0, 0};
 #if defined(__AVX2__)
         const __m256 vid = _mm256_set1_ps(id);
-        const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
-        __m256i c[4];
+        const __m256i top = _mm256_set1_epi32(DET_XMAX), bottom = _mm256_set1_epi32(-DET_XMAX);
+        __m256i c[4], hi[4], lo[4];
         for (int g = 0; g < 4; g++) {
             c[g] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * g), vid));   /* nearest even */
-            c[g] = _mm256_max_epi32(_mm256_min_epi32(c[g], hi), lo);
+            c[g] = _mm256_max_epi32(_mm256_min_epi32(c[g], top), bottom);
+            hi[g] = _mm256_srai_epi32(c[g], 7);
+            lo[g] = _mm256_and_si256(c[g], _mm256_set1_epi32(127));
         }
-        const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(c[0], c[1]), 0xD8);
-        const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2], c[3]), 0xD8);
-        _mm256_storeu_si256((__m256i *)(q + 32 * b),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
+        for (int part = 0; part < 2; part++) {
+            const __m256i *u = part ? lo : hi;
+            const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(u[0], u[1]), 0xD8);
+            const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(u[2], u[3]), 0xD8);
+            _mm256_storeu_si256((__m256i *)(part ? lo8 : hi8),
+                                _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
+        }
         int32_t lanes[32];
         for (int g = 0; g < 4; g++) _mm256_storeu_si256((__m256i *)(lanes + 8 * g), c[g]);
         for (int i = 0; i < 32; i++) h[i / 16] += lanes[i];
 #else
         for (int i = 0; i < 32; i++) {
             float r = nearbyintf(v[i] * id);
-            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-            q[32 * b + i] = (int8_t)r;
-            h[i / 16] += (int32_t)r;
+            r = r > DET_XMAX_F ? DET_XMAX_F : r < -DET_XMAX_F ? -DET_XMAX_F : r;
+            const int32_t q = (int32_t)r;
+            hi8[i] = (int8_t)(q >> 7);         /* arithmetic: floor(q / 128) */
+            lo8[i] = (int8_t)(q & 127);
+            h[i / 16] += q;
         }
 #endif
         hsum[2 * b] = h[0];
@@ -226,7 +240,8 @@ typedef __m256 vfl;
 #define DOT_U8(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
 #define DET_VNNI 1
 #else
-/* unsigned codes up to 63 times x's codes: VPMADDUBSW's pairs stay below 2 * 63 * 127, no saturation */
+/* unsigned codes up to 63 (128 for Q8_0's |w|) times x's hi or lo bytes: VPMADDUBSW's pairs stay below
+ * 2 * 128 * 128, no saturation */
 #define DOT_U8(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
 #endif
 #endif
@@ -261,15 +276,13 @@ typedef struct {
 } det_job;
 
 /* The integer part of one block against one row of x, from codes c: exact. */
-static inline int32_t block_int(const uint8_t *c, const det_consts *k, int64_t type, const int8_t *q, int32_t h0,
+static inline int32_t block_int(const uint8_t *c, const det_consts *k, int64_t type, const int8_t *xq, int32_t h0,
                                 int32_t h1) {
     int32_t s0 = 0, s1 = 0;
-    if (type == T_Q8_0) {
-        for (int i = 0; i < 16; i++) s0 += (int8_t)c[i] * q[i];
-        for (int i = 16; i < 32; i++) s1 += (int8_t)c[i] * q[i];
-    } else {
-        for (int i = 0; i < 16; i++) s0 += c[i] * q[i];
-        for (int i = 16; i < 32; i++) s1 += c[i] * q[i];
+    for (int i = 0; i < 32; i++) {
+        const int32_t q = 128 * xq[i] + xq[32 + i];
+        const int32_t w = type == T_Q8_0 ? (int8_t)c[i] : c[i];
+        if (i < 16) s0 += w * q; else s1 += w * q;
     }
     return k->s0 * s0 + k->s1 * s1 - k->z * (k->s0 * h0 + k->s1 * h1);
 }
@@ -293,9 +306,10 @@ typedef struct {
     int32_t S1[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
 } det_chunk;
 
-/* Rows [t0, t0 + R) of x (R <= DET_RB) against the chunk's nbc blocks from block b0: acc += the terms. */
-static inline void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64_t b0, int64_t nbc,
-                              int64_t t0, int R, float *acc) {
+/* Rows [t0, t0 + R) of x (R <= DET_RB) against the chunk's nbc blocks from block b0: acc += the terms.
+ * Inlined per type and R (chunk_rows), so that the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void chunk_body(const det_job *jb, const det_chunk *ch, const int64_t type,
+                                                             int64_t b0, int64_t nbc, int64_t t0, const int R, float *acc) {
     const int64_t nb = jb->nb;
     const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? Q8_SHIFT : 0;
     const int q6 = type == T_Q6_K;
@@ -303,34 +317,30 @@ static inline void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t ty
     for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) s[r][h] = VF_LOADU(acc + (t0 + r) * DET_COLS + h * VW);
     for (int64_t b = 0; b < nbc; b++) {
-        vi I0[DET_RB][2], I1[DET_RB][2];
+        /* [r][h][k][hl]: x row r, weight rows h * VW.., codes 0-15 / 16-31 (Q6_K's groups; else all in k 0),
+         * x's hi / lo bytes */
+        vi I[DET_RB][2][2][2];
         for (int r = 0; r < R; r++)
-            for (int h = 0; h < 2; h++) I0[r][h] = I1[r][h] = VI_ZERO();
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 2; k++) I[r][h][k][0] = I[r][h][k][1] = VI_ZERO();
         for (int g = 0; g < 8; g++) {
+            const int k = q6 && g >= 4;
             const vi w0 = VI_LOAD(ch->codes[b][g]), w1 = VI_LOAD(ch->codes[b][g] + VW * 4);
             for (int r = 0; r < R; r++) {
-                int32_t xw;
-                memcpy(&xw, jb->xq + (t0 + r) * jb->K + 32 * (b0 + b) + 4 * g, 4);
-                const vi xv = VI_SET1(xw);
+                const int8_t *xb = jb->xq + (t0 + r) * 2 * jb->K + 64 * (b0 + b) + 4 * g;
+                for (int hl = 0; hl < 2; hl++) {
+                    int32_t xw;
+                    memcpy(&xw, xb + 32 * hl, 4);
+                    const vi xv = VI_SET1(xw);
 #if !defined(DET_VNNI)
-                if (type == T_Q8_0) {      /* signed codes: |w| against x with w's sign */
-                    const vi xs0 = _mm256_sign_epi8(xv, w0), xs1 = _mm256_sign_epi8(xv, w1);
-                    if (g < 4) {
-                        I0[r][0] = DOT_U8(I0[r][0], _mm256_abs_epi8(w0), xs0);
-                        I0[r][1] = DOT_U8(I0[r][1], _mm256_abs_epi8(w1), xs1);
-                    } else {
-                        I1[r][0] = DOT_U8(I1[r][0], _mm256_abs_epi8(w0), xs0);
-                        I1[r][1] = DOT_U8(I1[r][1], _mm256_abs_epi8(w1), xs1);
+                    if (type == T_Q8_0) {      /* signed codes: |w| against x with w's sign */
+                        I[r][0][k][hl] = DOT_U8(I[r][0][k][hl], _mm256_abs_epi8(w0), _mm256_sign_epi8(xv, w0));
+                        I[r][1][k][hl] = DOT_U8(I[r][1][k][hl], _mm256_abs_epi8(w1), _mm256_sign_epi8(xv, w1));
+                        continue;
                     }
-                    continue;
-                }
 #endif
-                if (g < 4) {
-                    I0[r][0] = DOT_U8(I0[r][0], w0, xv);
-                    I0[r][1] = DOT_U8(I0[r][1], w1, xv);
-                } else {
-                    I1[r][0] = DOT_U8(I1[r][0], w0, xv);
-                    I1[r][1] = DOT_U8(I1[r][1], w1, xv);
+                    I[r][0][k][hl] = DOT_U8(I[r][0][k][hl], w0, xv);
+                    I[r][1][k][hl] = DOT_U8(I[r][1][k][hl], w1, xv);
                 }
             }
         }
@@ -340,21 +350,44 @@ static inline void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t ty
             const int32_t bs = jb->bsum[t * nb + b0 + b];
             const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
             for (int h = 0; h < 2; h++) {
-                vi I;
+                const vi I0 = VI_ADD(VI_MUL(I[r][h][0][0], VI_SET1(128)), I[r][h][0][1]);
+                vi In;
                 if (q6) {
+                    const vi I1 = VI_ADD(VI_MUL(I[r][h][1][0], VI_SET1(128)), I[r][h][1][1]);
                     const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
-                    I = VI_ADD(VI_MUL(s0, VI_SUB(I0[r][h], VI_SET1(32 * hs[0]))),
-                               VI_MUL(s1, VI_SUB(I1[r][h], VI_SET1(32 * hs[1]))));
+                    In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
                 } else {
-                    I = VI_SUB(VI_ADD(I0[r][h], I1[r][h]), VI_SET1(z * bs));
+                    In = VI_SUB(I0, VI_SET1(z * bs));
                 }
                 const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
-                s[r][h] = VF_ADD(s[r][h], VF_ADD(VF_MUL(a, VF_CVT(I)), VF_MUL(m, bsf)));
+                s[r][h] = VF_ADD(s[r][h], VF_ADD(VF_MUL(a, VF_CVT(In)), VF_MUL(m, bsf)));
             }
         }
     }
     for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) VF_STOREU(acc + (t0 + r) * DET_COLS + h * VW, s[r][h]);
+}
+
+#define CHUNK_ROWS_R(T_)                                                                          \
+    switch (R) {                                                                                  \
+    case 1: chunk_body(jb, ch, T_, b0, nbc, t0, 1, acc); return;                                  \
+    case 2: chunk_body(jb, ch, T_, b0, nbc, t0, 2, acc); return;                                  \
+    case 3: chunk_body(jb, ch, T_, b0, nbc, t0, 3, acc); return;                                  \
+    default: chunk_body(jb, ch, T_, b0, nbc, t0, 4, acc); return;                                 \
+    }
+
+static void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64_t b0, int64_t nbc, int64_t t0, int R,
+                       float *acc) {
+    switch (type) {
+    case T_Q4_0: CHUNK_ROWS_R(T_Q4_0)
+    case T_Q4_1: CHUNK_ROWS_R(T_Q4_1)
+    case T_Q5_0: CHUNK_ROWS_R(T_Q5_0)
+    case T_Q5_1: CHUNK_ROWS_R(T_Q5_1)
+    case T_Q8_0: CHUNK_ROWS_R(T_Q8_0)
+    case T_Q4_K: CHUNK_ROWS_R(T_Q4_K)
+    case T_Q5_K: CHUNK_ROWS_R(T_Q5_K)
+    default: CHUNK_ROWS_R(T_Q6_K)
+    }
 }
 #endif
 
@@ -538,7 +571,8 @@ static inline __attribute__((always_inline)) void direct_body(const det_job *jb,
             __m256i w[8];
             for (int c = 0; c < 8; c++) w[c] = codes_of(type, rows[c], b);
             for (int t = 0; t < T; t++) {
-                const __m256i xv = load_b32((const uint8_t *)(jb->xq + t * jb->K + 32 * b));
+                const int8_t *xb = jb->xq + t * 2 * jb->K + 64 * b;
+                const __m256i xh = load_b32((const uint8_t *)xb), xl = load_b32((const uint8_t *)xb + 32);
                 const int32_t bs = jb->bsum[t * nb + b];
                 const int32_t *hs = jb->hsum + t * 2 * nb + 2 * b;
                 __m256i v[8], I;
@@ -547,7 +581,7 @@ static inline __attribute__((always_inline)) void direct_body(const det_job *jb,
                     __m256i v0[8], v1[8];
                     const __m256i lo = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
                     for (int c = 0; c < 8; c++) {
-                        const __m256i p = DOT8(w[c], xv);
+                        const __m256i p = _mm256_add_epi32(_mm256_slli_epi32(DOT8(w[c], xh), 7), DOT8(w[c], xl));
                         v0[c] = _mm256_and_si256(p, lo);
                         v1[c] = _mm256_andnot_si256(lo, p);
                     }
@@ -558,11 +592,13 @@ static inline __attribute__((always_inline)) void direct_body(const det_job *jb,
                     for (int c = 0; c < 8; c++) {
 #if !defined(DET_VNNI)
                         if (type == T_Q8_0) {
-                            v[c] = DOT8(_mm256_abs_epi8(w[c]), _mm256_sign_epi8(xv, w[c]));
+                            const __m256i aw = _mm256_abs_epi8(w[c]);
+                            v[c] = _mm256_add_epi32(_mm256_slli_epi32(DOT8(aw, _mm256_sign_epi8(xh, w[c])), 7),
+                                                    DOT8(aw, _mm256_sign_epi8(xl, w[c])));
                             continue;
                         }
 #endif
-                        v[c] = DOT8(w[c], xv);
+                        v[c] = _mm256_add_epi32(_mm256_slli_epi32(DOT8(w[c], xh), 7), DOT8(w[c], xl));
                     }
                     I = _mm256_sub_epi32(lane_sums(v), _mm256_set1_epi32(z * bs));
                 }
@@ -626,7 +662,8 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
                 ch->S1[b][c] = k.s1;
             }
         int64_t t = 0;
-        for (; t + DET_RB <= T; t += DET_RB) chunk_rows(jb, ch, type, b0, nbc, t, DET_RB, acc);
+        const int rb = type == T_Q6_K ? 2 : DET_RB;      /* Q6_K's two groups: twice the accumulators */
+        for (; t + rb <= T; t += rb) chunk_rows(jb, ch, type, b0, nbc, t, rb, acc);
         if (t < T) chunk_rows(jb, ch, type, b0, nbc, t, (int)(T - t), acc);
     }
 #else
@@ -638,13 +675,13 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
         for (int64_t b = 0; b < nbc; b++)
             for (int c = 0; c < DET_COLS; c++) unpack_block(type, rows[c], b0 + b, codes[b][c], &ks[b][c]);
         for (int64_t t = 0; t < T; t++) {
-            const int8_t *xq = jb->xq + t * jb->K + 32 * b0;
+            const int8_t *xq = jb->xq + t * 2 * jb->K + 64 * b0;
             const float *dx = jb->dx + t * nb + b0;
             const int32_t *bs = jb->bsum + t * nb + b0, *hs = jb->hsum + t * 2 * nb + 2 * b0;
             for (int c = 0; c < DET_COLS; c++) {
                 float s = acc[t * DET_COLS + c];
                 for (int64_t b = 0; b < nbc; b++) {
-                    const int32_t I = block_int(codes[b][c], &ks[b][c], type, xq + 32 * b, hs[2 * b], hs[2 * b + 1]);
+                    const int32_t I = block_int(codes[b][c], &ks[b][c], type, xq + 64 * b, hs[2 * b], hs[2 * b + 1]);
                     s = s + block_term(&ks[b][c], dx[b], I, bs[b]);
                 }
                 acc[t * DET_COLS + c] = s;
@@ -700,14 +737,15 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     }
     if (T <= 0) return 0;
     const int64_t nb = K / 32;
-    int8_t *xq = malloc((size_t)(T * K));
+    int8_t *xq = malloc((size_t)(T * 2 * K));
     float *dx = malloc((size_t)(T * nb) * sizeof(float));
     int32_t *bsum = malloc((size_t)(T * nb) * sizeof(int32_t)), *hsum = malloc((size_t)(T * 2 * nb) * sizeof(int32_t));
     int rc = 0;
     if (xq == NULL || dx == NULL || bsum == NULL || hsum == NULL) {
         rc = -3;
     } else {
-        for (int64_t t = 0; t < T; t++) det_quantize_row(x + t * ldx, K, xq + t * K, dx + t * nb, bsum + t * nb, hsum + t * 2 * nb);
+        for (int64_t t = 0; t < T; t++)
+            det_quantize_row(x + t * ldx, K, xq + t * 2 * K, dx + t * nb, bsum + t * nb, hsum + t * 2 * nb);
         jb.xq = xq, jb.dx = dx, jb.bsum = bsum, jb.hsum = hsum;
         atomic_init(&jb.error, 0);
         forge_run_parallel(det_part, &jb, jb.groups[num_parts] > 1);
@@ -720,11 +758,16 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     return rc;
 }
 
-/* x's codes as the product takes them (for the tests): q [T, K], dx and bsum [T, K / 32], hsum [T, K / 16]. */
-int forge_det_quantize(const float *x, int64_t T, int64_t K, int64_t ldx, int8_t *q, float *dx, int32_t *bsum,
+/* x's codes as the product takes them (for the tests): q [T, K] (int16), dx and bsum [T, K / 32], hsum [T, K / 16]. */
+int forge_det_quantize(const float *x, int64_t T, int64_t K, int64_t ldx, int16_t *q, float *dx, int32_t *bsum,
                        int32_t *hsum) {
     if (K % 32 != 0) return -1;
-    for (int64_t t = 0; t < T; t++)
-        det_quantize_row(x + t * ldx, K, q + t * K, dx + t * (K / 32), bsum + t * (K / 32), hsum + t * (K / 16));
+    int8_t *xq = malloc((size_t)(2 * K));
+    if (xq == NULL) return -3;
+    for (int64_t t = 0; t < T; t++) {
+        det_quantize_row(x + t * ldx, K, xq, dx + t * (K / 32), bsum + t * (K / 32), hsum + t * (K / 16));
+        for (int64_t i = 0; i < K; i++) q[t * K + i] = (int16_t)(128 * xq[i / 32 * 64 + i % 32] + xq[i / 32 * 64 + 32 + i % 32]);
+    }
+    free(xq);
     return 0;
 }

@@ -1,8 +1,9 @@
 """The deterministic numerics' product defined in numpy: what every build of qmatmul_det.c must give
 bit for bit (the tests compare them).
 
-    x per block of 32 values: dx = max|x| / 16256, codes q = rint(x * (16256 / max|x|)) (nearest even;
-      all 0 where max|x| is 0), bsum = the sum of the block's codes, h0 / h1 the sums of its two halves;
+    x per block of 32 values: dx = max|x| / 16256, codes q = rint(x * (16256 / max|x|)) (nearest even)
+      clamped to +-16256 (all 0 where max|x| is below 2^-100; -16256 where the product is not finite),
+      bsum = the sum of the block's codes, h0 / h1 the sums of its two halves;
     weight block: codes c with a scale A, offset M, zero point z and group scales s0, s1 (Q6_K's two
       groups of 16; 1 otherwise):
         I = s0 * sum(c q over the first 16) + s1 * sum(c q over the last 16) - z * (s0 h0 + s1 h1)
@@ -44,17 +45,21 @@ _ZERO = {GGMLQuantizationType.Q4_0: 8, GGMLQuantizationType.Q4_1: 0, GGMLQuantiz
          GGMLQuantizationType.Q5_K: 0, GGMLQuantizationType.Q6_K: 32}
 TYPES = frozenset(_ZERO)
 XMAX = 16256          # x's codes: 127 * 128, 15 bits (qmatmul_det.c's DET_XMAX)
+TINY = np.float32(2.0**-100)   # a block whose max|x| is below this is zeros (DET_TINY)
 
 
 def quantize(x: F32) -> tuple[I64, F32, I64, I64]:
     """x [T, K] as codes [T, nb, 32], dx [T, nb], bsum [T, nb] and half sums [T, nb, 2]."""
     t, k = x.shape
     v = np.ascontiguousarray(x, dtype=np.float32).reshape(t, k // 32, 32)
-    amax = np.abs(v).max(axis=2)                                              # [T, nb]
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(XMAX) / amax, np.float32(0)).astype(np.float32)
-    dx = (amax / np.float32(XMAX)).astype(np.float32)
-    q = np.clip(np.rint(v * inv[:, :, None]), -XMAX, XMAX).astype(np.int64)  # [T, nb, 32]
+    amax = np.fmax.reduce(np.abs(v), axis=2)                                 # [T, nb] (a NaN drops out)
+    amax = np.where(amax >= TINY, amax, np.float32(0)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(XMAX) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+        dx = (amax / np.float32(XMAX)).astype(np.float32)
+        p = v * inv[:, :, None]
+        r = np.where(np.isfinite(p) & (np.abs(p) < 2**31), np.rint(p), -XMAX)
+    q = np.clip(r, -XMAX, XMAX).astype(np.int64)                             # [T, nb, 32]
     halves = q.reshape(t, k // 32, 2, 16).sum(axis=3)                        # [T, nb, 2]
     return q, dx, halves.sum(axis=2), halves
 

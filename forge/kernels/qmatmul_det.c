@@ -5,8 +5,8 @@
  * the tests hold every build of this file to it bit for bit):
  *
  *   x is quantized per block of 32 values: dx = max|x| / 16256, codes q = x * (16256 / max|x|) rounded to
- *     nearest even (all codes 0 where max|x| is 0), with the sum of the block's codes `bsum` (and of
- *     each half's 16, for Q6_K);
+ *     nearest even and clamped to +-16256 (all codes 0 where max|x| is below 2^-100; -16256 where the
+ *     product is not finite), with the sum of the block's codes `bsum` (and of each half's 16, for Q6_K);
  *   a weight block of 32 values is integer codes c (0..63, or -128..127 for Q8_0) with a float scale
  *     A and offset M (per type below), and its integer product with x's block is exact in int32:
  *       I = sum(c * q) - z * bsum                           (Q4_0: z = 8, Q5_0: z = 16, else z = 0)
@@ -38,6 +38,8 @@
  * stay within int32 and the hi byte of q = 128 hi + lo stays within -127..127 (VPSIGNB can negate it) */
 #define DET_XMAX 16256
 #define DET_XMAX_F 16256.0f
+/* A block whose max|x| is below 2^-100 is taken as zeros (127 * 128 / max|x| stays finite). */
+#define DET_TINY 0x1p-100f
 
 #define DET_CHUNK 16           /* blocks of 32 values unpacked at a time (32 weight rows: 16 KiB of codes) */
 
@@ -59,6 +61,7 @@ static void det_quantize_row(const float *x, int64_t K, int8_t *xq, float *dx, i
             const float a = fabsf(v[i]);
             amax = a > amax ? a : amax;                  /* a NaN drops out */
         }
+        if (!(amax >= DET_TINY)) amax = 0.0f;             /* a block this small counts as zeros */
         const float id = amax > 0.0f ? DET_XMAX_F / amax : 0.0f;
         dx[b] = amax / DET_XMAX_F;
         int8_t *hi8 = xq + 64 * b, *lo8 = hi8 + 32;
@@ -85,7 +88,9 @@ static void det_quantize_row(const float *x, int64_t K, int8_t *xq, float *dx, i
         for (int i = 0; i < 32; i++) h[i / 16] += lanes[i];
 #else
         for (int i = 0; i < 32; i++) {
-            float r = nearbyintf(v[i] * id);
+            const float p = v[i] * id;
+            /* VCVTPS2DQ's answer for what int32 cannot hold (a NaN, an infinity): INT32_MIN, so -DET_XMAX */
+            float r = p >= -2147483648.0f && p < 2147483648.0f ? nearbyintf(p) : -DET_XMAX_F;
             r = r > DET_XMAX_F ? DET_XMAX_F : r < -DET_XMAX_F ? -DET_XMAX_F : r;
             const int32_t q = (int32_t)r;
             hi8[i] = (int8_t)(q >> 7);         /* arithmetic: floor(q / 128) */

@@ -77,8 +77,8 @@ def weight_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tu
         codes = affine_blocks(data, qtype, shape).codes.astype(np.int64).reshape(rows, nb, 32)
         d = np.ascontiguousarray(b[:, 208:210]).view(np.float16).astype(np.float32)[:, 0]   # [rows * nb / 8]
         groups = b[:, 192:208].view(np.int8).astype(np.int64).reshape(rows, nb, 2)
-        a = np.repeat(d, 8).reshape(rows, nb)
-        return codes, a, np.zeros_like(a), np.int64(32), groups
+        a: F32 = np.repeat(d, 8).reshape(rows, nb)
+        return codes, a, np.zeros_like(a), np.asarray(32, dtype=np.int64), groups
     blocks = affine_blocks(data, qtype, shape)
     codes = blocks.codes.astype(np.int64).reshape(rows, nb, 32)
     scale = blocks.scale.reshape(rows, nb)          # one scale per 32 for every type but Q6_K
@@ -91,7 +91,8 @@ def weight_blocks(data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tu
         m = np.zeros_like(scale)
     if qtype == GGMLQuantizationType.Q8_0:
         codes = codes - 128                         # affine_blocks holds the int8 + 128
-    return codes, scale.astype(np.float32), m, np.int64(z), np.ones((rows, nb, 2), dtype=np.int64)
+    ones = np.ones((rows, nb, 2), dtype=np.int64)
+    return codes, scale.astype(np.float32), m.astype(np.float32), np.asarray(z, dtype=np.int64), ones
 
 
 def matmul(x: F32, data: npt.NDArray[Any], qtype: GGMLQuantizationType, shape: tuple[int, int]) -> F32:

@@ -476,9 +476,9 @@ static inline __attribute__((always_inline)) __m256i codes_of(int64_t type, cons
 }
 
 /* out[j] lane c = in[c][j]: an 8 x 8 transposition (moves only). */
-static inline void transpose8(const float in[8][8], __m256 *out) {
+static inline void transpose8v(const __m256 *in, __m256 *out) {
     __m256 r[8], t[8];
-    for (int c = 0; c < 8; c++) r[c] = _mm256_load_ps(in[c]);
+    for (int c = 0; c < 8; c++) r[c] = in[c];
     for (int c = 0; c < 8; c += 2) {
         t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
         t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
@@ -493,6 +493,12 @@ static inline void transpose8(const float in[8][8], __m256 *out) {
         out[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
         out[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
     }
+}
+
+static inline void transpose8(const float in[8][8], __m256 *out) {
+    __m256 r[8];
+    for (int c = 0; c < 8; c++) r[c] = _mm256_load_ps(in[c]);
+    transpose8v(r, out);
 }
 
 /* The 8 weight rows' constants of blocks [b0, b0 + 8) (K-quants: one superblock; 32-blocks: 8 of
@@ -635,6 +641,49 @@ static void direct_octet(const det_job *jb, const qpart *pt, int64_t n0, int col
 }
 #endif
 
+#if defined(VW)
+/* Blocks [b0, b0 + nbc) of the DET_COLS rows into the chunk: each 8 rows' codes of a block transposed in
+ * registers, 4 bytes at a time, into the 8 groups' places; their constants by consts8. */
+static inline __attribute__((always_inline)) void unpack_body(const int64_t type, const uint8_t *const *rows, int64_t b0,
+                                                              int64_t nbc, det_chunk *ch) {
+    for (int o = 0; o < DET_COLS / 8; o++) {
+        for (int64_t b8 = 0; b8 < nbc; b8 += 8) {
+            __m256 A[8], M[8];
+            __m256i S0[8], S1[8];
+            const int64_t n = nbc - b8 < 8 ? nbc - b8 : 8;
+            consts8(type, rows + 8 * o, b0 + b8, n, A, M, S0, S1);
+            for (int64_t j = 0; j < n; j++) {
+                _mm256_store_ps(ch->A[b8 + j] + 8 * o, A[j]);
+                _mm256_store_ps(ch->M[b8 + j] + 8 * o, M[j]);
+                if (type == T_Q6_K) {
+                    _mm256_store_si256((__m256i *)(ch->S0[b8 + j] + 8 * o), S0[j]);
+                    _mm256_store_si256((__m256i *)(ch->S1[b8 + j] + 8 * o), S1[j]);
+                }
+            }
+        }
+        for (int64_t b = 0; b < nbc; b++) {
+            __m256 w[8], g[8];
+            for (int c = 0; c < 8; c++) w[c] = _mm256_castsi256_ps(codes_of(type, rows[8 * o + c], b0 + b));
+            transpose8v(w, g);                 /* g[k] holds every row's codes 4k .. 4k + 3 */
+            for (int k = 0; k < 8; k++) _mm256_store_ps((float *)(ch->codes[b][k] + 32 * o), g[k]);
+        }
+    }
+}
+
+static void unpack_chunk(int64_t type, const uint8_t *const *rows, int64_t b0, int64_t nbc, det_chunk *ch) {
+    switch (type) {
+    case T_Q4_0: unpack_body(T_Q4_0, rows, b0, nbc, ch); return;
+    case T_Q4_1: unpack_body(T_Q4_1, rows, b0, nbc, ch); return;
+    case T_Q5_0: unpack_body(T_Q5_0, rows, b0, nbc, ch); return;
+    case T_Q5_1: unpack_body(T_Q5_1, rows, b0, nbc, ch); return;
+    case T_Q8_0: unpack_body(T_Q8_0, rows, b0, nbc, ch); return;
+    case T_Q4_K: unpack_body(T_Q4_K, rows, b0, nbc, ch); return;
+    case T_Q5_K: unpack_body(T_Q5_K, rows, b0, nbc, ch); return;
+    default: unpack_body(T_Q6_K, rows, b0, nbc, ch); return;
+    }
+}
+#endif
+
 /* Weight rows [n0, n0 + cols) of part pt (cols <= DET_COLS), into out's columns col0 .. col0 + cols. */
 static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0, float *acc,
                       void *scratch) {
@@ -653,19 +702,7 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
     det_chunk *ch = scratch;
     for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
         const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
-        for (int c = 0; c < DET_COLS; c++)
-            for (int64_t b = 0; b < nbc; b++) {
-                uint8_t code[32];
-                det_consts k;
-                unpack_block(type, rows[c], b0 + b, code, &k);
-                if (type == T_Q8_0 && Q8_SHIFT)
-                    for (int i = 0; i < 32; i++) code[i] = (uint8_t)(code[i] + Q8_SHIFT);
-                for (int g = 0; g < 8; g++) memcpy(ch->codes[b][g] + 4 * c, code + 4 * g, 4);
-                ch->A[b][c] = k.A;
-                ch->M[b][c] = k.M;
-                ch->S0[b][c] = k.s0;
-                ch->S1[b][c] = k.s1;
-            }
+        unpack_chunk(type, rows, b0, nbc, ch);
         int64_t t = 0;
         const int rb = type == T_Q6_K ? 2 : DET_RB;      /* Q6_K's two groups: twice the accumulators */
         for (; t + rb <= T; t += rb) chunk_rows(jb, ch, type, b0, nbc, t, rb, acc);

@@ -138,9 +138,11 @@ def add_engine_flags(p: argparse.ArgumentParser, *, many_models: bool = False) -
                         "hosts included, else onnxruntime) [FORGE_KERNELS; auto]")
     g.add_argument("--numerics", choices=list(NUMERICS), default=env("FORGE_NUMERICS", "reference"),
                    help="how exactly the weights multiply: reference (float32 over the file's values; "
-                        "the same bits for a row whatever the batch) or fast (bfloat16 products on "
+                        "the same bits for a row whatever the batch), fast (bfloat16 products on "
                         "blocks, int8 activations on onnxruntime: about twice the prefill speed, a few "
-                        "1e-3 relative; docs/design.md) [FORGE_NUMERICS; reference]")
+                        "1e-3 relative) or deterministic (blocks: x as 15-bit integers per block of 32, "
+                        "exact integer sums, one fixed order of float roundings: the products' bits the "
+                        "same on every x86 CPU; docs/design.md) [FORGE_NUMERICS; reference]")
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=env("FORGE_KV_CACHE_DTYPE", "float16"),
                    help="how the K/V cache stores values: float16 (half float32's bytes, logprobs within "
                         "~1e-2), float32 (exact), bfloat16, or int8 (3.76x float32's tokens per byte, "
@@ -266,7 +268,7 @@ def build_parser(register: Callable[[Any], None] | None = None) -> argparse.Argu
                        help="model: comma-separated numbers of sequences run at once [1,8,32,64]")
     bench.add_argument("--kernels", choices=list(KERNELS), default="auto", help="model: the kernel backend [auto]")
     bench.add_argument("--numerics", choices=list(NUMERICS), default="reference",
-                       help="model: reference or fast numerics [reference]")
+                       help="model: reference, fast or deterministic numerics [reference]")
     bench.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="float16",
                        help="model: how the K/V cache stores values [float16]")
     bench.add_argument("--blas-threads", type=int, default=None,

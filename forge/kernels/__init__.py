@@ -27,6 +27,13 @@ Backends, chosen once at load (`--kernels`):
 
 Numerics, chosen apart from the backend (`--numerics`, NUMERICS):
 
+    deterministic  blocks only: x as int8 codes per block of 32, multiplied with the file's integer
+                 codes in exact int32 sums, the blocks' float32 terms added in one fixed order
+                 (qmatmul_det.c; forge.kernels.det_reference defines it in numpy): a product's bits
+                 do not depend on the batch, the threads or the instruction set the kernels were
+                 built for. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; other types take the
+                 reference product.
+
     reference    float32 activations and accumulation over exactly the file's weights (the
                  default: the greedy reference tests hold, a row's bits do not depend on the batch).
     fast         blocks: x and the widened weights rounded to bfloat16, float32 accumulation
@@ -58,7 +65,7 @@ import importlib.util
 from dataclasses import dataclass, replace
 
 KERNELS = ("auto", "blocks", "amx", "onnxruntime", "fast", "numpy")
-NUMERICS = ("reference", "fast")
+NUMERICS = ("reference", "fast", "deterministic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,7 @@ class KernelChoice:
     reason: str               # why, for the start-up log line
     amx: bool = False         # big steps on the AMX tiles (the `amx` mode)
     fast_products: bool = False   # the blocks backend's fast numerics (bfloat16 or int8 products)
+    det_products: bool = False    # the blocks backend's deterministic numerics (qmatmul_det.c)
 
     @property
     def name(self) -> str:
@@ -75,6 +83,8 @@ class KernelChoice:
 
     @property
     def numerics(self) -> str:
+        if self.det_products:
+            return "deterministic"
         return "fast" if self.int8_activations or self.fast_products else "reference"
 
 
@@ -85,6 +95,12 @@ def choose_kernels(requested: str, numerics: str = "reference") -> KernelChoice:
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
     choice = _choose_backend(requested)
+    if numerics == "deterministic":
+        if requested not in ("auto", "blocks") or not _compiled_ready():
+            raise ValueError("--numerics deterministic runs on the blocks backend (forge's compiled kernels): use "
+                             "--kernels auto or blocks, on a host that can build them")
+        return KernelChoice("blocks", False, "the file's blocks read in place, int8 activations per block of 32 with "
+                            "exact integer sums (deterministic numerics)", det_products=True)
     if numerics == "reference" or choice.numerics == "fast":
         return choice
     if choice.backend == "blocks" or requested == "auto":

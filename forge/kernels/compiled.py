@@ -37,6 +37,10 @@ HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # process when the library loads (denormals would read as 0 in numpy and msgspec alike).
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
 LDFLAGS = ["-shared"]
+# Files whose float arithmetic must stay as written: the deterministic numerics' product defines its
+# result by the order and roundings of its operations (qmatmul_det.c), which -ffast-math would let the
+# compiler regroup and -ffp-contract would fuse into multiply-adds (on some builds and not others).
+FILE_FLAGS = {"qmatmul_det.c": ["-fno-fast-math", "-ffp-contract=off"]}
 
 # Instruction-set levels the kernels can be built for, as flags added to -march=native: "native"
 # is everything the host has (AVX-512 paths where it has AVX-512F, AMX tiles where it has them);
@@ -44,7 +48,7 @@ LDFLAGS = ["-shared"]
 # run (and the tests check) the code a smaller CPU would get. FORGE_KERNEL_ISA picks the level the
 # process runs (default native; avx512 is how an AMX host measures the path other CPUs take).
 NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
-ISA_FLAGS = {"native": [], "avx512": NO_AMX, "avx2": [*NO_AMX, "-mno-avx512f"],
+ISA_FLAGS = {"native": [], "avx512": NO_AMX, "avx2": [*NO_AMX, "-mno-avx512f", "-mno-avxvnni"],
              "baseline": [*NO_AMX, "-mno-avx512f", "-mno-avx2", "-mno-fma"]}
 
 _lock = threading.Lock()
@@ -90,7 +94,7 @@ def _load(isa: str = "native") -> ctypes.CDLL:
         raise RuntimeError("no C compiler (cc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     cflags = CFLAGS + ISA_FLAGS[isa]
-    flags = " ".join(cflags + LDFLAGS).encode()
+    flags = " ".join(cflags + LDFLAGS + [f"{f}:{' '.join(v)}" for f, v in sorted(FILE_FLAGS.items())]).encode()
     text = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
     key = hashlib.sha256(text + flags + version.encode() + _cpu_identity()).hexdigest()[:16]
     target = forge_home() / "kernels" / f"forge-kernels-{key}.so"
@@ -99,7 +103,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             objects = [str(Path(tmp) / f"{s.stem}.o") for s in SOURCES]
             built = Path(tmp) / target.name
-            commands = [[compiler, *cflags, "-c", "-o", obj, str(s)] for s, obj in zip(SOURCES, objects, strict=True)]
+            commands = [[compiler, *cflags, *FILE_FLAGS.get(s.name, []), "-c", "-o", obj, str(s)]
+                        for s, obj in zip(SOURCES, objects, strict=True)]
             commands.append([compiler, *LDFLAGS, "-o", str(built), *objects, "-lm", "-lpthread"])
             for command in commands:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -136,6 +141,12 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.amx_enable.restype = ctypes.c_int
     lib.forge_qmatmul.argtypes = [p, i64, i64, i64, p, i64, p, i64, i64]
     lib.forge_qmatmul.restype = ctypes.c_int
+    lib.forge_qmatmul_det.argtypes = [p, i64, i64, i64, p, i64, p, i64]
+    lib.forge_qmatmul_det.restype = ctypes.c_int
+    lib.forge_det_quantize.argtypes = [p, i64, i64, i64, p, p, p, p]
+    lib.forge_det_quantize.restype = ctypes.c_int
+    lib.forge_qmatmul_det_type.argtypes = [i64]
+    lib.forge_qmatmul_det_type.restype = ctypes.c_int
     lib.forge_moe_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, p, i64, i64]
     lib.forge_moe_matmul.restype = ctypes.c_int
     lib.forge_dequant_rows.argtypes = [p, i64, i64, p, i64, p]

@@ -1,5 +1,6 @@
 """The compiled products' Python side: the tied Q8_0 head (q8_matmul.c), AMX tiles (amx_gemm.c), and
-products straight from GGUF blocks (qmatmul.c) with their thread pool (pool.c). The library is built
+products straight from GGUF blocks (qmatmul.c; the deterministic numerics: qmatmul_det.c) with their
+thread pool (pool.c). The library is built
 and loaded by forge.kernels.compiled; every call here checks its arrays before C reads them.
 """
 
@@ -15,6 +16,7 @@ import numpy.typing as npt
 from forge.kernels.compiled import F32, I64, check, library, ptr
 
 U16 = npt.NDArray[np.uint16]
+I32 = npt.NDArray[np.int32]
 _lock = threading.Lock()
 
 
@@ -111,6 +113,7 @@ def _amx_library() -> ctypes.CDLL:
 # ---- products straight from GGUF blocks (qmatmul.c) -------------------------------------------------
 
 # The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
+FORGE_DET = 2               # forge_qmatmul's `fast` for the deterministic numerics (qmatmul.h)
 QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39})
 
 
@@ -147,6 +150,45 @@ def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctyp
         raise MemoryError("qmatmul: no memory to round or quantize x")
     if rc != 0:
         raise ValueError(f"qmatmul: K={k} is not whole blocks of the parts' types, or too many parts")
+
+
+def qmatmul_det(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None) -> None:
+    """out [T, N] = x [T, k] @ W.T in the deterministic numerics (qmatmul_det.c: x as int8 codes per block
+    of 32, exact integer products, one fixed order of float32 roundings; the same bits on every build
+    and for any batch), on the kernel pool's threads. x and out C-contiguous float32."""
+    lib = lib or library()
+    assert lib is not None, "qmatmul_det called without the compiled kernels"
+    check("qmatmul_det", x, np.float32, out, np.float32)
+    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
+        raise ValueError(f"qmatmul_det: x {x.shape} or out {out.shape} disagree with K={k}")
+    rc = lib.forge_qmatmul_det(ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), ptr(out),
+                               out.shape[1])
+    if rc == -3:
+        raise MemoryError("qmatmul_det: no memory to quantize x")
+    if rc != 0:
+        raise ValueError(f"qmatmul_det: K={k} is not whole blocks of the parts' types, or a type it does not read")
+
+
+def det_type(qtype: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether the deterministic product reads ggml type `qtype`."""
+    lib = lib or library()
+    return lib is not None and bool(lib.forge_qmatmul_det_type(qtype))
+
+
+def det_quantize(x: F32, lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.int16], F32, I32, I32]:
+    """x [T, K] as the deterministic product quantizes it: 15-bit codes [T, K], scales and code sums
+    [T, K / 32], half-block sums [T, K / 16]."""
+    lib = lib or library()
+    assert lib is not None, "det_quantize called without the compiled kernels"
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    t, k = x.shape
+    q = np.empty((t, k), dtype=np.int16)
+    dx = np.empty((t, k // 32), dtype=np.float32)
+    bsum = np.empty((t, k // 32), dtype=np.int32)
+    hsum = np.empty((t, k // 16), dtype=np.int32)
+    if lib.forge_det_quantize(ptr(x), t, k, k, ptr(q), ptr(dx), ptr(bsum), ptr(hsum)) != 0:
+        raise ValueError(f"det_quantize: K={k} is not whole blocks of 32")
+    return q, dx, bsum, hsum
 
 
 def dequant_rows(blocks: npt.NDArray[np.uint8], qtype: int, k: int, rows: I64) -> F32:
@@ -262,7 +304,7 @@ def qmatmul_lanes(lib: ctypes.CDLL | None = None) -> int:
 
 
 def moe_matmul(x: F32, k: int, descriptor: ctypes.Array[QPart], num_experts: int, experts: I64, starts: I64,
-               out: F32, fast: bool = False, lib: ctypes.CDLL | None = None) -> None:
+               out: F32, fast: bool = False, lib: ctypes.CDLL | None = None, det: bool = False) -> None:
     """The grouped product of a mixture of experts (moe_matmul.c): out[starts[g]:starts[g + 1]] = those
     rows of x @ W_e.T for every group g, e = experts[g], W_e expert e's rows of the parts of
     `descriptor` stacked (each part's data: the 3-D tensor's start; rows: one expert's), all on the
@@ -281,7 +323,7 @@ def moe_matmul(x: F32, k: int, descriptor: ctypes.Array[QPart], num_experts: int
             or experts.min() < 0 or experts.max() >= num_experts)):
         raise ValueError("moe_matmul: experts outside the tensors, or starts not rising from 0 to the rows of x")
     rc = lib.forge_moe_matmul(ptr(x), k, k, ptr(experts), ptr(starts), num_groups, ctypes.addressof(descriptor),
-                              len(descriptor), ptr(out), out.shape[1], int(fast))
+                              len(descriptor), ptr(out), out.shape[1], FORGE_DET if det else int(fast))
     if rc == -2:
         raise ValueError("moe_matmul: this build has no fast numerics (AVX-512 BF16 or AVX2)")
     if rc == -3:

@@ -443,6 +443,12 @@ static void qmatmul_part(const void *ctx, int index, int count) {
 int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart *parts, int64_t num_parts,
                   float *out, int64_t ldo, int64_t fast) {
     if (num_parts < 1 || num_parts > MAX_PARTS || K <= 0 || K % 32) return -1;
+    if (fast == FORGE_DET) {      /* the deterministic numerics (qmatmul_det.c), where it reads every part */
+        int det = 1;
+        for (int64_t i = 0; i < num_parts; i++) det &= forge_qmatmul_det_type(parts[i].type);
+        if (det) return forge_qmatmul_det(x, T, K, ldx, parts, num_parts, out, ldo);
+        fast = 0;
+    }
 #if !defined(HAVE_BF16) && !defined(HAVE_I8)
     if (fast) return -2;
 #endif

@@ -64,6 +64,12 @@ typedef struct {
 #define WIDE_K 2048
 #define MAX_PARTS 8
 
+/* forge_qmatmul's `fast` for the deterministic numerics: qmatmul_det.c's product (exported there). */
+#define FORGE_DET 2
+int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart *parts, int64_t num_parts,
+                      float *out, int64_t ldo);
+int forge_qmatmul_det_type(int64_t type);
+
 typedef float vf __attribute__((vector_size(VN * 4)));
 
 #if defined(__AVX512F__)

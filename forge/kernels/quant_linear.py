@@ -29,12 +29,15 @@ def as_blocks(data: npt.NDArray[np.generic], rows: int) -> U8:
 class BlockMatrix:
     """W [N, K]: the parts (blocks [rows_i, bytes], ggml type) stacked along N, multiplied as
     x [T, K] @ W.T -> [T, N] (a fused q/k/v or gate/up is one BlockMatrix). `fast`: the products
-    in bfloat16 (forge.kernels' fast numerics; the CPU must have AVX-512 BF16). Thread-safe."""
+    in bfloat16 (forge.kernels' fast numerics; the CPU must have AVX-512 BF16); `det`: the
+    deterministic numerics' (qmatmul_det.c). Thread-safe."""
 
-    def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False) -> None:
+    def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False, det: bool = False) -> None:
         self._parts = parts                                  # keeps the views (and so the mapping) alive
         self._descriptor = products.qparts(parts)
         self.fast = fast
+        # The deterministic numerics where it reads every part's type; others keep the reference product.
+        self.det = det and all(products.det_type(int(qtype)) for _, qtype in parts)
         self.in_features = in_features
         self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
         # Bytes of weights it reads: pages of the file's mapping (shared with the page cache), or
@@ -53,7 +56,10 @@ class BlockMatrix:
     def matmul(self, x: F32) -> F32:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.out_features), dtype=np.float32)       # [T, N]
-        products.qmatmul(x, self.in_features, self._descriptor, out, fast=self.fast)
+        if self.det:
+            products.qmatmul_det(x, self.in_features, self._descriptor, out)
+        else:
+            products.qmatmul(x, self.in_features, self._descriptor, out, fast=self.fast)
         return out
 
     def reads(self, array: npt.NDArray[np.generic]) -> bool:

@@ -266,7 +266,7 @@ def cmd_int8(model: str | None, reps: int) -> None:
 def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int]) -> None:
     """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
     gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size and numerics (reference:
-    float32; fast: bfloat16 products), on 1 and 2 threads, beside a 1 GiB copy on the same threads:
+    float32; fast: bfloat16 products; deterministic: qmatmul_det.c), on 1 and 2 threads, beside a 1 GiB copy on the same threads:
     bytes of weights read per second, rows x that, and the multiply-adds per second."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -302,8 +302,11 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
                 for mode in numerics:                    # alternating, so drift hits both alike
                     t0 = time.perf_counter()
                     for desc, b, k in layers:
-                        products.qmatmul(xs[k], k, desc, np.empty((t, b.shape[0]), dtype=np.float32),
-                                         fast=mode == "fast")
+                        out = np.empty((t, b.shape[0]), dtype=np.float32)
+                        if mode == "deterministic":
+                            products.qmatmul_det(xs[k], k, desc, out)
+                        else:
+                            products.qmatmul(xs[k], k, desc, out, fast=mode == "fast")
                     best[mode] = min(best[mode], time.perf_counter() - t0)
             for mode, s in best.items():
                 print(f"threads={threads} rows={t:4d} {mode:9s}: {s * 1e3:7.1f} ms for {total / 1e6:.0f} MB of "

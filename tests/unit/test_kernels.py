@@ -214,7 +214,7 @@ def test_backends_are_chosen_by_name() -> None:
 def test_numerics_are_chosen_apart_from_the_backend() -> None:
     """reference everywhere by default; fast is bfloat16 on blocks (where the CPU has AVX-512
     BF16), int8 activations on onnxruntime, and refused where a backend has no such numerics."""
-    assert set(NUMERICS) == {"reference", "fast"}
+    assert set(NUMERICS) == {"reference", "fast", "deterministic"}
     for name in ("auto", "blocks", "onnxruntime", "numpy"):
         assert choose_kernels(name).numerics == "reference"
     assert choose_kernels("fast").numerics == "fast"                    # the named backend keeps its meaning

@@ -40,13 +40,15 @@ class ExpertStack:
     """One projection of every expert of a layer, the parts side by side (gate then up): expert e's
     weight W_e [in, out] = the parts' rows of expert e, transposed. Thread-safe (read-only)."""
 
-    def __init__(self, parts: list[ExpertPart], in_features: int, *, kernel: bool, fast: bool = False) -> None:
+    def __init__(self, parts: list[ExpertPart], in_features: int, *, kernel: bool, fast: bool = False,
+                 det: bool = False) -> None:
         self._parts = parts                  # views of the file's mapping: they keep it alive
         self.num_experts = int(parts[0][0].shape[0])
         self.in_features = in_features
         self.out_features = sum(int(data.shape[1]) for data, _ in parts)
         self.nbytes = sum(int(data.nbytes) for data, _ in parts)       # the file's pages, counted once
         self.fast = fast
+        self.det = det                       # the deterministic numerics (qmatmul_det.c)
         # grouped()'s view of the parts: each whole 3-D tensor as rows of blocks, its `rows` one expert's.
         self._grouped = None
         if kernel:
@@ -75,7 +77,8 @@ class ExpertStack:
             matrix = self._kernels.get(expert)
             if matrix is None:               # racing threads may each make one: the same, and cheap
                 matrix = BlockMatrix([(as_blocks(data[expert], data.shape[1]), int(qtype))
-                                      for data, qtype in self._parts], self.in_features, fast=self.fast)
+                                      for data, qtype in self._parts], self.in_features, fast=self.fast,
+                                     det=self.det)
                 self._kernels[expert] = matrix
             return matrix
         rows = [dequantize(data[expert], qtype).astype(np.float32, copy=False) for data, qtype in self._parts]
@@ -91,7 +94,8 @@ class ExpertStack:
         assert self._grouped is not None, "grouped() of a stack the compiled products do not read"
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.out_features), dtype=np.float32)                # [N, out]
-        products.moe_matmul(x, self.in_features, self._grouped, self.num_experts, experts, starts, out, fast=self.fast)
+        products.moe_matmul(x, self.in_features, self._grouped, self.num_experts, experts, starts, out, fast=self.fast,
+                            det=self.det)
         return out
 
     def reads(self, array: npt.NDArray[Any]) -> bool:

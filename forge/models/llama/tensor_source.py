@@ -52,6 +52,7 @@ class TensorSource:
         self._kernels = kernels if kernels is not None and kernels.backend in ("onnxruntime", "blocks") else None
         self._blocks = self._kernels is not None and self._kernels.backend == "blocks"
         self.fast = self._blocks and self._kernels is not None and self._kernels.fast_products   # bfloat16/int8
+        self.det = self._blocks and self._kernels is not None and self._kernels.det_products     # qmatmul_det.c
         self._num_threads = _usable_cores()
         if self._blocks:
             products.pool_threads(self._num_threads)
@@ -104,7 +105,7 @@ class TensorSource:
             if order is not None:
                 blocks = np.ascontiguousarray(blocks[order])
             parts.append((blocks, int(tensor.tensor_type)))
-        return BlockMatrix(parts, shapes[0][1], fast=self.fast)
+        return BlockMatrix(parts, shapes[0][1], fast=self.fast, det=self.det)
 
     def experts(self, names: list[str], in_features: int) -> ExpertStack:
         """The 3-D expert tensors `names` ([experts, rows_i, in] each, checked by the layout) side by
@@ -113,7 +114,7 @@ class TensorSource:
         parts = [(self._tensor(n).data, self._tensor(n).tensor_type) for n in names]
         kernel = (self._kernels is not None and compiled.library() is not None and in_features % 32 == 0
                   and all(int(qtype) in products.QMATMUL_TYPES for _, qtype in parts))
-        return ExpertStack(parts, in_features, kernel=kernel, fast=self.fast)
+        return ExpertStack(parts, in_features, kernel=kernel, fast=self.fast, det=self.det)
 
     def keeps_blocks(self, name: str, qtype: GGMLQuantizationType | None = None) -> bool:
         """Whether the kernels keep this tensor in its blocks, and it is of type qtype (None: any

@@ -175,8 +175,9 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         # A tied head multiplies straight from the embedding's blocks, which the lookup reads too.
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)
-        head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden, fast=src.fast)
-    elif c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library():
+        head = BlockMatrix([(embedding.data, int(embedding.qtype))], hidden, fast=src.fast, det=src.det)
+    elif (c.tied_embeddings and src.keeps_blocks("token_embd.weight", GGMLQuantizationType.Q8_0) and compiled.library()
+          and not src.det):
         # A tied Q8_0 head multiplies straight from the embedding's blocks: no second copy.
         embedding = src.embedding("token_embd.weight", (c.vocab_size, hidden))
         assert isinstance(embedding, QuantEmbedding)

@@ -266,7 +266,8 @@ def cmd_int8(model: str | None, reps: int) -> None:
 def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int]) -> None:
     """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
     gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size and numerics (reference:
-    float32; fast: bfloat16 products; deterministic: qmatmul_det.c), on 1 and 2 threads, beside a 1 GiB copy on the same threads:
+    float32; fast: bfloat16 products; deterministic: qmatmul_det.c), on 1 and 2 threads, beside a 1 GiB
+    copy on the same threads:
     bytes of weights read per second, rows x that, and the multiply-adds per second."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 

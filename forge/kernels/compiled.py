@@ -40,7 +40,8 @@ LDFLAGS = ["-shared"]
 # Files whose float arithmetic must stay as written: the deterministic numerics' product defines its
 # result by the order and roundings of its operations (qmatmul_det.c), which -ffast-math would let the
 # compiler regroup and -ffp-contract would fuse into multiply-adds (on some builds and not others).
-FILE_FLAGS = {"qmatmul_det.c": ["-fno-fast-math", "-ffp-contract=off"]}
+EXACT_FLAGS = ["-fno-fast-math", "-ffp-contract=off"]
+FILE_FLAGS = {"qmatmul_det.c": EXACT_FLAGS, "det_rowwise.c": EXACT_FLAGS}
 
 # Instruction-set levels the kernels can be built for, as flags added to -march=native: "native"
 # is everything the host has (AVX-512 paths where it has AVX-512F, AMX tiles where it has them);
@@ -145,6 +146,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_qmatmul_det.restype = ctypes.c_int
     lib.forge_det_quantize.argtypes = [p, i64, i64, i64, p, p, p, p]
     lib.forge_det_quantize.restype = ctypes.c_int
+    for name in ("forge_det_exp", "forge_det_log"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [p, i64, p], None
     lib.forge_qmatmul_det_type.argtypes = [i64]
     lib.forge_qmatmul_det_type.restype = ctypes.c_int
     lib.forge_moe_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, p, i64, i64]

@@ -60,6 +60,7 @@ class LlamaWeights:
     rope_freqs: F32 | None  # [rope_dim / 2]  per-frequency divisors, when the file has them (LongRoPE: the short)
     kernels: str = "numpy"  # the backend that holds the matrices (forge.kernels)
     fast: bool = False      # the `fast` numerics: bfloat16/int8 products, prompt attention in bfloat16 pairs
+    det: bool = False       # the deterministic numerics (forge/kernels/qmatmul_det.c and its kin)
     rope_long: F32 | None = None  # [rope_dim / 2]  LongRoPE's long factors, past the original context
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> F32:
@@ -206,6 +207,7 @@ def load_weights(reader: GGUFFile, config: LlamaConfig, kernels: KernelChoice | 
         rope_long=rope_long,
         kernels=kernels.name if kernels is not None else "numpy",
         fast=src.fast,
+        det=src.det,
     )
 
 

@@ -536,6 +536,95 @@ static void unpack_chunk(int64_t type, const uint8_t *const *rows, int64_t b0, i
 }
 #endif
 
+#if defined(VW) && VW == 16 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+/* ---- big steps on the AMX tiles (Intel Sapphire Rapids and later) ------------------------------------
+ * The chunk's layout is what a tile's B operand takes (each block's 8 groups of 4 codes, 16 weight rows to
+ * 64 bytes), and x's hi and lo bytes of a block are 32 bytes a row: for 16 rows of x at a time, each block's
+ * 4 products (hi and lo, weight rows 0-15 and 16-31; TDPBSUD: x signed, codes unsigned) give exactly the
+ * int32 sums of the vector paths, then the same float operations add each row's terms. Q6_K's two groups of
+ * 16 codes go as two tile steps of 16 bytes. */
+#define DET_AMX 1
+#define DET_AMX_ROWS 8          /* steps of this many rows or more take the tiles (16 rows a tile) */
+int amx_enable(void);           /* amx_gemm.c: Linux's permission, once per process */
+
+typedef struct {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} det_tiles;
+
+/* tiles 0-3: the int32 sums (hi, lo) x (weight rows 0-15, 16-31); 4, 5: x's hi and lo bytes; 6, 7: the codes.
+ * Constants in memory: GCC's _tile_loadconfig is said to read only the first 8 bytes of a local. */
+static const det_tiles DET_TILES = {.palette = 1, .colsb = {64, 64, 64, 64, 32, 32, 64, 64},
+                                    .rows = {16, 16, 16, 16, 16, 16, 8, 8}};
+static const det_tiles DET_TILES_HALF = {.palette = 1, .colsb = {64, 64, 64, 64, 16, 16, 64, 64},
+                                         .rows = {16, 16, 16, 16, 16, 16, 4, 4}};
+
+static int det_amx_usable(void) {
+    static _Atomic int state = 0;                    /* 0: not asked yet, 1: usable, -1: not */
+    int s = atomic_load(&state);
+    if (s == 0) {
+        s = amx_enable() == 0 ? 1 : -1;
+        atomic_store(&state, s);
+    }
+    return s > 0;
+}
+
+/* Rows [t0, t0 + R) of x (R <= 16; x's codes padded to whole tiles of rows) against the chunk: acc += the
+ * terms, as chunk_body. */
+static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64_t b0, int64_t nbc, int64_t t0, int R,
+                     float *acc) {
+    const int64_t nb = jb->nb, ldx = 2 * jb->K;
+    const int q6 = type == T_Q6_K;
+    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? Q8_SHIFT : 0;
+    int32_t ci[2][4][16][16] __attribute__((aligned(64)));       /* [group][tile][row][weight row] */
+    _tile_loadconfig(q6 ? &DET_TILES_HALF : &DET_TILES);
+    for (int64_t b = 0; b < nbc; b++) {
+        const int8_t *xb = jb->xq + t0 * ldx + 64 * (b0 + b);
+        for (int k = 0; k <= q6; k++) {
+            const uint8_t *wb = ch->codes[b][4 * k];
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, xb + 16 * k, ldx);
+            _tile_loadd(5, xb + 32 + 16 * k, ldx);
+            _tile_loadd(6, wb, DET_COLS * 4);
+            _tile_loadd(7, wb + 64, DET_COLS * 4);
+            _tile_dpbsud(0, 4, 6);
+            _tile_dpbsud(1, 5, 6);
+            _tile_dpbsud(2, 4, 7);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, ci[k][0], 64);
+            _tile_stored(1, ci[k][1], 64);
+            _tile_stored(2, ci[k][2], 64);
+            _tile_stored(3, ci[k][3], 64);
+        }
+        for (int r = 0; r < R; r++) {
+            const int64_t t = t0 + r;
+            const int32_t *hs = jb->hsum + t * 2 * nb + 2 * (b0 + b);
+            const int32_t bs = jb->bsum[t * nb + b0 + b];
+            const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
+            for (int h = 0; h < 2; h++) {
+                const vi I0 = VI_ADD(VI_MUL(VI_LOAD(ci[0][2 * h][r]), VI_SET1(128)), VI_LOAD(ci[0][2 * h + 1][r]));
+                vi In;
+                if (q6) {
+                    const vi I1 = VI_ADD(VI_MUL(VI_LOAD(ci[1][2 * h][r]), VI_SET1(128)), VI_LOAD(ci[1][2 * h + 1][r]));
+                    const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
+                    In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
+                } else {
+                    In = VI_SUB(I0, VI_SET1(z * bs));
+                }
+                const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
+                float *at = acc + t * DET_COLS + h * VW;
+                VF_STOREU(at, VF_ADD(VF_LOADU(at), VF_ADD(VF_MUL(a, VF_CVT(In)), VF_MUL(m, bsf))));
+            }
+        }
+    }
+}
+#endif
+
 /* Weight rows [n0, n0 + cols) of part pt (cols <= DET_COLS), into out's columns col0 .. col0 + cols. */
 static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0, float *acc,
                       void *scratch) {
@@ -556,6 +645,12 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
         const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
         unpack_chunk(type, rows, b0, nbc, ch);
         int64_t t = 0;
+#if defined(DET_AMX)
+        if (T >= DET_AMX_ROWS && det_amx_usable()) {
+            for (; t < T; t += 16) amx_rows(jb, ch, type, b0, nbc, t, (int)(T - t < 16 ? T - t : 16), acc);
+            continue;
+        }
+#endif
         const int rb = type == T_Q6_K ? 2 : DET_RB;      /* Q6_K's two groups: twice the accumulators */
         for (; t + rb <= T; t += rb) chunk_rows(jb, ch, type, b0, nbc, t, rb, acc);
         if (t < T) chunk_rows(jb, ch, type, b0, nbc, t, (int)(T - t), acc);
@@ -631,7 +726,8 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     }
     if (T <= 0) return 0;
     const int64_t nb = K / 32;
-    int8_t *xq = malloc((size_t)(T * 2 * K));
+    const int64_t T_pad = (T + 15) / 16 * 16;        /* whole tiles of rows for the AMX path */
+    int8_t *xq = calloc((size_t)(T_pad * 2 * K), 1);
     float *dx = malloc((size_t)(T * nb) * sizeof(float));
     int32_t *bsum = malloc((size_t)(T * nb) * sizeof(int32_t)), *hsum = malloc((size_t)(T * 2 * nb) * sizeof(int32_t));
     int rc = 0;

@@ -21,8 +21,9 @@ from tests.unit.test_kernels import random_blocks
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# Steps on both sides of the decode path's last row count (4) and the chunk path's row groups (4, or 2 for Q6_K).
-ROWS = [1, 3, 4, 5, 11]
+# Steps on both sides of the decode path's last row count (4), the chunk path's row groups (4, or 2 for Q6_K)
+# and, with the AMX tiles, a tile's 16 rows (from 8 rows on).
+ROWS = [1, 3, 4, 5, 11, 17, 35]
 
 F32 = npt.NDArray[np.float32]
 

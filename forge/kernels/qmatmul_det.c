@@ -218,6 +218,7 @@ typedef __m512 vfl;
 #define VI_ADD(a, b) _mm512_add_epi32(a, b)
 #define VI_SUB(a, b) _mm512_sub_epi32(a, b)
 #define VI_MUL(a, b) _mm512_mullo_epi32(a, b)
+#define VI_SHL7(a) _mm512_slli_epi32(a, 7)
 #define VF_LOAD(p) _mm512_load_ps(p)
 #define VF_LOADU(p) _mm512_loadu_ps(p)
 #define VF_STOREU(p, v) _mm512_storeu_ps(p, v)
@@ -237,6 +238,7 @@ typedef __m256 vfl;
 #define VI_ADD(a, b) _mm256_add_epi32(a, b)
 #define VI_SUB(a, b) _mm256_sub_epi32(a, b)
 #define VI_MUL(a, b) _mm256_mullo_epi32(a, b)
+#define VI_SHL7(a) _mm256_slli_epi32(a, 7)
 #define VF_LOAD(p) _mm256_load_ps(p)
 #define VF_LOADU(p) _mm256_loadu_ps(p)
 #define VF_STOREU(p, v) _mm256_storeu_ps(p, v)
@@ -361,10 +363,10 @@ static inline __attribute__((always_inline)) void chunk_body(const det_job *jb, 
             const int32_t bs = jb->bsum[t * nb + b0 + b];
             const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
             for (int h = 0; h < 2; h++) {
-                const vi I0 = VI_ADD(VI_MUL(I[r][h][0][0], VI_SET1(128)), I[r][h][0][1]);
+                const vi I0 = VI_ADD(VI_SHL7(I[r][h][0][0]), I[r][h][0][1]);
                 vi In;
                 if (q6) {
-                    const vi I1 = VI_ADD(VI_MUL(I[r][h][1][0], VI_SET1(128)), I[r][h][1][1]);
+                    const vi I1 = VI_ADD(VI_SHL7(I[r][h][1][0]), I[r][h][1][1]);
                     const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
                     In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
                 } else {
@@ -607,10 +609,10 @@ static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64
             const int32_t bs = jb->bsum[t * nb + b0 + b];
             const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
             for (int h = 0; h < 2; h++) {
-                const vi I0 = VI_ADD(VI_MUL(VI_LOAD(ci[0][2 * h][r]), VI_SET1(128)), VI_LOAD(ci[0][2 * h + 1][r]));
+                const vi I0 = VI_ADD(VI_SHL7(VI_LOAD(ci[0][2 * h][r])), VI_LOAD(ci[0][2 * h + 1][r]));
                 vi In;
                 if (q6) {
-                    const vi I1 = VI_ADD(VI_MUL(VI_LOAD(ci[1][2 * h][r]), VI_SET1(128)), VI_LOAD(ci[1][2 * h + 1][r]));
+                    const vi I1 = VI_ADD(VI_SHL7(VI_LOAD(ci[1][2 * h][r])), VI_LOAD(ci[1][2 * h + 1][r]));
                     const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
                     In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
                 } else {

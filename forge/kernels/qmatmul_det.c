@@ -412,6 +412,7 @@ static void chunk_rows(const det_job *jb, const det_chunk *ch, int64_t type, int
  * chunked path, in the same order (so the same bits). The rows' constants come a superblock (8 blocks)
  * at a time: each weight row's 8 blocks' scales as a vector, then per block the 8 rows' by a gather. */
 #define DET_DIRECT_ROWS 4
+#define DET_PF_AHEAD 4096       /* bytes of each weight row read ahead (8 rows: 32 KiB in flight) */
 
 #include "qmatmul_det_unpack.h"
 
@@ -422,6 +423,7 @@ static inline __attribute__((always_inline)) void direct_body(const det_job *jb,
     const int64_t nb = jb->nb, T = jb->T;
     const int64_t row_bytes = jb->K / block_values(type) * block_bytes(type);
     const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q8_0 ? Q8_SHIFT : 0;
+    const int64_t bb32 = block_bytes(type) * 32 / block_values(type);     /* bytes a block of 32 takes */
     const uint8_t *rows[8];
     for (int c = 0; c < 8; c++) rows[c] = pt->data + (n0 + (c < cols ? c : 0)) * row_bytes;
     __m256 s[DET_DIRECT_ROWS];
@@ -434,6 +436,10 @@ static inline __attribute__((always_inline)) void direct_body(const det_job *jb,
         for (int64_t j = 0; j < n; j++) {
             const int64_t b = b8 + j;
             __m256i w[8];
+            if ((b & 1) == 0) {   /* 8 streams of weights: more than the hardware prefetcher keeps up with */
+                const int64_t at = b * bb32 + DET_PF_AHEAD;
+                for (int c = 0; c < 8; c++) _mm_prefetch((const char *)(rows[c] + at), _MM_HINT_T0);
+            }
             for (int c = 0; c < 8; c++) w[c] = codes_of(type, rows[c], b);
             for (int t = 0; t < T; t++) {
                 const int8_t *xb = jb->xq + t * 2 * jb->K + 64 * b;

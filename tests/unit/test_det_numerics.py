@@ -6,6 +6,8 @@ them in every matrix it can, and stays with the reference's next token."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import numpy.typing as npt
 import pytest
 from gguf.constants import GGMLQuantizationType
 
-from forge.kernels import choose_kernels, compiled, det_reference, products
+from forge.kernels import choose_kernels, compiled, det_cases, det_reference, products
 from forge.kernels.quant_blocks import affine_blocks
 from forge.kernels.quant_linear import BlockMatrix
 from tests.unit.test_block_linear import RUNNABLE
@@ -160,3 +162,18 @@ def test_a_model_takes_them_in_every_matrix(default_model_path: Path) -> None:
     top = np.argsort(want)[-20:]
     assert np.abs(log_softmax(got)[top] - log_softmax(want)[top]).max() < 1e-2
     assert not np.array_equal(got, want)
+
+
+def test_every_host_gives_the_committed_bits() -> None:
+    """tests/data/det_expected_bits.json (scripts/reference/make_det_bits.py): the products of fixed inputs
+    made without any library's random stream, hashed; this host's every level, and the numpy definition,
+    give those bits, as a host of another CPU kind must."""
+    expected = json.loads((Path(__file__).parents[1] / "data" / "det_expected_bits.json").read_text())["products"]
+    assert set(expected) == {t.name for t in det_cases.TYPES}
+    for qtype in det_cases.TYPES:
+        data, x = det_cases.case(qtype)
+        want = det_reference.matmul(x, data, qtype, (det_cases.ROWS, det_cases.COLS))
+        assert hashlib.sha256(want.tobytes()).hexdigest() == expected[qtype.name], f"{qtype.name}: numpy"
+        for isa in RUNNABLE:
+            got = det_product(x, [(data, int(qtype))], det_cases.COLS, isa)
+            assert hashlib.sha256(got.tobytes()).hexdigest() == expected[qtype.name], f"{qtype.name}: {isa}"

@@ -108,7 +108,6 @@ static inline void transpose8(const float in[8][8], __m256 *out) {
 static inline __attribute__((always_inline)) void consts8(int64_t type, const uint8_t *const *rows, int64_t b0, int64_t n, __m256 *A, __m256 *M,
                     __m256i *S0, __m256i *S1) {
     float tA[8][8] __attribute__((aligned(32))), tM[8][8] __attribute__((aligned(32)));
-    const __m256i by_row = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
     if (type == T_Q4_K || type == T_Q5_K) {
         for (int c = 0; c < 8; c++) {
             const uint8_t *sb = rows[c] + b0 / 8 * (type == T_Q4_K ? 144 : 176);
@@ -130,22 +129,23 @@ static inline __attribute__((always_inline)) void consts8(int64_t type, const ui
         return;
     }
     if (type == T_Q6_K) {
-        int32_t tS[8][16] __attribute__((aligned(32)));
-        const __m256i by_row16 = _mm256_slli_epi32(by_row, 1);
+        __m256 lo[8], hi[8], glo[8], ghi[8];      /* each row's 16 group scales, then a vector per group */
         float d[8];
         for (int c = 0; c < 8; c++) {
             const uint8_t *sb = rows[c] + b0 / 8 * 210;
             const __m128i sc = _mm_loadu_si128((const __m128i *)(sb + 192));
-            _mm256_store_si256((__m256i *)tS[c], _mm256_cvtepi8_epi32(sc));
-            _mm256_store_si256((__m256i *)(tS[c] + 8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+            lo[c] = _mm256_castsi256_ps(_mm256_cvtepi8_epi32(sc));
+            hi[c] = _mm256_castsi256_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
             d[c] = f16(sb + 208);
         }
+        transpose8v(lo, glo);
+        transpose8v(hi, ghi);
         const __m256 dv = _mm256_loadu_ps(d);
         for (int j = 0; j < 8; j++) {
             A[j] = dv;
             M[j] = _mm256_setzero_ps();
-            S0[j] = _mm256_i32gather_epi32(&tS[0][2 * j], by_row16, 4);
-            S1[j] = _mm256_i32gather_epi32(&tS[0][2 * j + 1], by_row16, 4);
+            S0[j] = _mm256_castps_si256(j < 4 ? glo[2 * j] : ghi[2 * j - 8]);
+            S1[j] = _mm256_castps_si256(j < 4 ? glo[2 * j + 1] : ghi[2 * j - 7]);
         }
         return;
     }

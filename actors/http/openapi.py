@@ -2,10 +2,11 @@
 
 The request bodies' schemas are msgspec's JSON Schema of the Structs the gateway decodes with
 (forge/api/openai/openai_schema.py, forge/api/anthropic/anthropic_schema.py,
-forge/api/responses/responses_schema.py), constraints included, so the document cannot drift from what is
-accepted. Every error is declared as OpenAI's envelope, but on the Messages
-API's routes as that API's. Success bodies are described loosely (an object, or an SSE stream): their
-exact shapes are OpenAI's, or the Messages API's (docs/api.md).
+forge/api/responses/responses_schema.py, forge/api/ollama/ollama_schema.py), constraints included, so the
+document cannot drift from what is accepted. Every error is declared as OpenAI's envelope, but on the
+Messages API's routes as that API's and on Ollama's (/api/...) as `{"error": message}`. Success bodies
+are described loosely (an object, an SSE stream, Ollama's NDJSON): their exact shapes are OpenAI's, the
+Messages API's or Ollama's (docs/api.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 
 from forge.api.anthropic import anthropic_schema as anthropic_api
 from forge.api.embeddings import embeddings_schema as embeddings_api
+from forge.api.ollama import ollama_schema as ollama_api
 from forge.api.openai import openai_schema as api
 from forge.api.responses import responses_schema as responses_api
 
@@ -73,6 +75,11 @@ _MODEL_CARD = {"type": "object", "required": ["model", "state"],
                "properties": {"model": {"type": "string"},
                               "state": {"enum": ["unloaded", "loading", "loaded", "unloading"]}}}
 
+# Ollama's routes (/api/...): errors as {"error": message}; a streamed answer is NDJSON, one object a line.
+_OLLAMA_ERROR = {"type": "object", "required": ["error"],
+                 "properties": {"error": {"type": "string", "minLength": 1}}}
+_NDJSON = {"type": "string", "description": "one JSON object a line, the last with done: true"}
+
 _STATUSES = ((400, "the request is malformed or out of range; `param` names the field"),
              (401, "the API key is missing or wrong"),
              (403, "sent by a web page whose origin is not allowed (--allowed-origins)"),
@@ -92,6 +99,7 @@ def _errors(envelope: str) -> dict[str, Any]:
 
 _ERRORS = _errors("ErrorBody")
 _MESSAGES_ERRORS = _errors("MessagesErrorBody")     # the Messages API's envelope: its message names the field
+_OLLAMA_ERRORS = _errors("OllamaErrorBody")
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -120,11 +128,17 @@ def _operation(operation_id: str, summary: str, *, body: dict[str, Any] | None =
 def openapi_document() -> dict[str, Any]:
     types = (api.CompletionRequest, api.ChatCompletionRequest, api.TokenizeRequest, api.DetokenizeRequest,
              api.GenerateRequest, anthropic_api.MessagesRequest, anthropic_api.CountTokensRequest,
-             embeddings_api.EmbeddingRequest, responses_api.ResponsesRequest)
+             embeddings_api.EmbeddingRequest, responses_api.ResponsesRequest, ollama_api.OllamaChat,
+             ollama_api.OllamaGenerate, ollama_api.OllamaEmbed, ollama_api.OllamaEmbeddings, ollama_api.OllamaShow)
     bodies, components = msgspec.json.schema_components(types, ref_template=_REF)
-    completion, chat, tokenize, detokenize, generate, messages, count_tokens, embeddings, responses = bodies
+    (completion, chat, tokenize, detokenize, generate, messages, count_tokens, embeddings, responses,
+     ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, ollama_show) = bodies
     components["ErrorBody"] = _ERROR
     components["MessagesErrorBody"] = _MESSAGES_ERROR
+    components["OllamaErrorBody"] = _OLLAMA_ERROR
+    ndjson = {"description": "the answer: one object, or NDJSON as it comes (`stream`, true unless false)",
+              "content": {"application/json": {"schema": {"type": "object"}},
+                          "application/x-ndjson": {"schema": _NDJSON}}}
     text = {"description": "plain text", "content": {"text/plain": {"schema": {"type": "string"}}}}
     paths = {
         "/v1/completions": {"post": _operation("createCompletion", "Complete a prompt", body=completion,
@@ -161,6 +175,21 @@ def openapi_document() -> dict[str, Any]:
         "/detokenize": {"post": _operation("detokenize", "Text of token ids", body=detokenize)},
         "/generate": {"post": _operation("generate", "Greedy completion (the seed's API)", body=generate,
                                          ok=_json(_GENERATED, "the text and its token counts"))},
+        "/api/chat": {"post": _operation("ollamaChat", "A chat in Ollama's wire format", body=ollama_chat, ok=ndjson,
+                                         errors=_OLLAMA_ERRORS)},
+        "/api/generate": {"post": _operation("ollamaGenerate", "A prompt in Ollama's wire format (an empty one loads "
+                                             "the model)", body=ollama_generate, ok=ndjson, errors=_OLLAMA_ERRORS)},
+        "/api/embed": {"post": _operation("ollamaEmbed", "Embed a string or strings (Ollama's wire format)",
+                                          body=ollama_embed, errors=_OLLAMA_ERRORS)},
+        "/api/embeddings": {"post": _operation("ollamaEmbeddings", "Embed one prompt (Ollama's older route)",
+                                               body=ollama_embeddings, errors=_OLLAMA_ERRORS)},
+        "/api/tags": {"get": _operation("ollamaTags", "The models served, as Ollama lists them",
+                                        errors=_OLLAMA_ERRORS)},
+        "/api/ps": {"get": _operation("ollamaPs", "The models loaded, as Ollama lists them", errors=_OLLAMA_ERRORS)},
+        "/api/show": {"post": _operation("ollamaShow", "One model's details, as Ollama shows them", body=ollama_show,
+                                         errors=_OLLAMA_ERRORS)},
+        "/api/version": {"get": _operation("ollamaVersion", "The Ollama API version forge speaks",
+                                           errors=_OLLAMA_ERRORS)},
         "/healthz": {"get": _operation("health", "Ready (200) or loading, draining, stuck (503)", auth=False)},
         "/metrics": {"get": _operation("metrics", "Prometheus metrics", ok=text)},
         "/stats": {"get": _operation("stats", "The dashboard's data")},

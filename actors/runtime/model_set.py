@@ -357,6 +357,9 @@ def _kv_bytes(wired: ModelActors) -> int:
     return served.kv_tokens * served.kv_bytes_per_token
 
 
+FOREVER_S = 100 * 365 * 86400.0          # a keep_alive this long is forever
+
+
 def parse_keep_alive(value: object) -> float | None:
     """Ollama's keep_alive: seconds (a number), or a duration ("30s", "5m", "1h"); negative: forever (None)."""
     if value is None or isinstance(value, bool):
@@ -376,4 +379,5 @@ def parse_keep_alive(value: object) -> float | None:
         raise RequestError("keep_alive must be a number of seconds or a duration like '5m'", param="keep_alive")
     if not math.isfinite(seconds):
         raise RequestError("keep_alive must be finite", param="keep_alive")
-    return None if seconds < 0 else seconds
+    # negative, or longer than any daemon runs (a deadline past it would overflow a clock's time_t): forever
+    return None if seconds < 0 or seconds >= FOREVER_S else seconds

@@ -200,6 +200,7 @@ def test_keep_alive_takes_ollamas_forms() -> None:
     assert parse_keep_alive("5m") == 300.0
     assert parse_keep_alive("1h") == 3600.0
     assert parse_keep_alive("250ms") == 0.25
+    assert parse_keep_alive(1e300) is None and parse_keep_alive("1e300h") is None   # past any clock: forever
     assert parse_keep_alive(-1) is None and parse_keep_alive("-1m") is None
     for bad in ("soon", True, [1], "inf"):
         with pytest.raises(RequestError):

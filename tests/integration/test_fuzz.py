@@ -1,8 +1,8 @@
 """Schema fuzzing: schemathesis reads the daemon's own OpenAPI document (GET /openapi.json, made
 from the request types) and sends over a thousand generated requests, valid and not, to a live
 daemon with an API key. Not one 5xx; every 4xx in its API's error envelope (OpenAI's; Ollama's on
-/api/...; checked by schemathesis against the document, and here, on every response the daemon sent); the daemon healthy afterwards
-with every block free and no per-request state left.
+/api/...; checked by schemathesis against the document, and here, on every response the daemon sent);
+the daemon healthy afterwards with every block free and no per-request state left.
 
 For speed the daemon runs a tiny random model (2 layers, width 32) with the default model's real
 vocabulary, tokenizer and chat template: the request paths are the real ones, only the arithmetic

@@ -4,9 +4,9 @@
 
 What systemd does with deploy/forge.socket and deploy/forge.service, done here by hand: the script binds
 and holds the listening socket (forge.socket: a loopback address, Accept=no, Backlog=4096, NoDelay=yes),
-starts `forge serve` (the venv's entry point, the unit's Environment= lines, FORGE_HOME where `forge
-pull` put the default model) with the socket as fd 3 (LISTEN_FDS=1, LISTEN_PID, LISTEN_FDNAMES), a
-notify socket (NOTIFY_SOCKET, read by a thread as systemd reads it; Type=notify, NotifyAccess=main:
+starts `forge serve` (as `python -m actors serve`, this checkout's code; the unit's Environment= lines,
+FORGE_HOME where `forge pull` put the default model) with the socket as fd 3 (LISTEN_FDS=1, LISTEN_PID,
+LISTEN_FDNAMES), a notify socket (NOTIFY_SOCKET, read by a thread as systemd reads it; Type=notify, NotifyAccess=main:
 only the main process's messages count) and WATCHDOG_USEC (WatchdogSec=60), and takes the start as
 done at READY=1. nginx runs in front with deploy/nginx/forge.conf (its listen and upstream lines
 rewritten to free loopback ports, the upstream being the held socket), and the clients stream

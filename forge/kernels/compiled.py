@@ -149,7 +149,8 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     for name, args in (("forge_det_exp", [p, i64, p]), ("forge_det_log", [p, i64, p]), ("forge_det_tanh", [p, i64, p]),
                        ("forge_det_rms_norm", [p, i64, i64, i64, i64, i64, p, ctypes.c_float, p, i64, i64]),
                        ("forge_det_gated", [p, i64, i64, i64, p]), ("forge_det_logsumexp", [p, i64, i64, i64, p]),
-                       ("forge_det_softmax", [p, i64, i64, i64, p]), ("forge_det_matmul_f32", [p, i64, i64, p, i64, p])):
+                       ("forge_det_softmax", [p, i64, i64, i64, p]),
+                       ("forge_det_matmul_f32", [p, i64, i64, p, i64, p])):
         getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
     lib.forge_qmatmul_det_type.argtypes = [i64]
     lib.forge_qmatmul_det_type.restype = ctypes.c_int

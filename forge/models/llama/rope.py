@@ -98,3 +98,17 @@ def apply_rope(x: F32, rotation: C64) -> None:
     half = rotation.shape[-1]
     pairs = x[..., : 2 * half].view(np.complex64)                    # [T, nh, half] view: dims (2i, 2i+1)
     pairs *= rotation
+
+
+def apply_rope_exact(x: F32, rotation: C64) -> None:
+    """apply_rope by explicit float32 operations, each rounded once in this order (the deterministic numerics:
+    a complex multiply's vector code may fuse them): x0' = (x0 c) - (x1 s), x1' = (x0 s) + (x1 c)."""
+    half = rotation.shape[-1]
+    x0, x1 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]            # [T, nh, half] views
+    c, s = rotation.real, rotation.imag                                      # [T, 1, half]
+    first = x0 * c
+    first -= x1 * s
+    second = x0 * s
+    second += x1 * c
+    x0[...] = first
+    x1[...] = second

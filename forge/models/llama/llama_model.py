@@ -17,11 +17,11 @@ from typing import NoReturn
 import numpy as np
 import numpy.typing as npt
 
+import forge.models.llama.det_forward as det_forward
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.kernels import KernelChoice, compiled, products
 from forge.models.forward_batch import ForwardBatch
 from forge.models.gguf_file import GGUFFile, read_gguf
-from forge.models.llama import det_forward
 from forge.models.llama.attention import attend, softcap_
 from forge.models.llama.attention_plan import plan_attention
 from forge.models.llama.clamped_swiglu import swiglu_oai

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from forge.models.llama import det_forward
+import forge.models.llama.det_forward as det_forward
 from forge.models.llama.experts import MoeWeights
 from forge.models.llama.linear import MatmulFn
 from forge.models.llama.llama_config import MoeConfig

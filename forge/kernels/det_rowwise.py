@@ -109,7 +109,7 @@ def _lib(lib: ctypes.CDLL | None) -> ctypes.CDLL:
 
 
 def _checked(x: F32, what: str) -> F32:
-    if x.dtype != np.float32 or x.strides[-1] != 4 or any(s % 4 for s in x.strides):
+    if x.dtype != np.float32 or (x.size and (x.strides[-1] != 4 or any(s % 4 for s in x.strides))):
         raise ValueError(f"{what} needs float32 rows with a contiguous last axis")
     return x
 
@@ -124,6 +124,8 @@ def rms_norm(x: F32, weight: F32, eps: float, out: F32 | None = None, lib: ctype
     h = x.shape[-1]
     if out.shape != x.shape or weight.dtype != np.float32 or weight.shape != (h,) or not weight.flags.c_contiguous:
         raise ValueError("rms_norm needs out of x's shape and a contiguous float32 weight [h]")
+    if x.size == 0:
+        return out
     xs, os_ = (x[:, None], out[:, None]) if x.ndim == 2 else (x, out)
     _lib(lib).forge_det_rms_norm(ptr(x), xs.shape[0], xs.shape[1], xs.strides[0] // 4, xs.strides[1] // 4, h,
                                  ptr(weight), eps, ptr(out), os_.strides[0] // 4, os_.strides[1] // 4)

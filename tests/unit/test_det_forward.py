@@ -127,3 +127,26 @@ def test_the_samplers_logprobs_and_weights_are_det_rowwises() -> None:
     assert np.allclose(probs, reference, atol=1e-6)
     out = Sampler(deterministic=True).sample(logits, make_batch(params))
     assert all(probs[i, t] > 0 for i, t in enumerate(out.token_ids.tolist()))
+
+
+def test_the_engine_serves_a_chunked_prompt_under_the_deterministic_numerics(default_model_path: Path) -> None:
+    """Chunks of 7 tokens (most sample no row: none kept past the last attention) and the prompt whole give the
+    same greedy tokens with their logprobs (close: attention is not yet the deterministic numerics')."""
+    from forge.config import EngineConfig
+    from forge.llm import LLMEngine, LoadedModel
+    from forge.models.llama import KVCache
+    from tests.unit.test_llm import greedy, run
+
+    loaded = LoadedModel.load(str(default_model_path), kernels="blocks", numerics="deterministic")
+    per_block = KVCache.bytes_per_block(loaded.model.config, 16) * 2
+    prompt = loaded.tokenizer.encode("The deterministic numerics give the same bits whatever the batch. " * 3)
+    results = []
+    for budget in (7, 4096):
+        config = EngineConfig(block_size=16, kv_cache_memory=64 * per_block, max_model_len=512,
+                              enable_prefix_caching=False, max_num_batched_tokens=budget)
+        results.append(run(LLMEngine(loaded, config), {"a": (prompt, greedy(6, ignore_eos=True, logprobs=2))})["a"])
+    chunked, whole = results
+    assert chunked.finish_reason == whole.finish_reason == "length"
+    assert chunked.token_ids == whole.token_ids and len(chunked.logprobs) == 6
+    for a, b in zip(chunked.logprobs, whole.logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 1e-2

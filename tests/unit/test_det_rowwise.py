@@ -42,6 +42,12 @@ def test_rms_norm_is_the_definition_on_every_level(h: int) -> None:
         assert np.array_equal(bits(strided[:, 1:h + 1]), bits(want)), isa
 
 
+def test_rms_norm_of_no_rows_is_no_rows() -> None:
+    """A step's chunk that samples no row keeps none past the last attention: [0, H] (strides of any kind)."""
+    x = np.zeros((5, 8), np.float32)[np.zeros(0, np.int64)]
+    assert dr.rms_norm(x, np.ones(8, np.float32), 1e-5).shape == (0, 8)
+
+
 def test_rms_norm_of_heads_is_each_heads_norm() -> None:
     rng = np.random.default_rng(1)
     heads = rng.standard_normal((4, 5, 24)).astype(np.float32)             # [T, nh + 2 nkv, hd]

@@ -150,3 +150,29 @@ def test_the_engine_serves_a_chunked_prompt_under_the_deterministic_numerics(def
     assert chunked.token_ids == whole.token_ids and len(chunked.logprobs) == 6
     for a, b in zip(chunked.logprobs, whole.logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 1e-2
+
+
+def test_ropes_exact_tables_are_within_float64_ulps_of_libms(default_model_path: Path) -> None:
+    """forge.models.llama.exact_trig (the deterministic numerics' RoPE tables, the same on every host): its exp,
+    log, power, cos and sin within a few float64 ulp of numpy's, and the default model's tables under the
+    deterministic numerics within a float32 rounding of the reference's, the same rows where the angles agree."""
+    from forge.kernels import choose_kernels
+    from forge.models.llama import exact_trig
+    from forge.models.llama.llama_model import LlamaModel
+
+    rng = np.random.default_rng(3)
+    a = np.concatenate([rng.uniform(-10, 10, 20000), rng.uniform(0, 2e5, 20000), [0.0, np.pi / 4, np.pi / 2]])
+    cos, sin = exact_trig.cos_sin(a)
+    assert np.abs(cos - np.cos(a)).max() < 5e-16 and np.abs(sin - np.sin(a)).max() < 5e-16
+    assert cos[-3] == 1.0 and sin[-3] == 0.0
+    x = rng.uniform(-30, 30, 20000)
+    assert np.abs(exact_trig.exp(x) / np.exp(x) - 1).max() < 5e-16
+    y = rng.uniform(1e-3, 1e7, 20000)
+    assert np.abs(exact_trig.log(y) - np.log(y)).max() < 5e-15
+    k = -np.arange(32) * 2.0 / 64
+    assert np.abs(exact_trig.power(10000.0, k) / 10000.0 ** k - 1).max() < 5e-15
+    det = LlamaModel.load(default_model_path, choose_kernels("blocks", "deterministic"))
+    reference = LlamaModel.load(default_model_path, choose_kernels("blocks"))
+    got, want = det.rope.rotation, reference.rope.rotation
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-6
+    assert np.count_nonzero(got != want) < 0.01 * got.size

@@ -128,11 +128,11 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
         self.weights = weights
-        self.rope = RopeTables(config, weights.rope_freqs, long_divisors=weights.rope_long)
+        self.rope = RopeTables(config, weights.rope_freqs, long_divisors=weights.rope_long, exact=weights.det)
         self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
         self.has_sliding = any(self.sliding)
-        self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long)
-                             if self.has_sliding else self.rope)
+        self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long,
+                                        exact=weights.det) if self.has_sliding else self.rope)
         self.gelu = config.arch.activation == "gelu_tanh"
         self.clamped = config.arch.activation == "swiglu_oai"         # gpt-oss's experts
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy

@@ -65,12 +65,17 @@ def softcap_(x: F32, cap: float) -> None:
     x *= np.float32(cap)
 
 
+# ggml's F32, F16 and BF16: their rows widen to float32 exactly in every build (BlockMatrix.rows).
+WIDENED_EXACTLY = (0, 1, 30)
+
+
 def product(x: F32, w: Weight) -> F32:
-    """x [T, in] @ w [in, out] for a router or gate: a quantized matrix by the deterministic product, float32 or
-    16-bit values (a matrix's rows, widened exactly) by det_rowwise's dense product."""
+    """x [T, in] @ w [in, out] for a router or gate: a quantized matrix by the deterministic product (a type it
+    does not read by the reference's), float32 or 16-bit values (rows widened exactly) by det_rowwise's dense
+    product."""
     if isinstance(w, np.ndarray):
         return det_rowwise.matmul_f32(x, np.ascontiguousarray(w.T))
-    if isinstance(w, BlockMatrix) and not w.det and len(w.types) == 1:
+    if isinstance(w, BlockMatrix) and not w.det and len(w.types) == 1 and w.types[0] in WIDENED_EXACTLY:
         return det_rowwise.matmul_f32(x, w.rows(np.arange(w.shape[1], dtype=np.int64)))
     return w.matmul(x)
 

@@ -25,6 +25,7 @@ from forge.models.llama.mixture import mixture, route
 from forge.models.llama.rope import apply_rope, apply_rope_exact
 from forge.sampling.sampler import Sampler, token_logprobs
 from forge.sampling.sampling_params import SamplingParams
+from tests import tiny_families
 from tests.unit.test_block_linear import RUNNABLE
 from tests.unit.test_det_math import bits
 from tests.unit.test_moe import Q, _stack, naive_mixture
@@ -35,19 +36,29 @@ FORWARD = ("import sys, numpy as np; from forge.kernels import choose_kernels, c
            "from forge.models.llama.llama_model import LlamaModel;"
            "m = LlamaModel.load(sys.argv[1], choose_kernels('blocks', 'deterministic'));"
            "assert m.det and compiled.status().startswith('compiled'), compiled.status();"
+           "m.head_logits = (lambda h: h) if sys.argv[4] == 'hidden' else m.head_logits;"
            "np.save(sys.argv[2], m.forward_context([int(sys.argv[3])]))")
 
 
-@pytest.mark.parametrize("which", ["default", "gemma3"])
+@pytest.mark.parametrize("which", ["default", "gemma3", "qwen2moe", "olmoe", "gemma2"])
 def test_a_one_token_forward_is_the_same_on_every_level(which: str, tmp_path: Path, request: pytest.FixtureRequest,
                                                         ) -> None:
-    """Norms, activations, RoPE, embedding scale, the products and the head of the default model (SmolLM2) and of
-    Gemma 3 (QK-norm, sandwich norms, GELU) at position 0, in a process per build level (FORGE_KERNEL_ISA)."""
-    path = request.getfixturevalue("default_model_path" if which == "default" else "gemma3_model_path")
+    """Norms, activations, RoPE, embedding scale, the products and the head at position 0, in a process per build
+    level (FORGE_KERNEL_ISA): the default model (SmolLM2), Gemma 3 (QK-norm, sandwich norms, GELU), and tiny
+    random Q8_0 files of qwen2moe (a float32 router, a shared expert and its gate), OLMoE (QK-norm over whole
+    projections) and Gemma 2 (sandwich norms, GELU). The tiny files' head is their float32 embedding, which the
+    deterministic product does not read (the reference product's bits depend on the level): of those, the final
+    normed hidden state is compared, the head's input."""
+    if which in ("default", "gemma3"):
+        path = request.getfixturevalue("default_model_path" if which == "default" else "gemma3_model_path")
+        token, what = 504, "logits"
+    else:
+        path, token, what = tiny_families.write_gguf(which, tmp_path / "tiny.gguf", quant="Q8_0"), 5, "hidden"
     logits = {}
     for isa in RUNNABLE:
         out = tmp_path / f"{isa}.npy"
-        done = subprocess.run([sys.executable, "-c", FORWARD, str(path), str(out), "504"], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", FORWARD, str(path), str(out), str(token), what],
+                              capture_output=True,
                               text=True, timeout=300, cwd=ROOT,
                               env={**os.environ, "FORGE_KERNEL_ISA": isa, "PYTHONPATH": str(ROOT)})
         assert done.returncode == 0, done.stderr[-2000:]

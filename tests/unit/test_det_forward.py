@@ -102,7 +102,7 @@ def test_the_router_is_deterministic_and_a_mixture_stays_close_to_the_truth() ->
     assert np.array_equal(det_forward.product(x, moe.router), det_rowwise.matmul_f32_def(x, router))
     assert np.array_equal(det_forward.product(x, moe.shared_gate), det_rowwise.matmul_f32_def(x, shared[3]))
     config = MoeConfig(num_experts=experts, num_used=top_k, expert_ffn=ffn, norm_top_k=True)
-    got = mixture(x, moe, config, matmul_unsplit, det_forward.activation("silu"), det=True)
+    got = mixture(x, moe, config, matmul_unsplit, lambda gate_up: det_forward.gated(gate_up, "silu"), det=True)
     want = naive_mixture(x, router, gate, up, down, top_k, True, shared)
     np.testing.assert_allclose(got, want, atol=1e-4 * max(1.0, float(np.abs(want).max())), rtol=0)
 

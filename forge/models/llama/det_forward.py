@@ -18,8 +18,6 @@ exact on every host already.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 
@@ -51,11 +49,9 @@ def projection_norm_(x: F32, weight: F32, eps: float) -> None:
     det_rowwise.rms_norm(rows, np.ascontiguousarray(weight).reshape(-1), eps, out=rows)
 
 
-def activation(kind: str) -> Callable[[F32], F32]:
+def gated(gate_up: F32, kind: str) -> F32:
     """The gated activation `kind` ("silu", "gelu_tanh", "swiglu_oai") of [gate | up] [T, 2F]: [T, F]."""
-    def act(gate_up: F32) -> F32:
-        return det_rowwise.gated(gate_up, kind)
-    return act
+    return det_rowwise.gated(gate_up, kind)
 
 
 def softcap_(x: F32, cap: float) -> None:

@@ -145,10 +145,8 @@ class LlamaModel:
         self._qk_norm = projection_norm_ if config.arch.qk_norm_whole else head_norm_
         # The deterministic numerics' own row-wise operations (forge.models.llama.det_forward), RoPE's too.
         self.det = weights.det
-        self._rope = apply_rope_exact if self.det else apply_rope
         if self.det:
             self._qk_norm = det_forward.projection_norm_ if config.arch.qk_norm_whole else det_forward.head_norm_
-            self._det_act = det_forward.activation(config.arch.activation)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
@@ -299,7 +297,7 @@ class LlamaModel:
             if layer.q_norm is not None and layer.k_norm is not None:
                 self._qk_norm(heads[:, :nh], layer.q_norm, c.rms_eps)
                 self._qk_norm(heads[:, nh : nh + nkv], layer.k_norm, c.rms_eps)
-            self._rope(heads[:, : nh + nkv], rotation[lo:hi])
+            (apply_rope_exact if self.det else apply_rope)(heads[:, : nh + nkv], rotation[lo:hi])
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
 
@@ -332,7 +330,7 @@ class LlamaModel:
 
     def _activation(self, gate_up: F32) -> F32:
         if self.det:
-            return self._det_act(gate_up)
+            return det_forward.gated(gate_up, self.config.arch.activation)
         if self.gelu:
             return gelu_tanh_gated(gate_up)
         if self.clamped:

@@ -80,7 +80,9 @@ class ModelRunner:
                                                 dtype=kv_cache_dtype, p_min=draft_p_min)
                             if draft_model is not None
                             else DraftModel.first_layers(model, self.kv, draft_layers or 0, p_min=draft_p_min))
-        self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids)
+        self.deterministic = isinstance(model, LlamaModel) and model.det       # the deterministic numerics
+        self.sampler = Sampler(eos_token_id=eos_token_id, end_token_ids=end_token_ids,
+                               deterministic=self.deterministic)
         self.eos_token_id = eos_token_id
         self.grammars = grammars        # None: constrained requests cannot run here
         # Follows thinking sections over the vocabulary's bytes (forge.sampling.reasoning); None: no vocabulary here
@@ -128,7 +130,8 @@ class ModelRunner:
                                                   pool=PoolState(p.pooling) if p.pooling is not None else None,
                                                   section=self._section(p, new.prompt_ids),
                                                   scoring=(PromptScoring(new.prompt_ids, p.prompt_logprobs,
-                                                                         p.logit_bias)
+                                                                         p.logit_bias,
+                                                                         deterministic=self.deterministic)
                                                            if p.prompt_logprobs is not None else None))
         if not step.chunks:
             return StepOutput(step_id=step.step_id, sampled=())

@@ -37,6 +37,7 @@ class PromptScoring:
     num_top: int
     logit_bias: tuple[tuple[int, float], ...] = ()
     num_scored: int = 1
+    deterministic: bool = False        # the deterministic numerics' log-sum-exp (forge.kernels.det_rowwise)
 
     @property
     def done(self) -> bool:
@@ -64,13 +65,14 @@ class PromptScoring:
         out: list[SampledToken] = []
         for a in range(0, len(hidden), HEAD_ROWS):
             logits = head(hidden[a:a + HEAD_ROWS])                                  # [m, V]
-            out.extend(_scored(seq_id, logits, targets[a:a + HEAD_ROWS], self.num_top, self.logit_bias))
+            out.extend(_scored(seq_id, logits, targets[a:a + HEAD_ROWS], self.num_top, self.logit_bias,
+                               self.deterministic))
         self.num_scored += len(out)
         return PromptLogprobs(seq_id=seq_id, start=start, tokens=tuple(out))
 
 
 def _scored(seq_id: int, logits: F32, targets: tuple[int, ...], k: int,
-            logit_bias: tuple[tuple[int, float], ...]) -> list[SampledToken]:
+            logit_bias: tuple[tuple[int, float], ...], det: bool = False) -> list[SampledToken]:
     """Each row of logits [m, V] scores its target: the target's logprob, its rank, and the top k."""
     out = []
     for row, target in zip(logits, targets, strict=True):
@@ -79,7 +81,7 @@ def _scored(seq_id: int, logits: F32, targets: tuple[int, ...], k: int,
             add_logit_bias(row, logit_bias)
         if not np.isfinite(row.max()):
             raise EngineError("the model returned non-finite logits")
-        scored = token_logprobs(row, target, k)
+        scored = token_logprobs(row, target, k, det=det)
         out.append(SampledToken(seq_id=seq_id, token_id=target, logprob=scored.logprob, top_logprobs=scored.top,
                                 rank=int(np.count_nonzero(row >= row[target]))))
     return out

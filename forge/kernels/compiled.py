@@ -146,8 +146,12 @@ def _load(isa: str = "native") -> ctypes.CDLL:
     lib.forge_qmatmul_det.restype = ctypes.c_int
     lib.forge_det_quantize.argtypes = [p, i64, i64, i64, p, p, p, p]
     lib.forge_det_quantize.restype = ctypes.c_int
-    for name in ("forge_det_exp", "forge_det_log"):
-        getattr(lib, name).argtypes, getattr(lib, name).restype = [p, i64, p], None
+    for name, args in (("forge_det_exp", [p, i64, p]), ("forge_det_log", [p, i64, p]), ("forge_det_tanh", [p, i64, p]),
+                       ("forge_det_rms_norm", [p, i64, i64, i64, i64, i64, p, ctypes.c_float, p, i64, i64]),
+                       ("forge_det_gated", [p, i64, i64, i64, p]), ("forge_det_logsumexp", [p, i64, i64, i64, p]),
+                       ("forge_det_softmax", [p, i64, i64, i64, p]),
+                       ("forge_det_matmul_f32", [p, i64, i64, p, i64, p])):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
     lib.forge_qmatmul_det_type.argtypes = [i64]
     lib.forge_qmatmul_det_type.restype = ctypes.c_int
     lib.forge_moe_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, p, i64, i64]

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.errors import EngineError
+from forge.kernels import det_rowwise
 from forge.sampling.penalties import TokenHistory, apply_penalties
 from forge.sampling.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
@@ -62,8 +63,12 @@ class SampleOutput:
 class Sampler:
     """Draws one token per logits row. Holds the eos id and a scratch buffer; one thread at a time."""
 
-    def __init__(self, *, eos_token_id: int | None = None, end_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, *, eos_token_id: int | None = None, end_token_ids: Iterable[int] = (),
+                 deterministic: bool = False) -> None:
         self.eos_token_id = eos_token_id
+        # The deterministic numerics: the weights' exponential and the logprobs' log-sum-exp by fixed float32
+        # operations (forge.kernels.det_rowwise), so a seeded draw and its logprobs are the same on every host.
+        self.deterministic = deterministic
         # every token that ends a request (eos and the model's other end-of-turn tokens): banned under min_tokens
         self._end_ids = sorted(set(end_token_ids) | ({eos_token_id} if eos_token_id is not None else set()))
         self._scratch: F32 = np.zeros(0, np.float32)
@@ -86,7 +91,8 @@ class Sampler:
             blocks = weights.reshape(len(sampled), -1, _BLOCK).sum(axis=2)    # [M, Vp / B]
             for j, i in enumerate(sampled):
                 token_ids[i] = _draw(weights[j], blocks[j], float(batch.generators[i].random()))
-        logprobs = [None if p.logprobs is None else token_logprobs(logits[i], int(token_ids[i]), p.logprobs)
+        logprobs = [None if p.logprobs is None
+                    else token_logprobs(logits[i], int(token_ids[i]), p.logprobs, det=self.deterministic)
                     for i, p in enumerate(batch.params)]
         return SampleOutput(token_ids=token_ids, logprobs=logprobs)
 
@@ -180,7 +186,12 @@ class Sampler:
         if not np.isfinite(peak).all():
             raise EngineError("the model returned non-finite logits")
         np.subtract(weights, peak, out=weights)
-        np.exp(weights, out=weights)                                          # [M, Vp]
+        if self.deterministic:
+            dead = weights == -np.inf                                         # weigh 0, as exp gives them
+            det_rowwise.exp_(weights)                                         # [M, Vp]
+            weights[dead] = 0.0
+        else:
+            np.exp(weights, out=weights)                                      # [M, Vp]
         for j, i in enumerate(rows):
             p = batch.params[i]
             if 0 < p.top_k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0:
@@ -279,12 +290,15 @@ def add_logit_bias(row: F32, logit_bias: Iterable[tuple[int, float]]) -> None:
         row[token_id] = -np.inf if bias <= -MAX_LOGIT_BIAS else row[token_id] + np.float32(bias)
 
 
-def token_logprobs(raw: F32, token_id: int, k: int) -> TokenLogprobs:
+def token_logprobs(raw: F32, token_id: int, k: int, det: bool = False) -> TokenLogprobs:
     """Logprobs from the log_softmax of the logits [V] after logit_bias and the grammar mask, before
-    penalties and temperature."""
+    penalties and temperature; `det`: the log-sum-exp det_rowwise's (the deterministic numerics)."""
     raw = raw.astype(np.float32, copy=False)
-    peak = float(raw.max())
-    log_total = peak + math.log(float(np.exp(raw - peak).sum()))             # pairwise float32 sum
+    if det:
+        log_total = float(det_rowwise.logsumexp(np.ascontiguousarray(raw)[None, :])[0])
+    else:
+        peak = float(raw.max())
+        log_total = peak + math.log(float(np.exp(raw - peak).sum()))         # pairwise float32 sum
     top = _top_ids(raw, k)                                                    # [k]
     return TokenLogprobs(token_id=token_id, logprob=float(raw[token_id]) - log_total,
                          top=tuple((int(t), float(raw[t]) - log_total) for t in top))

@@ -45,14 +45,18 @@ from forge.models.llama.linear import matmul  # noqa: E402
 from forge.sampling.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = default_model_path()
+det_mod: Any = getattr(model_mod, "det_forward", None)      # code before the deterministic row-wise operations: None
 
 # Names in forge.models.llama.llama_model timed as one part each; missing ones (older code) are skipped.
 FORWARD_PARTS = {
     "matmul": "matmul", "attend": "attention", "plan_attention": "attention", "write_kv": "attention",
     "rms_norm": "norm/rope/act", "apply_rope": "norm/rope/act", "swiglu": "norm/rope/act",
     "rms_norm_compiled": "norm/rope/act", "swiglu_compiled": "norm/rope/act", "gelu_tanh_gated": "norm/rope/act",
+    "apply_rope_exact": "norm/rope/act",
     "check_batch": "checks",
 }
+# The deterministic numerics' row-wise operations, in forge.models.llama.det_forward where the code has it.
+DET_PARTS = {"rms_norm": "norm/rope/act", "gated": "norm/rope/act"}
 COLUMNS = ["matmul", "attention", "norm/rope/act", "fwd other", "sampling", "batch build", "runner other",
            "core"]
 
@@ -87,6 +91,9 @@ def install(engine: LLMEngine, timers: Timers) -> None:
     for name, part in FORWARD_PARTS.items():
         if hasattr(model_mod, name):
             setattr(model_mod, name, timers.wrap(part, getattr(model_mod, name)))
+    for name, part in DET_PARTS.items():
+        if det_mod is not None and hasattr(det_mod, name):
+            setattr(det_mod, name, timers.wrap(part, getattr(det_mod, name)))
     rope_mod.RopeTables.at = timers.wrap("norm/rope/act", rope_mod.RopeTables.at)  # type: ignore[method-assign]
     runner_mod.build_forward_batch = timers.wrap("batch build", runner_mod.build_forward_batch)
     runner = engine.runner
@@ -211,6 +218,9 @@ def remember() -> None:
     for name in FORWARD_PARTS:
         if hasattr(model_mod, name):
             _ORIGINALS[(model_mod, name)] = getattr(model_mod, name)
+    for name in DET_PARTS:
+        if det_mod is not None and hasattr(det_mod, name):
+            _ORIGINALS[(det_mod, name)] = getattr(det_mod, name)
     _ORIGINALS[(rope_mod.RopeTables, "at")] = rope_mod.RopeTables.at
     _ORIGINALS[(runner_mod, "build_forward_batch")] = runner_mod.build_forward_batch
 

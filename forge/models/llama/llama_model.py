@@ -17,6 +17,7 @@ from typing import NoReturn
 import numpy as np
 import numpy.typing as npt
 
+import forge.models.llama.det_forward as det_forward
 from forge.errors import EngineError, InvalidRequest, PromptTooLong
 from forge.kernels import KernelChoice, compiled, products
 from forge.models.forward_batch import ForwardBatch
@@ -28,7 +29,7 @@ from forge.models.llama.kv_cache import KVCache
 from forge.models.llama.linear import MatmulFn, active_pool, matmul, matmul_unsplit
 from forge.models.llama.llama_config import LlamaConfig, config_from_reader
 from forge.models.llama.mixture import mixture
-from forge.models.llama.rope import RopeTables, apply_rope
+from forge.models.llama.rope import RopeTables, apply_rope, apply_rope_exact
 from forge.models.llama.weights import LayerWeights, LlamaWeights, load_weights
 
 F32 = npt.NDArray[np.float32]
@@ -127,11 +128,11 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
         self.weights = weights
-        self.rope = RopeTables(config, weights.rope_freqs, long_divisors=weights.rope_long)
+        self.rope = RopeTables(config, weights.rope_freqs, long_divisors=weights.rope_long, exact=weights.det)
         self.sliding = [config.is_sliding(i) for i in range(config.num_layers)]
         self.has_sliding = any(self.sliding)
-        self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long)
-                             if self.has_sliding else self.rope)
+        self.rope_sliding = (RopeTables(config, weights.rope_freqs, sliding=True, long_divisors=weights.rope_long,
+                                        exact=weights.det) if self.has_sliding else self.rope)
         self.gelu = config.arch.activation == "gelu_tanh"
         self.clamped = config.arch.activation == "swiglu_oai"         # gpt-oss's experts
         # The compiled decode attention, norms and SiLU go with the compiled kernels; --kernels numpy
@@ -142,6 +143,10 @@ class LlamaModel:
         # the step's rows together, so that each expert's weights are read once per step.
         self._rows_split = weights.is_dense and config.moe is None
         self._qk_norm = projection_norm_ if config.arch.qk_norm_whole else head_norm_
+        # The deterministic numerics' own row-wise operations (forge.models.llama.det_forward), RoPE's too.
+        self.det = weights.det
+        if self.det:
+            self._qk_norm = det_forward.projection_norm_ if config.arch.qk_norm_whole else det_forward.head_norm_
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], kernels: KernelChoice | None = None) -> LlamaModel:
@@ -274,7 +279,7 @@ class LlamaModel:
         if self.compiled_ops and self.weights.kernels == "blocks":
             products.pool_park()      # a step's last product: the pool sleeps while Python (sampling, the server) runs
         if self.config.final_softcap:                                           # gemma2
-            softcap_(logits, self.config.final_softcap)
+            (det_forward.softcap_ if self.det else softcap_)(logits, self.config.final_softcap)
         return logits
 
     def _attention_inputs(self, layer: LayerWeights, index: int, x: F32, rotation: C64, slots: I64, kv: KVCache,
@@ -292,7 +297,7 @@ class LlamaModel:
             if layer.q_norm is not None and layer.k_norm is not None:
                 self._qk_norm(heads[:, :nh], layer.q_norm, c.rms_eps)
                 self._qk_norm(heads[:, nh : nh + nkv], layer.k_norm, c.rms_eps)
-            apply_rope(heads[:, : nh + nkv], rotation[lo:hi])
+            (apply_rope_exact if self.det else apply_rope)(heads[:, : nh + nkv], rotation[lo:hi])
             kv.write(index, slots[lo:hi], heads[:, nh : nh + nkv], heads[:, nh + nkv :])
             np.multiply(heads[:, :nh], scale, out=q[lo:hi])
 
@@ -312,16 +317,20 @@ class LlamaModel:
 
     # Looked up at each call, not bound at load, so that scripts/ab/profile_step.py can time them.
     def _norm(self, x: F32, weight: F32, eps: float) -> F32:
+        if self.det:
+            return det_forward.rms_norm(x, weight, eps)
         return (rms_norm_compiled if self.compiled_ops else rms_norm)(x, weight, eps)
 
     def _mlp(self, layer: LayerWeights, x: F32, mm: MatmulFn) -> F32:
         """The layer's MLP of its normed input x [n, H]: gated, or a mixture of experts."""
         if layer.moe is not None and self.config.moe is not None:
-            return mixture(x, layer.moe, self.config.moe, mm, self._activation)
+            return mixture(x, layer.moe, self.config.moe, mm, self._activation, det=self.det)
         assert layer.w_gate_up is not None and layer.w_down is not None
         return mm(self._activation(mm(x, layer.w_gate_up)), layer.w_down)
 
     def _activation(self, gate_up: F32) -> F32:
+        if self.det:
+            return det_forward.gated(gate_up, self.config.arch.activation)
         if self.gelu:
             return gelu_tanh_gated(gate_up)
         if self.clamped:

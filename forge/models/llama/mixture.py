@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
+import forge.models.llama.det_forward as det_forward
 from forge.models.llama.experts import MoeWeights
 from forge.models.llama.linear import MatmulFn
 from forge.models.llama.llama_config import MoeConfig
@@ -69,13 +70,15 @@ def expert_groups(ids: I64, weights: F32) -> Iterator[tuple[int, I64, F32]]:
         yield expert, tokens[lo:hi], chosen[lo:hi]
 
 
-def mixture(x: F32, moe: MoeWeights, config: MoeConfig, mm: MatmulFn, activation: Activation) -> F32:
+def mixture(x: F32, moe: MoeWeights, config: MoeConfig, mm: MatmulFn, activation: Activation,
+            det: bool = False) -> F32:
     """The block's output [T, H] for its normed input x [T, H]: every active expert's product once,
-    over all the rows routed to it."""
-    logits = mm(x, moe.router)                                                 # [T, E]
+    over all the rows routed to it. `det`: the deterministic numerics' router (forge.models.llama.det_forward)."""
+    logits = (det_forward.product if det else mm)(x, moe.router)              # [T, E]
     if moe.router_bias is not None:
         logits += moe.router_bias
-    ids, weights = route(logits, config.num_used, config.norm_top_k, config.weights_scale)
+    ids, weights = (det_forward.route if det else route)(logits, config.num_used, config.norm_top_k,
+                                                         config.weights_scale)
     if moe.gate_up.is_kernel and moe.down.is_kernel:
         out = grouped_experts(x, moe, ids, weights, activation)
     else:
@@ -92,7 +95,8 @@ def mixture(x: F32, moe: MoeWeights, config: MoeConfig, mm: MatmulFn, activation
             out[tokens] += y                                                   # tokens distinct: no lost adds
     if moe.shared_gate_up is not None and moe.shared_down is not None and moe.shared_gate is not None:
         shared = mm(activation(mm(x, moe.shared_gate_up)), moe.shared_down)    # [T, H]
-        shared *= sigmoid(mm(x, moe.shared_gate))                              # [T, 1]
+        shared *= (det_forward.sigmoid(det_forward.product(x, moe.shared_gate)) if det
+                   else sigmoid(mm(x, moe.shared_gate)))                       # [T, 1]
         out += shared
     return out
 

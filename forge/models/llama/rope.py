@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+import forge.models.llama.exact_trig as exact_trig
 from forge.models.llama.llama_config import LlamaConfig
 from forge.models.llama.rope_scaling import RopeScaling
 
@@ -32,11 +33,13 @@ class RopeTables:
     max_position; the magnitude is 1 but for a scaled file's (YaRN, LongRoPE)."""
 
     def __init__(self, config: LlamaConfig, freq_divisors: F32 | None = None, *, sliding: bool = False,
-                 long_divisors: F32 | None = None) -> None:
+                 long_divisors: F32 | None = None, exact: bool = False) -> None:
         """`freq_divisors`: the file's per-frequency divisors (rope_freqs, or LongRoPE's short factors);
         `long_divisors`: LongRoPE's long factors, taken instead while the context served passes the original
         context (serve()). Until serve() says otherwise, the context served is the file's. `sliding`: the tables
-        of the family's sliding-window layers (their own base, no scaling)."""
+        of the family's sliding-window layers (their own base, no scaling). `exact`: the frequencies, cos and
+        sin by forge.models.llama.exact_trig (the deterministic numerics: the same tables on every host)."""
+        self._exact = exact
         self._theta, self._rope_dim, self._scale = config.rope_theta, config.rope_dim, config.rope_scale
         self._scaling = config.rope_scaling
         self._divisors = {False: freq_divisors, True: long_divisors if long_divisors is not None else freq_divisors}
@@ -45,7 +48,7 @@ class RopeTables:
             self._divisors = {False: None, True: None}
         self.max_position = config.max_position
         self.long_factors = self._scaling.uses_long_factors(self.max_position)
-        self._inv_freq = self._scaling.frequencies(self._theta, self._rope_dim, self._divisors[self.long_factors])
+        self._inv_freq = self._frequencies()
         self.rotation = self._table(min(self.max_position, POSITIONS_AT_LOAD))       # [P, half]
 
     def serve(self, context: int) -> None:
@@ -56,7 +59,7 @@ class RopeTables:
             self.resize(context)
             return
         self.long_factors = long_factors
-        self._inv_freq = self._scaling.frequencies(self._theta, self._rope_dim, self._divisors[long_factors])
+        self._inv_freq = self._frequencies()
         self.rotation = self._table(max(1, min(context, self.max_position)))
 
     @property
@@ -69,14 +72,19 @@ class RopeTables:
         if num_positions != self.num_positions:
             self.rotation = self._table(num_positions)
 
+    def _frequencies(self) -> npt.NDArray[np.float64]:
+        power = exact_trig.power if self._exact else np.power
+        return self._scaling.frequencies(self._theta, self._rope_dim, self._divisors[self.long_factors], power)
+
     def _table(self, num_positions: int) -> C64:
         """Angles computed in float64, stored as complex64."""
         positions = np.arange(num_positions, dtype=np.float64) / self._scale                  # [P]
         angles = np.outer(positions, self._inv_freq)                                          # [P, half]
         rotation = np.empty(angles.shape, np.complex64)                                       # [P, half]
         magnitude = self._scaling.magnitude
-        rotation.real = np.cos(angles) * magnitude
-        rotation.imag = np.sin(angles) * magnitude
+        cos, sin = exact_trig.cos_sin(angles) if self._exact else (np.cos(angles), np.sin(angles))
+        rotation.real = cos * magnitude
+        rotation.imag = sin * magnitude
         return rotation
 
     def at(self, positions: I64) -> C64:
@@ -98,3 +106,17 @@ def apply_rope(x: F32, rotation: C64) -> None:
     half = rotation.shape[-1]
     pairs = x[..., : 2 * half].view(np.complex64)                    # [T, nh, half] view: dims (2i, 2i+1)
     pairs *= rotation
+
+
+def apply_rope_exact(x: F32, rotation: C64) -> None:
+    """apply_rope by explicit float32 operations, each rounded once in this order (the deterministic numerics:
+    a complex multiply's vector code may fuse them): x0' = (x0 c) - (x1 s), x1' = (x0 s) + (x1 c)."""
+    half = rotation.shape[-1]
+    x0, x1 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]            # [T, nh, half] views
+    c, s = rotation.real, rotation.imag                                      # [T, 1, half]
+    first = x0 * c
+    first -= x1 * s
+    second = x0 * s
+    second += x1 * c
+    x0[...] = first
+    x1[...] = second

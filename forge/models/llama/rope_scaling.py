@@ -18,6 +18,7 @@ arithmetic; llama_config reads the keys and refuses what it cannot serve.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,11 +40,13 @@ class RopeScaling:
     magnitude: float = 1.0       # cos and sin multiplied by it: YaRN's mscale, LongRoPE's attention factor
     truncate: bool = True        # yarn: the correction range widened to whole pairs (gpt-oss: not, as it was trained)
 
-    def frequencies(self, theta: float, rope_dim: int, divisors: npt.NDArray[np.float32] | None = None) -> F64:
+    def frequencies(self, theta: float, rope_dim: int, divisors: npt.NDArray[np.float32] | None = None,
+                    power: Callable[[float, F64], F64] = np.power) -> F64:
         """The angle per position of each pair, [rope_dim / 2] (before linear scaling divides positions):
-        theta^(-2i / rope_dim), divided by the file's per-frequency `divisors` (rope_freqs, LongRoPE's factors),
-        YaRN's blend for a YaRN file."""
-        inv_freq = theta ** (-np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)      # [half]
+        theta^(-2i / rope_dim) (by `power`: forge.models.llama.exact_trig's under the deterministic numerics),
+        divided by the file's per-frequency `divisors` (rope_freqs, LongRoPE's factors), YaRN's blend for a YaRN
+        file."""
+        inv_freq = power(theta, -np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)   # [half]
         if divisors is not None:
             inv_freq = inv_freq / divisors.astype(np.float64)
         if self.kind != "yarn":

@@ -1,0 +1,246 @@
+/* The deterministic numerics' attention: one algorithm for every query row (a decode row, a row of a prompt chunk
+ * of any size or position, a speculative guess), whose output has the same bits among any batch mates, on any
+ * thread and in every build (scalar, AVX2, AVX-512). Compiled without -ffast-math and with -ffp-contract=off
+ * (forge.kernels.compiled's FILE_FLAGS); forge.kernels.det_attention_reference is the same definition in numpy,
+ * and the tests hold every build to it bit for bit.
+ *
+ * The definition, per query row (one query head h, its scaled query q as the model passes it, at position p) and
+ * its KV head h / group (GQA), over the keys j = f .. p it sees (f = 0; with a sliding window W, max(0, p - W + 1)),
+ * read from the paged cache through the sequence's block table and widened exactly to float32 (float32, float16 or
+ * bfloat16 storage; the int8 cache is refused in this numerics), every step one float32 operation, no fused
+ * multiply-add:
+ *   s_j = 0; s_j = s_j + q_d * k_jd for d = 0 .. hd - 1 in order;
+ *   with Gemma 2's soft-capping at c: a = s_j * (1 / c); t = det_exp(a + a); s_j = (1 - 2 / (t + 1)) * c;
+ *   m = the largest s_j, and the head's attention sink (gpt-oss) where it has one;
+ *   e_j = det_exp(s_j - m) (det_math.h);
+ *   sixteen partials P_k = the sum of e_j over j = k (mod 16), from 0, j ascending; l = the fixed tree
+ *     P_k = P_k + P_(k+8) (k < 8), then P_k + P_(k+4) (k < 4), then P_k + P_(k+2) (k < 2), then P_0 + P_1;
+ *     with a sink: l = l + det_exp(sink - m);
+ *   o_d = (0 + e_f * v_fd + ... + e_p * v_pd, added j ascending) / l.
+ * The indices j are absolute positions, so a row's partials are the same wherever its chunk starts.
+ *
+ * How: the work is split into (segment, KV head) items on the kernel pool (forge_run_parallel); a segment is a run of
+ * consecutive rows of one sequence (a decode row alone, or up to a few dozen rows of a chunk). An item widens its
+ * keys once into tiles of sixteen keys, transposed ([tile][d][16]), and its values into rows; the segment's rows
+ * and the group's query heads share them. Scores go sixteen keys at a time, a lane per key (each lane the
+ * definition's sum over d); the exponentials and partials a lane per j mod 16; the outputs a lane per d. Every lane
+ * does the scalar definition's operations, so the width changes nothing.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "det_math.h"
+#include "pool.h"
+
+#define DET_TILE 16
+#define DET_MAX_GROUP 64
+#define DET_MAX_HEAD_DIM 512
+
+/* One value of the cache widened to float32, exactly: kv_type 0 float32, 1 float16, 2 bfloat16 (raw bits). */
+static inline float widen(const void *base, int kv_type, int64_t at) {
+    if (kv_type == 0)
+        return ((const float *)base)[at];
+    const uint16_t bits = ((const uint16_t *)base)[at];
+    if (kv_type == 1) {
+        _Float16 h;
+        memcpy(&h, &bits, sizeof h);
+        return (float)h;
+    }
+    const uint32_t wide = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+/* n values from offset `at`, widened into out. */
+static void widen_row(const void *base, int kv_type, int64_t at, int64_t n, float *restrict out) {
+    int64_t d = 0;
+#if defined(__F16C__)
+    if (kv_type == 1)
+        for (; d + 8 <= n; d += 8)
+            _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at + d))));
+#endif
+    for (; d < n; d++) out[d] = widen(base, kv_type, at + d);
+}
+
+/* s[16] = the scores of one query against a tile of sixteen transposed keys kt [hd][16]. */
+static inline void tile_scores(const float *restrict q, const float *restrict kt, int64_t hd, float *restrict s) {
+#if defined(__AVX512F__)
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++)
+        a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + d * DET_TILE)));
+    _mm512_storeu_ps(s, a);
+#elif defined(__AVX2__)
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        const __m256 qd = _mm256_set1_ps(q[d]);
+        a = _mm256_add_ps(a, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + d * DET_TILE)));
+        b = _mm256_add_ps(b, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + d * DET_TILE + 8)));
+    }
+    _mm256_storeu_ps(s, a);
+    _mm256_storeu_ps(s + 8, b);
+#else
+    float a[DET_TILE] = {0};
+    for (int64_t d = 0; d < hd; d++)
+        for (int l = 0; l < DET_TILE; l++) a[l] = a[l] + q[d] * kt[d * DET_TILE + l];
+    memcpy(s, a, sizeof a);
+#endif
+}
+
+/* s[16] <- det_exp(s - m), lane by lane. */
+static inline void tile_exps(float *restrict s, float m) {
+#if defined(__AVX512F__)
+    _mm512_storeu_ps(s, det_exp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m))));
+#elif defined(__AVX2__)
+    for (int h = 0; h < DET_TILE; h += 8)
+        _mm256_storeu_ps(s + h, det_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + h), _mm256_set1_ps(m))));
+#else
+    for (int l = 0; l < DET_TILE; l++) s[l] = det_exp(s[l] - m);
+#endif
+}
+
+/* The sixteen partials' fixed tree. */
+static inline float tree16(float *p) {
+    for (int half = 8; half >= 1; half /= 2)
+        for (int k = 0; k < half; k++) p[k] = p[k] + p[k + half];
+    return p[0];
+}
+
+/* The soft-capping of the definition, in place over n scores. */
+static void softcap_scores(float *s, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = s[i] * inv;
+        const float t = det_exp(a + a);
+        s[i] = (1.0f - 2.0f / (t + 1.0f)) * cap;
+    }
+}
+
+typedef struct {
+    const float *q;                          /* [T, nh, hd] */
+    const void *k, *v;                       /* [num_blocks, block_size, nkv, hd] */
+    int kv_type;
+    const int64_t *tables;                   /* [num_tables, table_width] */
+    int64_t table_width;
+    const int64_t *seg;                      /* [num_segs, 4]: table row, first row of T, rows, first row's position */
+    int64_t num_segs, nh, nkv, hd, block_size, window;
+    float softcap;
+    const float *sinks;                      /* [nh] or NULL */
+    float *out;                              /* [T, nh, hd] */
+    int64_t max_keys, max_rows;              /* over the segments: keys an item reads, rows it has */
+    _Atomic int64_t next;                    /* the next item to take */
+    _Atomic int failed;
+} det_job;
+
+/* A pool thread's buffer `which`, grown as needed (never freed: one each per thread). */
+static float *thread_buffer(int which, int64_t floats) {
+    static __thread float *buf[4] = {NULL, NULL, NULL, NULL};
+    static __thread int64_t size[4] = {0, 0, 0, 0};
+    if (floats > size[which]) {
+        free(buf[which]);
+        buf[which] = aligned_alloc(64, (size_t)((floats + 15) / 16 * 16) * sizeof(float));
+        size[which] = buf[which] == NULL ? 0 : floats;
+    }
+    return buf[which];
+}
+
+static inline int64_t first_key(int64_t pos, int64_t window) {
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+/* One item: segment s's rows, KV head g's query heads. */
+static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt, float *restrict vw,
+                     float *restrict sc, float *restrict acc) {
+    const int64_t *seg = jb->seg + 4 * s;
+    const int64_t *table = jb->tables + seg[0] * jb->table_width;
+    const int64_t row0 = seg[1], rows = seg[2], pos0 = seg[3];
+    const int64_t hd = jb->hd, nkv = jb->nkv, nh = jb->nh, group = nh / nkv, bs = jb->block_size;
+    const int64_t lo = first_key(pos0, jb->window), hi = pos0 + rows;        /* the keys any row sees */
+    const int64_t t0 = lo / DET_TILE, t1 = (hi + DET_TILE - 1) / DET_TILE;
+    float row[DET_MAX_HEAD_DIM];
+    memset(kt, 0, (size_t)((t1 - t0) * DET_TILE * hd) * sizeof(float));
+    for (int64_t j = lo; j < hi; j++) {
+        const int64_t at = ((table[j / bs] * bs + j % bs) * nkv + g) * hd;
+        float *kcol = kt + ((j / DET_TILE - t0) * hd) * DET_TILE + j % DET_TILE;
+        widen_row(jb->k, jb->kv_type, at, hd, row);
+        for (int64_t d = 0; d < hd; d++) kcol[d * DET_TILE] = row[d];
+        widen_row(jb->v, jb->kv_type, at, hd, vw + (j - lo) * hd);
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t pos = pos0 + i, f = first_key(pos, jb->window);
+        const int64_t tf = f / DET_TILE, tl = pos / DET_TILE, width = (tl - tf + 1) * DET_TILE;
+        for (int64_t k = 0; k < group; k++) {
+            const int64_t h = g * group + k;
+            const float *qh = jb->q + ((row0 + i) * nh + h) * hd;
+            float *e = sc + k * width;                                       /* e[(t - tf) * 16 + lane] */
+            for (int64_t t = tf; t <= tl; t++) tile_scores(qh, kt + (t - t0) * hd * DET_TILE, hd, e + (t - tf) * DET_TILE);
+            const int64_t a = f - tf * DET_TILE, b = pos - tf * DET_TILE;   /* the visible lanes: a .. b */
+            if (jb->softcap > 0.0f) softcap_scores(e + a, b - a + 1, jb->softcap);
+            float m = e[a];
+            for (int64_t j = a + 1; j <= b; j++) m = e[j] > m ? e[j] : m;
+            if (jb->sinks != NULL && jb->sinks[h] > m) m = jb->sinks[h];
+            for (int64_t t = 0; t <= tl - tf; t++) tile_exps(e + t * DET_TILE, m);
+            for (int64_t j = 0; j < a; j++) e[j] = 0.0f;                     /* lanes out of sight weigh nothing */
+            for (int64_t j = b + 1; j < width; j++) e[j] = 0.0f;
+            float p[DET_TILE] = {0};
+            for (int64_t t = 0; t <= tl - tf; t++)                           /* + 0 changes no partial */
+                for (int l = 0; l < DET_TILE; l++) p[l] = p[l] + e[t * DET_TILE + l];
+            float sum = tree16(p);
+            if (jb->sinks != NULL) sum = sum + det_exp(jb->sinks[h] - m);
+            float *o = acc + k * hd;
+            for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+            for (int64_t j = a; j <= b; j++) {
+                const float w = e[j];
+                const float *vr = vw + (tf * DET_TILE + j - lo) * hd;
+                for (int64_t d = 0; d < hd; d++) o[d] = o[d] + w * vr[d];
+            }
+            float *dst = jb->out + ((row0 + i) * nh + h) * hd;
+            for (int64_t d = 0; d < hd; d++) dst[d] = o[d] / sum;
+        }
+    }
+}
+
+static void det_part(const void *ctx, int index, int count) {
+    (void)index;
+    (void)count;
+    det_job *jb = (det_job *)ctx;
+    const int64_t items = jb->num_segs * jb->nkv, group = jb->nh / jb->nkv;
+    const int64_t tiles = (jb->max_keys + 2 * DET_TILE) / DET_TILE;
+    float *kt = thread_buffer(0, tiles * DET_TILE * jb->hd);
+    float *vw = thread_buffer(1, jb->max_keys * jb->hd);
+    float *sc = thread_buffer(2, group * tiles * DET_TILE);
+    float *acc = thread_buffer(3, group * jb->hd);
+    if (kt == NULL || vw == NULL || sc == NULL || acc == NULL) {
+        atomic_store(&jb->failed, 1);
+        return;
+    }
+    for (int64_t it; (it = atomic_fetch_add(&jb->next, 1)) < items;)
+        det_item(jb, it / jb->nkv, it % jb->nkv, kt, vw, sc, acc);
+}
+
+/* Attention of the segments' rows into out, by the definition above. seg [num_segs, 4]: each segment's block-table
+ * row, first row of q/out, number of rows (consecutive positions) and first row's position. window 0: none; softcap
+ * 0: none; sinks NULL: none. Returns 0; -1 for a group or head_dim beyond the limits or an unknown kv_type; -2 when
+ * a thread found no memory for its buffers. */
+int forge_det_attention(const float *q, const void *k, const void *v, int kv_type, const int64_t *tables,
+                        int64_t table_width, const int64_t *seg, int64_t num_segs, int64_t nh, int64_t nkv,
+                        int64_t hd, int64_t block_size, int64_t window, float softcap, const float *sinks,
+                        float *out, int parallel) {
+    if (nkv < 1 || nh % nkv || nh / nkv > DET_MAX_GROUP || hd > DET_MAX_HEAD_DIM || kv_type < 0 || kv_type > 2)
+        return -1;
+    int64_t max_keys = 1, max_rows = 1;
+    for (int64_t s = 0; s < num_segs; s++) {
+        const int64_t lo = first_key(seg[4 * s + 3], window), hi = seg[4 * s + 3] + seg[4 * s + 2];
+        max_keys = hi - lo > max_keys ? hi - lo : max_keys;
+        max_rows = seg[4 * s + 2] > max_rows ? seg[4 * s + 2] : max_rows;
+    }
+    det_job jb = {q, k, v, kv_type, tables, table_width, seg, num_segs, nh, nkv, hd, block_size, window, softcap,
+                  sinks, out, max_keys, max_rows, 0, 0};
+    forge_run_parallel(det_part, &jb, parallel && num_segs * nkv > 1);
+    return atomic_load(&jb.failed) ? -2 : 0;
+}

@@ -64,7 +64,7 @@ def attend_row(q: F32, keys: F32, values: F32, first: int, softcap: float = 0.0,
         half //= 2
     total = np.float32(p[0])
     if sink is not None:
-        total = np.float32(total + det_exp(np.float32([np.float32(sink) - m]))[0])
+        total = np.float32(total + det_exp(np.array([np.float32(sink) - m], dtype=np.float32))[0])
     o = np.zeros(q.shape[0], dtype=np.float32)
     for j in range(len(e)):
         o = (o + (e[j] * values[j]).astype(np.float32)).astype(np.float32)

@@ -40,6 +40,7 @@
 #define DET_TILE 16
 #define DET_MAX_GROUP 64
 #define DET_MAX_HEAD_DIM 512
+#define DET_PREFETCH 8               /* keys ahead whose rows an item prefetches */
 
 /* One value of the cache widened to float32, exactly: kv_type 0 float32, 1 float16, 2 bfloat16 (raw bits). */
 static inline float widen(const void *base, int kv_type, int64_t at) {
@@ -68,27 +69,69 @@ static void widen_row(const void *base, int kv_type, int64_t at, int64_t n, floa
     for (; d < n; d++) out[d] = widen(base, kv_type, at + d);
 }
 
-/* s[16] = the scores of one query against a tile of sixteen transposed keys kt [hd][16]. */
-static inline void tile_scores(const float *restrict q, const float *restrict kt, int64_t hd, float *restrict s) {
+/* s[16 * tiles] = the scores of one query against `tiles` tiles of sixteen transposed keys (kt [tiles][hd][16]),
+ * a lane per key; several tiles at once, whose sums are independent (the add's latency, not its throughput, bounds
+ * one tile). */
+static void scores(const float *restrict q, const float *restrict kt, int64_t hd, int64_t tiles, float *restrict s) {
+    const int64_t step = hd * DET_TILE;
+    int64_t t = 0;
 #if defined(__AVX512F__)
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; d++)
-        a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + d * DET_TILE)));
-    _mm512_storeu_ps(s, a);
-#elif defined(__AVX2__)
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d++) {
-        const __m256 qd = _mm256_set1_ps(q[d]);
-        a = _mm256_add_ps(a, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + d * DET_TILE)));
-        b = _mm256_add_ps(b, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + d * DET_TILE + 8)));
+    for (; t + 4 <= tiles; t += 4) {
+        const float *k = kt + t * step;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t d = 0; d < hd; d++) {
+            const __m512 qd = _mm512_set1_ps(q[d]);
+            const float *kd = k + d * DET_TILE;
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(qd, _mm512_loadu_ps(kd)));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + step)));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + 2 * step)));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + 3 * step)));
+        }
+        _mm512_storeu_ps(s + t * DET_TILE, a0);
+        _mm512_storeu_ps(s + t * DET_TILE + 16, a1);
+        _mm512_storeu_ps(s + t * DET_TILE + 32, a2);
+        _mm512_storeu_ps(s + t * DET_TILE + 48, a3);
     }
-    _mm256_storeu_ps(s, a);
-    _mm256_storeu_ps(s + 8, b);
+    for (; t < tiles; t++) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < hd; d++)
+            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + t * step + d * DET_TILE)));
+        _mm512_storeu_ps(s + t * DET_TILE, a);
+    }
+#elif defined(__AVX2__)
+    for (; t + 2 <= tiles; t += 2) {
+        const float *k = kt + t * step;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t d = 0; d < hd; d++) {
+            const __m256 qd = _mm256_set1_ps(q[d]);
+            const float *kd = k + d * DET_TILE;
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(qd, _mm256_loadu_ps(kd)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + step)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + step + 8)));
+        }
+        _mm256_storeu_ps(s + t * DET_TILE, a0);
+        _mm256_storeu_ps(s + t * DET_TILE + 8, a1);
+        _mm256_storeu_ps(s + t * DET_TILE + 16, a2);
+        _mm256_storeu_ps(s + t * DET_TILE + 24, a3);
+    }
+    for (; t < tiles; t++) {
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        for (int64_t d = 0; d < hd; d++) {
+            const __m256 qd = _mm256_set1_ps(q[d]);
+            a = _mm256_add_ps(a, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + t * step + d * DET_TILE)));
+            b = _mm256_add_ps(b, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + t * step + d * DET_TILE + 8)));
+        }
+        _mm256_storeu_ps(s + t * DET_TILE, a);
+        _mm256_storeu_ps(s + t * DET_TILE + 8, b);
+    }
 #else
-    float a[DET_TILE] = {0};
-    for (int64_t d = 0; d < hd; d++)
-        for (int l = 0; l < DET_TILE; l++) a[l] = a[l] + q[d] * kt[d * DET_TILE + l];
-    memcpy(s, a, sizeof a);
+    for (; t < tiles; t++) {
+        float a[DET_TILE] = {0};
+        for (int64_t d = 0; d < hd; d++)
+            for (int l = 0; l < DET_TILE; l++) a[l] = a[l] + q[d] * kt[t * step + d * DET_TILE + l];
+        memcpy(s + t * DET_TILE, a, sizeof a);
+    }
 #endif
 }
 
@@ -121,6 +164,121 @@ static void softcap_scores(float *s, int64_t n, float cap) {
     }
 }
 
+/* dst[i * dst_stride + l] = src[l * src_stride + i] for l, i < 8: moves, no arithmetic. */
+#if defined(__AVX2__)
+static inline void transpose8(const float *src, int64_t src_stride, float *dst, int64_t dst_stride) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
+/* One tile's keys, rows rb [16][hd] (key l of the tile in row l), transposed into kt [hd][16]. */
+static void transpose_tile(const float *restrict rb, int64_t hd, float *restrict kt) {
+    int64_t d = 0;
+#if defined(__AVX2__)
+    for (; d + 8 <= hd; d += 8) {
+        transpose8(rb + d, hd, kt + d * DET_TILE, DET_TILE);
+        transpose8(rb + 8 * hd + d, hd, kt + d * DET_TILE + 8, DET_TILE);
+    }
+#endif
+    for (; d < hd; d++)
+        for (int l = 0; l < DET_TILE; l++) kt[d * DET_TILE + l] = rb[l * hd + d];
+}
+
+/* The outputs' sums: acc[k][d] = 0 + e_a * v_ad + ... + e_b * v_bd (j ascending) for the group's heads k < group,
+ * e [group][width] (head k's weights at e + k * width), v the values' rows from key a's (row j at v + (j - a) * hd).
+ * A lane per d. */
+#if defined(__AVX512F__)
+#define DET_VL 16
+typedef __m512 det_vec;
+#define det_zero _mm512_setzero_ps
+#define det_set1 _mm512_set1_ps
+#define det_load _mm512_loadu_ps
+#define det_store _mm512_storeu_ps
+#define det_add _mm512_add_ps
+#define det_mul _mm512_mul_ps
+#define DET_HEADS 4
+#elif defined(__AVX2__)
+#define DET_VL 8
+typedef __m256 det_vec;
+#define det_zero _mm256_setzero_ps
+#define det_set1 _mm256_set1_ps
+#define det_load _mm256_loadu_ps
+#define det_store _mm256_storeu_ps
+#define det_add _mm256_add_ps
+#define det_mul _mm256_mul_ps
+#define DET_HEADS 3
+#endif
+
+#ifdef DET_VL
+/* Four vectors of d (4 * DET_VL dims from d0) for hn <= DET_HEADS heads from k0, the sums in registers. */
+static inline __attribute__((always_inline)) void weigh4(const float *restrict e, int64_t width, int64_t k0, int hn,
+                                                        int64_t a, int64_t b, const float *restrict v, int64_t hd,
+                                                        int64_t d0, float *restrict acc) {
+    det_vec o[DET_HEADS][4];
+    for (int k = 0; k < DET_HEADS; k++)
+        for (int c = 0; c < 4; c++) o[k][c] = det_zero();
+    for (int64_t j = a; j <= b; j++) {
+        const float *vr = v + (j - a) * hd + d0;
+        const det_vec v0 = det_load(vr), v1 = det_load(vr + DET_VL), v2 = det_load(vr + 2 * DET_VL),
+                      v3 = det_load(vr + 3 * DET_VL);
+        for (int k = 0; k < DET_HEADS; k++) {
+            if (k >= hn) break;
+            const det_vec w = det_set1(e[(k0 + k) * width + j]);
+            o[k][0] = det_add(o[k][0], det_mul(w, v0));
+            o[k][1] = det_add(o[k][1], det_mul(w, v1));
+            o[k][2] = det_add(o[k][2], det_mul(w, v2));
+            o[k][3] = det_add(o[k][3], det_mul(w, v3));
+        }
+    }
+    for (int k = 0; k < hn; k++)
+        for (int c = 0; c < 4; c++) det_store(acc + (k0 + k) * hd + d0 + c * DET_VL, o[k][c]);
+}
+#endif
+
+static void weigh_values(const float *restrict e, int64_t width, int64_t group, int64_t a, int64_t b,
+                         const float *restrict v, int64_t hd, float *restrict acc) {
+#ifdef DET_VL
+    if (hd % (4 * DET_VL) == 0) {
+        for (int64_t d0 = 0; d0 < hd; d0 += 4 * DET_VL)
+            for (int64_t k0 = 0; k0 < group; k0 += DET_HEADS) {
+                const int hn = group - k0 < DET_HEADS ? (int)(group - k0) : DET_HEADS;
+                switch (hn) {                           /* a constant count: the sums stay in registers */
+                case 1: weigh4(e, width, k0, 1, a, b, v, hd, d0, acc); break;
+                case 2: weigh4(e, width, k0, 2, a, b, v, hd, d0, acc); break;
+#if DET_HEADS >= 4
+                case 3: weigh4(e, width, k0, 3, a, b, v, hd, d0, acc); break;
+#endif
+                default: weigh4(e, width, k0, DET_HEADS, a, b, v, hd, d0, acc); break;
+                }
+            }
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < group; k++) {
+        float *o = acc + k * hd;
+        for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int64_t j = a; j <= b; j++) {
+            const float w = e[k * width + j];
+            for (int64_t d = 0; d < hd; d++) o[d] = o[d] + w * v[(j - a) * hd + d];
+        }
+    }
+}
+
 typedef struct {
     const float *q;                          /* [T, nh, hd] */
     const void *k, *v;                       /* [num_blocks, block_size, nkv, hd] */
@@ -139,8 +297,8 @@ typedef struct {
 
 /* A pool thread's buffer `which`, grown as needed (never freed: one each per thread). */
 static float *thread_buffer(int which, int64_t floats) {
-    static __thread float *buf[4] = {NULL, NULL, NULL, NULL};
-    static __thread int64_t size[4] = {0, 0, 0, 0};
+    static __thread float *buf[5] = {NULL, NULL, NULL, NULL, NULL};
+    static __thread int64_t size[5] = {0, 0, 0, 0, 0};
     if (floats > size[which]) {
         free(buf[which]);
         buf[which] = aligned_alloc(64, (size_t)((floats + 15) / 16 * 16) * sizeof(float));
@@ -155,34 +313,54 @@ static inline int64_t first_key(int64_t pos, int64_t window) {
 
 /* One item: segment s's rows, KV head g's query heads. */
 static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt, float *restrict vw,
-                     float *restrict sc, float *restrict acc) {
+                     float *restrict sc, float *restrict acc, float *restrict rb) {
     const int64_t *seg = jb->seg + 4 * s;
     const int64_t *table = jb->tables + seg[0] * jb->table_width;
     const int64_t row0 = seg[1], rows = seg[2], pos0 = seg[3];
     const int64_t hd = jb->hd, nkv = jb->nkv, nh = jb->nh, group = nh / nkv, bs = jb->block_size;
     const int64_t lo = first_key(pos0, jb->window), hi = pos0 + rows;        /* the keys any row sees */
     const int64_t t0 = lo / DET_TILE, t1 = (hi + DET_TILE - 1) / DET_TILE;
-    float row[DET_MAX_HEAD_DIM];
-    memset(kt, 0, (size_t)((t1 - t0) * DET_TILE * hd) * sizeof(float));
-    for (int64_t j = lo; j < hi; j++) {
-        const int64_t at = ((table[j / bs] * bs + j % bs) * nkv + g) * hd;
-        float *kcol = kt + ((j / DET_TILE - t0) * hd) * DET_TILE + j % DET_TILE;
-        widen_row(jb->k, jb->kv_type, at, hd, row);
-        for (int64_t d = 0; d < hd; d++) kcol[d * DET_TILE] = row[d];
-        widen_row(jb->v, jb->kv_type, at, hd, vw + (j - lo) * hd);
+    const int64_t row_bytes = hd * (jb->kv_type == 0 ? 4 : 2);
+    for (int64_t t = t0; t < t1; t++) {
+        for (int l = 0; l < DET_TILE; l++) {
+            const int64_t j = t * DET_TILE + l;
+            if (j < lo || j >= hi) {                                         /* no row sees it: zeros */
+                memset(rb + l * hd, 0, (size_t)hd * sizeof(float));
+                continue;
+            }
+            if (j + DET_PREFETCH < hi) {
+                const int64_t ahead = j + DET_PREFETCH;
+                const int64_t next = ((table[ahead / bs] * bs + ahead % bs) * nkv + g) * row_bytes;
+                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+                    __builtin_prefetch((const char *)jb->k + next + byte);
+                    __builtin_prefetch((const char *)jb->v + next + byte);
+                }
+            }
+            const int64_t at = ((table[j / bs] * bs + j % bs) * nkv + g) * hd;
+            widen_row(jb->k, jb->kv_type, at, hd, rb + l * hd);
+            widen_row(jb->v, jb->kv_type, at, hd, vw + (j - lo) * hd);
+        }
+        transpose_tile(rb, hd, kt + (t - t0) * hd * DET_TILE);
     }
     for (int64_t i = 0; i < rows; i++) {
         const int64_t pos = pos0 + i, f = first_key(pos, jb->window);
         const int64_t tf = f / DET_TILE, tl = pos / DET_TILE, width = (tl - tf + 1) * DET_TILE;
+        float sums[DET_MAX_GROUP];
         for (int64_t k = 0; k < group; k++) {
             const int64_t h = g * group + k;
             const float *qh = jb->q + ((row0 + i) * nh + h) * hd;
             float *e = sc + k * width;                                       /* e[(t - tf) * 16 + lane] */
-            for (int64_t t = tf; t <= tl; t++) tile_scores(qh, kt + (t - t0) * hd * DET_TILE, hd, e + (t - tf) * DET_TILE);
+            scores(qh, kt + (tf - t0) * hd * DET_TILE, hd, tl - tf + 1, e);
             const int64_t a = f - tf * DET_TILE, b = pos - tf * DET_TILE;   /* the visible lanes: a .. b */
             if (jb->softcap > 0.0f) softcap_scores(e + a, b - a + 1, jb->softcap);
-            float m = e[a];
-            for (int64_t j = a + 1; j <= b; j++) m = e[j] > m ? e[j] : m;
+            for (int64_t j = 0; j < a; j++) e[j] = -INFINITY;                /* lanes out of sight: no max */
+            for (int64_t j = b + 1; j < width; j++) e[j] = -INFINITY;
+            float mx[DET_TILE];                                              /* the max (exact in any order) */
+            for (int l = 0; l < DET_TILE; l++) mx[l] = -INFINITY;
+            for (int64_t t = 0; t <= tl - tf; t++)
+                for (int l = 0; l < DET_TILE; l++) mx[l] = e[t * DET_TILE + l] > mx[l] ? e[t * DET_TILE + l] : mx[l];
+            float m = mx[0];
+            for (int l = 1; l < DET_TILE; l++) m = mx[l] > m ? mx[l] : m;
             if (jb->sinks != NULL && jb->sinks[h] > m) m = jb->sinks[h];
             for (int64_t t = 0; t <= tl - tf; t++) tile_exps(e + t * DET_TILE, m);
             for (int64_t j = 0; j < a; j++) e[j] = 0.0f;                     /* lanes out of sight weigh nothing */
@@ -192,15 +370,12 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
                 for (int l = 0; l < DET_TILE; l++) p[l] = p[l] + e[t * DET_TILE + l];
             float sum = tree16(p);
             if (jb->sinks != NULL) sum = sum + det_exp(jb->sinks[h] - m);
-            float *o = acc + k * hd;
-            for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
-            for (int64_t j = a; j <= b; j++) {
-                const float w = e[j];
-                const float *vr = vw + (tf * DET_TILE + j - lo) * hd;
-                for (int64_t d = 0; d < hd; d++) o[d] = o[d] + w * vr[d];
-            }
-            float *dst = jb->out + ((row0 + i) * nh + h) * hd;
-            for (int64_t d = 0; d < hd; d++) dst[d] = o[d] / sum;
+            sums[k] = sum;
+        }
+        weigh_values(sc, width, group, f - tf * DET_TILE, pos - tf * DET_TILE, vw + (f - lo) * hd, hd, acc);
+        for (int64_t k = 0; k < group; k++) {
+            float *dst = jb->out + ((row0 + i) * nh + g * group + k) * hd;
+            for (int64_t d = 0; d < hd; d++) dst[d] = acc[k * hd + d] / sums[k];
         }
     }
 }
@@ -215,12 +390,13 @@ static void det_part(const void *ctx, int index, int count) {
     float *vw = thread_buffer(1, jb->max_keys * jb->hd);
     float *sc = thread_buffer(2, group * tiles * DET_TILE);
     float *acc = thread_buffer(3, group * jb->hd);
-    if (kt == NULL || vw == NULL || sc == NULL || acc == NULL) {
+    float *rb = thread_buffer(4, DET_TILE * jb->hd);
+    if (kt == NULL || vw == NULL || sc == NULL || acc == NULL || rb == NULL) {
         atomic_store(&jb->failed, 1);
         return;
     }
     for (int64_t it; (it = atomic_fetch_add(&jb->next, 1)) < items;)
-        det_item(jb, it / jb->nkv, it % jb->nkv, kt, vw, sc, acc);
+        det_item(jb, it / jb->nkv, it % jb->nkv, kt, vw, sc, acc, rb);
 }
 
 /* Attention of the segments' rows into out, by the definition above. seg [num_segs, 4]: each segment's block-table

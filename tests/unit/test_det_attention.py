@@ -61,6 +61,8 @@ def run(lib: ctypes.CDLL, q: F32, k: npt.NDArray[np.generic], v: npt.NDArray[np.
     ("bfloat16", 8, 2, 48, 16, 0, 0.0, False),
     ("float16", 6, 2, 64, 4, 21, 0.0, True),
     ("float32", 4, 1, 40, 16, 0, 30.0, False),
+    ("float16", 10, 2, 128, 16, 0, 0.0, True),
+    ("bfloat16", 8, 8, 72, 8, 40, 0.0, False),
 ])
 def test_every_level_is_the_definition(lib: ctypes.CDLL, dtype: str, nh: int, nkv: int, hd: int, block_size: int,
                                        window: int, softcap: float, with_sinks: bool) -> None:

@@ -10,10 +10,15 @@ import ctypes
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forge.kernels import compiled, products
 from forge.kernels.det_attention import det_attention, segments
 from forge.kernels.det_attention_reference import det_attention_reference
+from forge.models.llama.attention import attend
+from forge.models.llama.attention_plan import plan_attention
+from tests.unit.test_attention_sinks import by_definition, case
 from tests.unit.test_block_linear import RUNNABLE
 
 F32 = npt.NDArray[np.float32]
@@ -109,3 +114,24 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
         run(lib, q, k, v, tables, np.array([[0, 0, 4, 30]], dtype=np.int64))
     with pytest.raises(ValueError, match="caches"):
         run(lib, q, k.astype(np.int8), v.astype(np.int8), tables, np.array([[0, 0, 4, 0]], dtype=np.int64))
+
+
+@settings(max_examples=20, deadline=None)
+@given(lens=st.lists(st.integers(1, 60), min_size=1, max_size=5),
+       prefill=st.lists(st.booleans(), min_size=5, max_size=5),
+       kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 3]), block_size=st.sampled_from([1, 4, 16]),
+       window=st.sampled_from([0, 5]), seed=st.integers(0, 2**32 - 1))
+def test_the_models_attention_in_these_numerics_is_attention(lens: list[int], prefill: list[bool], kv_heads: int,
+                                                              group: int, block_size: int, window: int,
+                                                              seed: int) -> None:
+    """forge.models.llama.attention with a plan for the deterministic numerics (decode rows and prompt chunks in
+    one step, a window, sinks): each row's softmax over its keys, written out in float64, within float32's error;
+    and the kernel's definition (det_attention_reference) bit for bit."""
+    query_lens = [n if p else 1 for n, p in zip(lens, prefill, strict=False)]
+    batch, config, k, v, _, q, sinks = case(seed, lens, query_lens, kv_heads, group, 16, block_size)
+    plan = plan_attention(batch, config, block_size, window=window, det=True)  # type: ignore[arg-type]
+    assert plan.det is not None and not plan.decode_parts and not plan.prefill_parts
+    got = attend(plan, q, k, v, sinks=sinks)
+    np.testing.assert_allclose(got, by_definition(batch, q, k, v, sinks, window), atol=2e-5, rtol=0)
+    want = det_attention_reference(q, k, v, plan.det.tables, plan.det.segments, plan.window, 0.0, sinks)
+    assert np.array_equal(bits(got), bits(want))

@@ -72,7 +72,8 @@ static void widen_row(const void *base, int kv_type, int64_t at, int64_t n, floa
 /* s[16 * tiles] = the scores of one query against `tiles` tiles of sixteen transposed keys (kt [tiles][hd][16]),
  * a lane per key; several tiles at once, whose sums are independent (the add's latency, not its throughput, bounds
  * one tile). */
-static void scores(const float *restrict q, const float *restrict kt, int64_t hd, int64_t tiles, float *restrict s) {
+static __attribute__((unused)) void scores(const float *restrict q, const float *restrict kt, int64_t hd, int64_t tiles,
+                                           float *restrict s) {
     const int64_t step = hd * DET_TILE;
     int64_t t = 0;
 #if defined(__AVX512F__)
@@ -279,6 +280,69 @@ static void weigh_values(const float *restrict e, int64_t width, int64_t group, 
     }
 }
 
+/* The scores of the group's heads (queries q [group][hd]) against `tiles` tiles of transposed keys: head k's into
+ * e + k * width, as `scores` gives them; with vectors, up to four heads at once share each load of the keys. */
+#ifdef DET_VL
+#define DET_SCORE_HEADS 4
+/* Two vectors of keys (AVX-512: two tiles, t and t2; AVX2: both halves of tile t) for hn heads from k0. */
+static inline __attribute__((always_inline)) void scores2(const float *restrict q, int64_t k0, int hn,
+                                                         const float *restrict kt, int64_t hd, int64_t t, int64_t t2,
+                                                         int store2, float *restrict e, int64_t width) {
+    const int64_t step = hd * DET_TILE;
+#if DET_VL == 16
+    const float *ka = kt + t * step, *kb = kt + t2 * step;
+    float *ea = e + t * DET_TILE, *eb = e + t2 * DET_TILE;
+#else
+    (void)t2;
+    const float *ka = kt + t * step, *kb = ka + 8;
+    float *ea = e + t * DET_TILE, *eb = ea + 8;
+#endif
+    det_vec o[DET_SCORE_HEADS][2];
+    for (int k = 0; k < DET_SCORE_HEADS; k++) o[k][0] = o[k][1] = det_zero();
+    for (int64_t d = 0; d < hd; d++) {
+        const det_vec va = det_load(ka + d * DET_TILE), vb = det_load(kb + d * DET_TILE);
+        for (int k = 0; k < DET_SCORE_HEADS; k++) {
+            if (k >= hn) break;
+            const det_vec qd = det_set1(q[(k0 + k) * hd + d]);
+            o[k][0] = det_add(o[k][0], det_mul(qd, va));
+            o[k][1] = det_add(o[k][1], det_mul(qd, vb));
+        }
+    }
+    for (int k = 0; k < hn; k++) {
+        det_store(ea + (k0 + k) * width, o[k][0]);
+        if (store2) det_store(eb + (k0 + k) * width, o[k][1]);
+    }
+}
+
+static inline __attribute__((always_inline)) void scores_heads(const float *restrict q, int64_t k0, int hn,
+                                                              const float *restrict kt, int64_t hd, int64_t tiles,
+                                                              float *restrict e, int64_t width) {
+#if DET_VL == 16
+    int64_t t = 0;
+    for (; t + 2 <= tiles; t += 2) scores2(q, k0, hn, kt, hd, t, t + 1, 1, e, width);
+    if (t < tiles) scores2(q, k0, hn, kt, hd, t, t, 0, e, width);      /* the last tile twice, stored once */
+#else
+    for (int64_t t = 0; t < tiles; t++) scores2(q, k0, hn, kt, hd, t, t, 1, e, width);
+#endif
+}
+#endif
+
+static void scores_group(const float *restrict q, int64_t group, const float *restrict kt, int64_t hd, int64_t tiles,
+                         float *restrict e, int64_t width) {
+#ifdef DET_VL
+    for (int64_t k0 = 0; k0 < group; k0 += DET_SCORE_HEADS) {
+        switch (group - k0 < DET_SCORE_HEADS ? group - k0 : DET_SCORE_HEADS) {   /* a constant count of heads */
+        case 1: scores_heads(q, k0, 1, kt, hd, tiles, e, width); break;
+        case 2: scores_heads(q, k0, 2, kt, hd, tiles, e, width); break;
+        case 3: scores_heads(q, k0, 3, kt, hd, tiles, e, width); break;
+        default: scores_heads(q, k0, DET_SCORE_HEADS, kt, hd, tiles, e, width); break;
+        }
+    }
+#else
+    for (int64_t k = 0; k < group; k++) scores(q + k * hd, kt, hd, tiles, e + k * width);
+#endif
+}
+
 typedef struct {
     const float *q;                          /* [T, nh, hd] */
     const void *k, *v;                       /* [num_blocks, block_size, nkv, hd] */
@@ -346,11 +410,11 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
         const int64_t pos = pos0 + i, f = first_key(pos, jb->window);
         const int64_t tf = f / DET_TILE, tl = pos / DET_TILE, width = (tl - tf + 1) * DET_TILE;
         float sums[DET_MAX_GROUP];
+        scores_group(jb->q + ((row0 + i) * nh + g * group) * hd, group, kt + (tf - t0) * hd * DET_TILE, hd,
+                     tl - tf + 1, sc, width);
         for (int64_t k = 0; k < group; k++) {
             const int64_t h = g * group + k;
-            const float *qh = jb->q + ((row0 + i) * nh + h) * hd;
             float *e = sc + k * width;                                       /* e[(t - tf) * 16 + lane] */
-            scores(qh, kt + (tf - t0) * hd * DET_TILE, hd, tl - tf + 1, e);
             const int64_t a = f - tf * DET_TILE, b = pos - tf * DET_TILE;   /* the visible lanes: a .. b */
             if (jb->softcap > 0.0f) softcap_scores(e + a, b - a + 1, jb->softcap);
             for (int64_t j = 0; j < a; j++) e[j] = -INFINITY;                /* lanes out of sight: no max */

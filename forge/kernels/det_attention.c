@@ -187,6 +187,48 @@ static inline void transpose8(const float *src, int64_t src_stride, float *dst, 
 }
 #endif
 
+#if defined(__AVX2__) && defined(__F16C__)
+#define DET_DIRECT 1
+/* Eight values widened exactly from `at` of a cache of kv_type (0 float32, 1 float16, 2 bfloat16); at < 0: zeros. */
+static inline __m256 load8_kv(const void *base, int kv_type, int64_t at) {
+    if (at < 0)
+        return _mm256_setzero_ps();
+    if (kv_type == 0)
+        return _mm256_loadu_ps((const float *)base + at);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + at));
+    if (kv_type == 1)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* kt [hd][16] = the tile's keys straight from the cache (key l's row at at[l], -1: zeros), 8 x 8 at a time. */
+static void transpose_tile_direct(const void *k, int kv_type, const int64_t *at, int64_t hd, float *restrict kt) {
+    for (int64_t d = 0; d < hd; d += 8)
+        for (int half = 0; half < 2; half++) {
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++) {
+                const int64_t a = at[half * 8 + i];
+                r[i] = load8_kv(k, kv_type, a < 0 ? -1 : a + d);
+            }
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            float *dst = kt + d * DET_TILE + half * 8;
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + i * DET_TILE, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (i + 4) * DET_TILE, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
+}
+#endif
+
 /* One tile's keys, rows rb [16][hd] (key l of the tile in row l), transposed into kt [hd][16]. */
 static void transpose_tile(const float *restrict rb, int64_t hd, float *restrict kt) {
     int64_t d = 0;
@@ -386,13 +428,11 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
     const int64_t t0 = lo / DET_TILE, t1 = (hi + DET_TILE - 1) / DET_TILE;
     const int64_t row_bytes = hd * (jb->kv_type == 0 ? 4 : 2);
     for (int64_t t = t0; t < t1; t++) {
+        int64_t at[DET_TILE];                                                /* each key's row; -1: no row sees it */
         for (int l = 0; l < DET_TILE; l++) {
             const int64_t j = t * DET_TILE + l;
-            if (j < lo || j >= hi) {                                         /* no row sees it: zeros */
-                memset(rb + l * hd, 0, (size_t)hd * sizeof(float));
-                continue;
-            }
-            if (j + DET_PREFETCH < hi) {
+            at[l] = j < lo || j >= hi ? -1 : ((table[j / bs] * bs + j % bs) * nkv + g) * hd;
+            if (at[l] >= 0 && j + DET_PREFETCH < hi) {
                 const int64_t ahead = j + DET_PREFETCH;
                 const int64_t next = ((table[ahead / bs] * bs + ahead % bs) * nkv + g) * row_bytes;
                 for (int64_t byte = 0; byte < row_bytes; byte += 64) {
@@ -400,9 +440,18 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
                     __builtin_prefetch((const char *)jb->v + next + byte);
                 }
             }
-            const int64_t at = ((table[j / bs] * bs + j % bs) * nkv + g) * hd;
-            widen_row(jb->k, jb->kv_type, at, hd, rb + l * hd);
-            widen_row(jb->v, jb->kv_type, at, hd, vw + (j - lo) * hd);
+            if (at[l] >= 0)
+                widen_row(jb->v, jb->kv_type, at[l], hd, vw + (j - lo) * hd);
+        }
+#ifdef DET_DIRECT
+        if (hd % 8 == 0) {
+            transpose_tile_direct(jb->k, jb->kv_type, at, hd, kt + (t - t0) * hd * DET_TILE);
+            continue;
+        }
+#endif
+        for (int l = 0; l < DET_TILE; l++) {
+            if (at[l] < 0) memset(rb + l * hd, 0, (size_t)hd * sizeof(float));
+            else widen_row(jb->k, jb->kv_type, at[l], hd, rb + l * hd);
         }
         transpose_tile(rb, hd, kt + (t - t0) * hd * DET_TILE);
     }
@@ -426,6 +475,8 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
             float m = mx[0];
             for (int l = 1; l < DET_TILE; l++) m = mx[l] > m ? mx[l] : m;
             if (jb->sinks != NULL && jb->sinks[h] > m) m = jb->sinks[h];
+            for (int64_t j = 0; j < a; j++) e[j] = m;       /* out of sight: det_exp(0), not a slow subnormal */
+            for (int64_t j = b + 1; j < width; j++) e[j] = m;
             for (int64_t t = 0; t <= tl - tf; t++) tile_exps(e + t * DET_TILE, m);
             for (int64_t j = 0; j < a; j++) e[j] = 0.0f;                     /* lanes out of sight weigh nothing */
             for (int64_t j = b + 1; j < width; j++) e[j] = 0.0f;

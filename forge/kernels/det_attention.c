@@ -267,18 +267,56 @@ typedef __m256 det_vec;
 #define DET_HEADS 3
 #endif
 
+/* Where the values come from: widened rows v (row j at v + (j - a) * hd), or, with `cache` (a decode row: each value
+ * read once), straight from the cache of kv_type, row j at element at[j - a]. */
+typedef struct {
+    const float *v;
+    const void *cache;
+    int kv_type;
+    const int64_t *at;
+} det_values;
+
+#if defined(DET_VL) && defined(DET_DIRECT)
+#if DET_VL == 16
+static inline det_vec load_kv(const void *base, int kv_type, int64_t at) {
+    if (kv_type == 0)
+        return _mm512_loadu_ps((const float *)base + at);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
+    if (kv_type == 1)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#else
+#define load_kv load8_kv
+#endif
+#endif
+
 #ifdef DET_VL
 /* Four vectors of d (4 * DET_VL dims from d0) for hn <= DET_HEADS heads from k0, the sums in registers. */
 static inline __attribute__((always_inline)) void weigh4(const float *restrict e, int64_t width, int64_t k0, int hn,
-                                                        int64_t a, int64_t b, const float *restrict v, int64_t hd,
+                                                        int64_t a, int64_t b, const det_values *src, int64_t hd,
                                                         int64_t d0, float *restrict acc) {
     det_vec o[DET_HEADS][4];
     for (int k = 0; k < DET_HEADS; k++)
         for (int c = 0; c < 4; c++) o[k][c] = det_zero();
     for (int64_t j = a; j <= b; j++) {
-        const float *vr = v + (j - a) * hd + d0;
-        const det_vec v0 = det_load(vr), v1 = det_load(vr + DET_VL), v2 = det_load(vr + 2 * DET_VL),
-                      v3 = det_load(vr + 3 * DET_VL);
+        det_vec v0, v1, v2, v3;
+#ifdef DET_DIRECT
+        if (src->cache != NULL) {
+            const int64_t at = src->at[j - a] + d0;
+            v0 = load_kv(src->cache, src->kv_type, at);
+            v1 = load_kv(src->cache, src->kv_type, at + DET_VL);
+            v2 = load_kv(src->cache, src->kv_type, at + 2 * DET_VL);
+            v3 = load_kv(src->cache, src->kv_type, at + 3 * DET_VL);
+        } else
+#endif
+        {
+            const float *vr = src->v + (j - a) * hd + d0;
+            v0 = det_load(vr);
+            v1 = det_load(vr + DET_VL);
+            v2 = det_load(vr + 2 * DET_VL);
+            v3 = det_load(vr + 3 * DET_VL);
+        }
         for (int k = 0; k < DET_HEADS; k++) {
             if (k >= hn) break;
             const det_vec w = det_set1(e[(k0 + k) * width + j]);
@@ -294,19 +332,20 @@ static inline __attribute__((always_inline)) void weigh4(const float *restrict e
 #endif
 
 static void weigh_values(const float *restrict e, int64_t width, int64_t group, int64_t a, int64_t b,
-                         const float *restrict v, int64_t hd, float *restrict acc) {
+                         const det_values *src, int64_t hd, float *restrict acc) {
+    const float *restrict v = src->v;
 #ifdef DET_VL
     if (hd % (4 * DET_VL) == 0) {
         for (int64_t d0 = 0; d0 < hd; d0 += 4 * DET_VL)
             for (int64_t k0 = 0; k0 < group; k0 += DET_HEADS) {
                 const int hn = group - k0 < DET_HEADS ? (int)(group - k0) : DET_HEADS;
                 switch (hn) {                           /* a constant count: the sums stay in registers */
-                case 1: weigh4(e, width, k0, 1, a, b, v, hd, d0, acc); break;
-                case 2: weigh4(e, width, k0, 2, a, b, v, hd, d0, acc); break;
+                case 1: weigh4(e, width, k0, 1, a, b, src, hd, d0, acc); break;
+                case 2: weigh4(e, width, k0, 2, a, b, src, hd, d0, acc); break;
 #if DET_HEADS >= 4
-                case 3: weigh4(e, width, k0, 3, a, b, v, hd, d0, acc); break;
+                case 3: weigh4(e, width, k0, 3, a, b, src, hd, d0, acc); break;
 #endif
-                default: weigh4(e, width, k0, DET_HEADS, a, b, v, hd, d0, acc); break;
+                default: weigh4(e, width, k0, DET_HEADS, a, b, src, hd, d0, acc); break;
                 }
             }
         return;
@@ -427,6 +466,12 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
     const int64_t lo = first_key(pos0, jb->window), hi = pos0 + rows;        /* the keys any row sees */
     const int64_t t0 = lo / DET_TILE, t1 = (hi + DET_TILE - 1) / DET_TILE;
     const int64_t row_bytes = hd * (jb->kv_type == 0 ? 4 : 2);
+#if defined(DET_VL) && defined(DET_DIRECT)
+    const int direct = rows == 1 && hd % (4 * DET_VL) == 0;     /* one row reads each value once: no widening */
+#else
+    const int direct = 0;
+#endif
+    int64_t *vat = (int64_t *)vw;                                /* direct: the values' rows, from key lo */
     for (int64_t t = t0; t < t1; t++) {
         int64_t at[DET_TILE];                                                /* each key's row; -1: no row sees it */
         for (int l = 0; l < DET_TILE; l++) {
@@ -440,7 +485,9 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
                     __builtin_prefetch((const char *)jb->v + next + byte);
                 }
             }
-            if (at[l] >= 0)
+            if (at[l] >= 0 && direct)
+                vat[j - lo] = at[l];
+            else if (at[l] >= 0)
                 widen_row(jb->v, jb->kv_type, at[l], hd, vw + (j - lo) * hd);
         }
 #ifdef DET_DIRECT
@@ -487,7 +534,8 @@ static void det_item(const det_job *jb, int64_t s, int64_t g, float *restrict kt
             if (jb->sinks != NULL) sum = sum + det_exp(jb->sinks[h] - m);
             sums[k] = sum;
         }
-        weigh_values(sc, width, group, f - tf * DET_TILE, pos - tf * DET_TILE, vw + (f - lo) * hd, hd, acc);
+        const det_values src = {vw + (f - lo) * hd, direct ? jb->v : NULL, jb->kv_type, vat + (f - lo)};
+        weigh_values(sc, width, group, f - tf * DET_TILE, pos - tf * DET_TILE, &src, hd, acc);
         for (int64_t k = 0; k < group; k++) {
             float *dst = jb->out + ((row0 + i) * nh + g * group + k) * hd;
             for (int64_t d = 0; d < hd; d++) dst[d] = acc[k * hd + d] / sums[k];

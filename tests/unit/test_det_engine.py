@@ -1,7 +1,9 @@
 """The deterministic numerics end to end (--numerics deterministic): a long prompt's greedy tokens and
 log-probabilities are bit-identical served alone, in prompt chunks of several sizes, among sixteen other
-prompts, from the prefix cache, with and without speculative guesses, and in blocks of another size; and an
-int8 K/V cache is refused at startup."""
+prompts, from the prefix cache, with and without speculative guesses, and in blocks of another size; every
+model family's logits (soft-capping, sliding windows, attention sinks, mixtures of experts) are bit-identical
+from one prefill and from a short prefill followed by decode steps; and an int8 K/V cache is refused at
+startup."""
 
 from __future__ import annotations
 
@@ -13,8 +15,12 @@ import pytest
 
 from forge.config import EngineConfig
 from forge.errors import ConfigError
+from forge.kernels import choose_kernels
 from forge.llm import LLMEngine, LoadedModel
-from forge.models.llama import KVCache
+from forge.models.llama import KVCache, LlamaModel
+from tests import tiny_families
+from tests.unit.test_families import _reference
+from tests.unit.test_families import _run as run_steps
 from tests.unit.test_llm import MIXED_TEXTS, Result, greedy, run
 
 
@@ -64,3 +70,23 @@ def test_a_prompts_bits_do_not_depend_on_how_it_is_served(loaded: LoadedModel, d
 def test_an_int8_cache_is_refused(loaded: LoadedModel) -> None:
     with pytest.raises(ConfigError, match="int8"):
         engine(loaded, dtype="int8")
+
+
+# qwen2moe's shared-expert gate is a [H, 1] float32 array multiplied by numpy (BLAS), whose sums' order depends on
+# the step's rows (measured: computed row by row, the bits agree); it is not a product the numerics replace yet.
+FAMILIES = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="the shared-expert gate's BLAS product"))
+            if name == "qwen2moe" else name for name in sorted(tiny_families.SPECS)]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_gives_the_same_bits_by_prefill_and_by_decode(tmp_path: Path, name: str) -> None:
+    """The tiny checkpoints of tests/unit/test_families.py in the deterministic numerics: the 20-token input's
+    logits from one prefill and from 3 tokens then one per step are the same bits (gemma2's soft-capping and
+    window, gpt-oss's sinks and window included), and stay near transformers' float32 logits."""
+    model = LlamaModel.load(tiny_families.write_gguf(name, tmp_path / "tiny.gguf"),
+                            choose_kernels("blocks", "deterministic"))
+    assert model.weights.det
+    ids, expected = _reference(name)
+    whole, stepwise = run_steps(model, ids, len(ids)), run_steps(model, ids, 3)
+    assert np.array_equal(whole.view(np.uint32), stepwise.view(np.uint32))
+    np.testing.assert_allclose(whole, expected, atol=2e-2 * max(1.0, float(np.abs(expected).max()) / 10), rtol=0)

@@ -21,8 +21,9 @@
  *
  * How: the work is split into (segment, KV head) items on the kernel pool (forge_run_parallel); a segment is a run of
  * consecutive rows of one sequence (a decode row alone, or up to a few dozen rows of a chunk). An item widens its
- * keys once into tiles of sixteen keys, transposed ([tile][d][16]), and its values into rows; the segment's rows
- * and the group's query heads share them. Scores go sixteen keys at a time, a lane per key (each lane the
+ * keys once into tiles of sixteen keys, transposed 8 x 8 in registers straight from the cache ([tile][d][16]), and
+ * its values into rows (a decode row reads them in place: once each); the segment's rows and the group's query
+ * heads share them. Scores go sixteen keys at a time, a lane per key (each lane the
  * definition's sum over d); the exponentials and partials a lane per j mod 16; the outputs a lane per d. Every lane
  * does the scalar definition's operations, so the width changes nothing.
  */

@@ -69,6 +69,9 @@ class ModelRunner:
                  draft_p_min: float = 0.0) -> None:
         self.model = model
         self.block_size = block_size
+        if kv_cache_dtype == "int8" and isinstance(model, LlamaModel) and model.weights.det:
+            raise ConfigError("--numerics deterministic takes a float32, float16 or bfloat16 K/V cache, not int8 "
+                              "(its attention reads the cache's values exactly; an int8 cache is rotated and scaled)")
         self.kv = model.new_kv_cache(num_blocks, block_size, kv_cache_dtype)
         # Who fills in the guesses of --speculative draft (forge.spec_decode.draft_model): a second model, or the
         # target's first layers; None: no step carries placeholder guesses.

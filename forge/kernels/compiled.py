@@ -41,7 +41,7 @@ LDFLAGS = ["-shared"]
 # result by the order and roundings of its operations (qmatmul_det.c), which -ffast-math would let the
 # compiler regroup and -ffp-contract would fuse into multiply-adds (on some builds and not others).
 EXACT_FLAGS = ["-fno-fast-math", "-ffp-contract=off"]
-FILE_FLAGS = {"qmatmul_det.c": EXACT_FLAGS, "det_rowwise.c": EXACT_FLAGS}
+FILE_FLAGS = {"qmatmul_det.c": EXACT_FLAGS, "det_rowwise.c": EXACT_FLAGS, "det_attention.c": EXACT_FLAGS}
 
 # Instruction-set levels the kernels can be built for, as flags added to -march=native: "native"
 # is everything the host has (AVX-512 paths where it has AVX-512F, AMX tiles where it has them);
@@ -152,6 +152,9 @@ def _load(isa: str = "native") -> ctypes.CDLL:
                        ("forge_det_softmax", [p, i64, i64, i64, p]),
                        ("forge_det_matmul_f32", [p, i64, i64, p, i64, p])):
         getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
+    lib.forge_det_attention.argtypes = [p, p, p, ctypes.c_int, p, i64, p, i64, i64, i64, i64, i64, i64,
+                                        ctypes.c_float, p, p, ctypes.c_int]
+    lib.forge_det_attention.restype = ctypes.c_int
     lib.forge_qmatmul_det_type.argtypes = [i64]
     lib.forge_qmatmul_det_type.restype = ctypes.c_int
     lib.forge_moe_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, p, i64, i64]

@@ -4,7 +4,8 @@
                RSS after loading, tokens/s per step size, in interleaved rounds (A B A B)
     attention  one layer's decode attention at 32 sequences x --context tokens (200) of the default
                model's heads (or --shape 1.7b's): the numpy path against the compiled kernel on 1
-               and 2 threads and on the products' pool (as the blocks backend serves), per K/V
+               and 2 threads and on the products' pool (as the blocks backend serves), and the
+               deterministic numerics' kernel (det_attention.c) on that pool, per K/V
                dtype (--kv-dtypes), with the bytes of K/V read and the error against float64
     head       the tied head (49,152 x 576): the compiled Q8_0 kernel against onnxruntime's two
                4-bit planes of the same blocks, per number of rows
@@ -105,6 +106,7 @@ def cmd_attention(reps: int, kv_dtypes: list[str], context: int, shape: str) -> 
             ref[s, h] = (w / w.sum()) @ vals[:, h // (nh // nkv)]
     cases = (("numpy", False, 2, False), ("compiled, 1 thread", True, 1, False),
              ("compiled, 2 threads", True, 2, False), ("compiled, on the pool", True, 2, True),
+             ("deterministic, the pool", True, 2, True),
              *((("head by head, the pool", True, 2, True),) if nh == nkv else ()))
     products.pool_threads(2)
     print(f"32 sequences x {context} keys, {nh} query heads, {nkv} KV heads of {hd}")
@@ -120,7 +122,10 @@ def cmd_attention(reps: int, kv_dtypes: list[str], context: int, shape: str) -> 
             if label == "numpy" and dtype != kv_dtypes[0]:
                 continue
             configure_matmul("split", threads)
-            plan = plan_attention(batch, config, bs, fused=fused, decode_on_pool=on_pool)  # type: ignore[arg-type]
+            if label.startswith("deterministic") and dtype == "int8":
+                continue                                        # the deterministic numerics refuse an int8 cache
+            plan = plan_attention(batch, config, bs, fused=fused, decode_on_pool=on_pool,  # type: ignore[arg-type]
+                                  det=label.startswith("deterministic"))
             # MHA heads go position by position from 8 KV heads; "head by head" times the order before
             before = compiled.decode_by_position(1 << 40 if label.startswith("head by head") else 8)
             out = attend(plan, q, kd, vd, scales=scales)

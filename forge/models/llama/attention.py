@@ -10,6 +10,8 @@ is the allocator's business; this module trusts the block tables it is given.
                                   batched matmul per group
     prefill chunks (length > 1):  per sequence, causal, query rows tiled to bound the scores; the
                                   tiles dealt into one part per thread too, balanced by cost
+    the deterministic numerics:   every row, decode or chunk, by forge.kernels.det_attention (one
+                                  algorithm: a row's bits do not depend on its chunk or batch mates)
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from forge.errors import ConfigError
 from forge.kernels import compiled, prefill_kernel, products
+from forge.kernels.det_attention import det_attention
 from forge.models.llama.attention_plan import AttentionPlan, DecodeGroup, FusedDecode, FusedPrefill, PrefillSeq
 from forge.models.llama.kv_cache import KV, Scales, Scratch
 from forge.models.llama.kv_dtype import INT8_GROUP, hadamard32
@@ -54,6 +58,8 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     scratch part i). `fast`: the compiled prefill kernel's products in bfloat16 pairs (the `fast`
     numerics), where the CPU has them. `sinks` [nh] (gpt-oss): each query head's attention sink, a
     logit in its softmax's denominator that weighs no value."""
+    if plan.det is not None:
+        return _det_attend(plan, q, k_cache, v_cache, scales, sinks)
     scratch = scratch if scratch is not None else Scratch()
     if scales is not None:
         q = _rotated(q)
@@ -94,6 +100,17 @@ def attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scratch: Scrat
     active_pool().run_parts(run, jobs)
     if scales is not None:
         return _rotated(out, in_place=True)
+    return out
+
+
+def _det_attend(plan: AttentionPlan, q: F32, k_cache: KV, v_cache: KV, scales: tuple[Scales, Scales] | None,
+                sinks: F32 | None) -> F32:
+    """The deterministic numerics: every row of the step by forge.kernels.det_attention, on the kernel pool."""
+    assert plan.det is not None
+    if scales is not None:
+        raise ConfigError("the deterministic numerics take a float32, float16 or bfloat16 K/V cache, not int8")
+    out = np.empty_like(q)
+    det_attention(q, k_cache, v_cache, plan.det.tables, plan.det.segments, out, plan.window, plan.softcap, sinks)
     return out
 
 

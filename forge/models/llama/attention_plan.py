@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forge.kernels import prefill_kernel
+from forge.kernels.det_attention import segments as det_segments
 from forge.models.forward_batch import ForwardBatch
 from forge.models.llama.linear import active_pool
 from forge.models.llama.llama_config import LlamaConfig
@@ -91,6 +92,14 @@ class FusedPrefill:
 
 
 @dataclass(slots=True)
+class DetRows:
+    """Every row of a step for the deterministic numerics' attention (det_attention.c), decode rows, prompt
+    chunks and guesses alike: one definition, so a row's bits do not depend on which of them it is."""
+    tables: I64     # [num_seqs, W]  the step's block tables, C-contiguous
+    segments: I64   # [S, 4]  forge.kernels.det_attention.segments
+
+
+@dataclass(slots=True)
 class AttentionPlan:
     """Everything about a step's attention that does not depend on the layer: built once."""
 
@@ -103,6 +112,7 @@ class AttentionPlan:
     fused_prefill_parts: list[FusedPrefill | None] = field(default_factory=list)  # per part, when fused_prefill
     window: int = 0                # a sliding window (each query sees its last `window` positions); 0: none
     pool_decode: FusedDecode | None = None  # every fused decode row at once, on the compiled products' pool
+    det: DetRows | None = None     # the deterministic numerics: every row by forge.kernels.det_attention instead
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -174,17 +184,21 @@ def _split_prefills(seqs: list[PrefillSeq], num_parts: int, loads: list[int]) ->
 
 def plan_attention(batch: ForwardBatch, config: LlamaConfig, block_size: int,
                    num_parts: int | None = None, *, fused: bool = False, window: int = 0,
-                   softcap: float = 0.0, decode_on_pool: bool = False) -> AttentionPlan:
+                   softcap: float = 0.0, decode_on_pool: bool = False, det: bool = False) -> AttentionPlan:
     """Split the step into decode parts (num_parts at most; None: one per thread of the active
     MatmulPool), of decode groups or, `fused`, for the compiled kernel, and prefill sequences;
     the batch is assumed validated. With a sliding `window`, each query sees only the keys of its
     last `window` positions; with a `softcap` (Gemma 2's), scores are soft-capped before the mask.
     `decode_on_pool` (fused only): the decode rows as one call that the compiled products' own
     threads split by (row, KV head), so that even one sequence's heads run in parallel and no
-    second set of threads competes with theirs (the blocks backend's)."""
+    second set of threads competes with theirs (the blocks backend's). `det`: the deterministic numerics,
+    every row by the one algorithm of forge.kernels.det_attention, on the kernel pool (the other fields unused)."""
     starts = batch.query_start
     if window and batch.num_tokens and int(batch.positions.max()) < window:
         window = 0                                          # no query reaches past the window
+    if det:
+        return AttentionPlan([], [], softcap=softcap, window=window, det=DetRows(
+            np.ascontiguousarray(batch.block_tables, dtype=np.int64), det_segments(starts, batch.positions)))
     lengths = np.diff(starts)                                                            # [S]
     num_blocks_needed = -(-batch.context_lens // block_size)                             # [S] ceil
 

@@ -233,11 +233,11 @@ class LlamaModel:
         num_sampled = batch.sample_indices.size
         on_pool = self.compiled_ops and self.weights.kernels == "blocks"   # one set of threads for all
         plan = plan_attention(batch, c, kv.block_size, fused=self.compiled_ops, softcap=c.attn_softcap,
-                              decode_on_pool=on_pool)
+                              decode_on_pool=on_pool, det=w.det)
         # The window's own plan only once some query reaches past it: before that it is `plan`.
         reaches_past = self.has_sliding and int(batch.positions.max()) >= c.sliding_window
         plan_sliding = (plan_attention(batch, c, kv.block_size, fused=self.compiled_ops, window=c.sliding_window,
-                                       softcap=c.attn_softcap, decode_on_pool=on_pool)
+                                       softcap=c.attn_softcap, decode_on_pool=on_pool, det=w.det)
                         if reaches_past else plan)
         scale = np.float32(c.attention_scale)
         last = c.num_layers - 1

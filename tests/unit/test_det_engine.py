@@ -7,6 +7,9 @@ startup."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from forge.kernels import choose_kernels
 from forge.llm import LLMEngine, LoadedModel
 from forge.models.llama import KVCache, LlamaModel
 from tests import tiny_families
+from tests.unit.test_block_linear import RUNNABLE
 from tests.unit.test_families import _reference
 from tests.unit.test_families import _run as run_steps
 from tests.unit.test_llm import MIXED_TEXTS, Result, greedy, run
@@ -72,10 +76,7 @@ def test_an_int8_cache_is_refused(loaded: LoadedModel) -> None:
         engine(loaded, dtype="int8")
 
 
-# qwen2moe's shared-expert gate is a [H, 1] float32 array multiplied by numpy (BLAS), whose sums' order depends on
-# the step's rows (measured: computed row by row, the bits agree); it is not a product the numerics replace yet.
-FAMILIES = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="the shared-expert gate's BLAS product"))
-            if name == "qwen2moe" else name for name in sorted(tiny_families.SPECS)]
+FAMILIES = sorted(tiny_families.SPECS)     # qwen2moe's shared-expert gate too (det_forward's dense product)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -90,3 +91,36 @@ def test_every_family_gives_the_same_bits_by_prefill_and_by_decode(tmp_path: Pat
     whole, stepwise = run_steps(model, ids, len(ids)), run_steps(model, ids, 3)
     assert np.array_equal(whole.view(np.uint32), stepwise.view(np.uint32))
     np.testing.assert_allclose(whole, expected, atol=2e-2 * max(1.0, float(np.abs(expected).max()) / 10), rtol=0)
+
+
+ENGINE_RUN = ("import sys, numpy as np; from forge.config import EngineConfig;"
+              "from forge.llm import LLMEngine, LoadedModel;"
+              "from forge.models.llama import KVCache; from tests.unit.test_llm import run, greedy, MIXED_TEXTS;"
+              "from forge.kernels import compiled;"
+              "loaded = LoadedModel.load(sys.argv[1], kernels='blocks', numerics='deterministic');"
+              "assert compiled.status().startswith('compiled'), compiled.status();"
+              "per = KVCache.bytes_per_block(loaded.model.config, 16) * 2;"
+              "cfg = EngineConfig(kv_cache_dtype='float16', block_size=16, kv_cache_memory=256 * per * 2,"
+              " max_model_len=512, max_num_batched_tokens=64);"
+              "ids = loaded.tokenizer.encode(' '.join(MIXED_TEXTS) * 2)[:300];"
+              "r = run(LLMEngine(loaded, cfg), {'a': (ids, greedy(12, ignore_eos=True, logprobs=3))})['a'];"
+              "np.save(sys.argv[2], np.array([[v for _, v in t.top_logprobs] for t in r.logprobs]));"
+              "np.save(sys.argv[3], np.array(r.token_ids))")
+
+
+def test_a_long_prompt_is_the_same_on_every_level(default_model_path: Path, tmp_path: Path) -> None:
+    """The whole request, in a process per build level (FORGE_KERNEL_ISA): a 300-token prompt in chunks of 64, its 12
+    greedy tokens' top-3 logprobs, bit for bit the same under native, avx512, avx2 and the scalar baseline."""
+    root = Path(__file__).resolve().parents[2]
+    got = {}
+    for isa in RUNNABLE:
+        lp, ids = tmp_path / f"{isa}-lp.npy", tmp_path / f"{isa}-ids.npy"
+        done = subprocess.run([sys.executable, "-c", ENGINE_RUN, str(default_model_path), str(lp), str(ids)],
+                              capture_output=True, text=True, timeout=600, cwd=root,
+                              env={**os.environ, "FORGE_KERNEL_ISA": isa, "PYTHONPATH": str(root)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        got[isa] = (np.load(lp), np.load(ids))
+    assert len(got) >= 2 and got["native"][0].shape == (12, 3)
+    for isa, (lp_isa, ids_isa) in got.items():
+        assert np.array_equal(ids_isa, got["native"][1]), isa
+        assert np.array_equal(lp_isa.view(np.uint64), got["native"][0].view(np.uint64)), isa

@@ -5,30 +5,24 @@ file) nothing is ever preempted for fairness."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from forge.engine.fair_share import MIN_RUN_STEPS, FairShare
-from forge.engine.scheduler import SchedulerConfig
 from forge.engine.sequence import SeqState, Sequence
-from forge.seed.paged_cache import PagedKVCache
 from forge.seed.toy_scheduler import Scheduler
+from tests.unit.test_fair_share import make as fair_share_make
+from tests.unit.test_fair_share import seq as fair_share_seq
+from tests.unit.test_fair_share import step
 
 
 def make(num_blocks: int = 512, block_size: int = 4, **config: int | str) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), PagedKVCache(num_blocks, block_size))
+    """test_fair_share's scheduler with room for long requests."""
+    return fair_share_make(num_blocks, block_size, **config)
 
 
-def seq(seq_id: int, *, tenant: str | None = None, priority: int = 0, share: float = 1.0,
-        prompt_len: int = 3, max_new: int = 200) -> Sequence:
-    s = Sequence(seq_id, list(range(1, prompt_len + 1)), max_new)
-    s.tenant, s.priority, s.share = tenant, priority, share
-    return s
-
-
-def step(sched: Scheduler) -> list[int]:
-    """One step; the ids admitted in it."""
-    plan = sched.schedule()
-    for seq_id in plan.decode_batch:
-        sched.push_token(seq_id, 7)
-    return plan.admitted
+def seq(seq_id: int, *, max_new: int = 200, **fields: Any) -> Sequence:
+    """test_fair_share's sequence, long enough to be running when the light tenant arrives."""
+    return fair_share_seq(seq_id, max_new=max_new, **fields)
 
 
 def run(sched: Scheduler, num_steps: int) -> list[int]:

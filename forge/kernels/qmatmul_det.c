@@ -319,12 +319,32 @@ typedef struct {
     int32_t S1[DET_CHUNK][DET_COLS] __attribute__((aligned(64)));
 } det_chunk;
 
+/* Block bt's term (b: its place in the chunk) for row t of x and weight rows h * VW .. of the chunk, from its
+ * integer sums (x's hi and lo combined: I0, and Q6_K's second group I1): the definition's operations, in its
+ * order, a lane per weight row. Both the vector and the AMX paths add their sums through it. */
+static inline __attribute__((always_inline)) vfl block_term_v(const det_job *jb, const det_chunk *ch,
+                                                              const int64_t type, int64_t b, int64_t bt, int64_t t,
+                                                              int h, vi I0, vi I1) {
+    const int64_t nb = jb->nb;
+    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q8_0 ? Q8_SHIFT : 0;
+    const int32_t bs = jb->bsum[t * nb + bt];
+    vi In;
+    if (type == T_Q6_K) {
+        const int32_t *hs = jb->hsum + t * 2 * nb + 2 * bt;
+        const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
+        In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
+    } else {
+        In = VI_SUB(I0, VI_SET1(z * bs));
+    }
+    const vfl d = VF_SET1(jb->dx[t * nb + bt]);
+    const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
+    return VF_ADD(VF_MUL(a, VF_CVT(In)), VF_MUL(m, VF_SET1((float)bs)));
+}
+
 /* Rows [t0, t0 + R) of x (R <= DET_RB) against the chunk's nbc blocks from block b0: acc += the terms.
  * Inlined per type and R (chunk_rows), so that the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void chunk_body(const det_job *jb, const det_chunk *ch, const int64_t type,
                                                              int64_t b0, int64_t nbc, int64_t t0, const int R, float *acc) {
-    const int64_t nb = jb->nb;
-    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? Q8_SHIFT : 0;
     const int q6 = type == T_Q6_K;
     vfl s[DET_RB][2];
     for (int r = 0; r < R; r++)
@@ -357,25 +377,12 @@ static inline __attribute__((always_inline)) void chunk_body(const det_job *jb, 
                 }
             }
         }
-        for (int r = 0; r < R; r++) {
-            const int64_t t = t0 + r;
-            const int32_t *hs = jb->hsum + t * 2 * nb + 2 * (b0 + b);
-            const int32_t bs = jb->bsum[t * nb + b0 + b];
-            const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
+        for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) {
                 const vi I0 = VI_ADD(VI_SHL7(I[r][h][0][0]), I[r][h][0][1]);
-                vi In;
-                if (q6) {
-                    const vi I1 = VI_ADD(VI_SHL7(I[r][h][1][0]), I[r][h][1][1]);
-                    const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
-                    In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
-                } else {
-                    In = VI_SUB(I0, VI_SET1(z * bs));
-                }
-                const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
-                s[r][h] = VF_ADD(s[r][h], VF_ADD(VF_MUL(a, VF_CVT(In)), VF_MUL(m, bsf)));
+                const vi I1 = q6 ? VI_ADD(VI_SHL7(I[r][h][1][0]), I[r][h][1][1]) : I0;
+                s[r][h] = VF_ADD(s[r][h], block_term_v(jb, ch, type, b, b0 + b, t0 + r, h, I0, I1));
             }
-        }
     }
     for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) VF_STOREU(acc + (t0 + r) * DET_COLS + h * VW, s[r][h]);
@@ -583,9 +590,8 @@ static int det_amx_usable(void) {
  * terms, as chunk_body. */
 static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64_t b0, int64_t nbc, int64_t t0, int R,
                      float *acc) {
-    const int64_t nb = jb->nb, ldx = 2 * jb->K;
+    const int64_t ldx = 2 * jb->K;
     const int q6 = type == T_Q6_K;
-    const int32_t z = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? Q8_SHIFT : 0;
     int32_t ci[2][4][16][16] __attribute__((aligned(64)));       /* [group][tile][row][weight row] */
     _tile_loadconfig(q6 ? &DET_TILES_HALF : &DET_TILES);
     for (int64_t b = 0; b < nbc; b++) {
@@ -609,26 +615,13 @@ static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64
             _tile_stored(2, ci[k][2], 64);
             _tile_stored(3, ci[k][3], 64);
         }
-        for (int r = 0; r < R; r++) {
-            const int64_t t = t0 + r;
-            const int32_t *hs = jb->hsum + t * 2 * nb + 2 * (b0 + b);
-            const int32_t bs = jb->bsum[t * nb + b0 + b];
-            const vfl d = VF_SET1(jb->dx[t * nb + b0 + b]), bsf = VF_SET1((float)bs);
+        for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) {
                 const vi I0 = VI_ADD(VI_SHL7(VI_LOAD(ci[0][2 * h][r])), VI_LOAD(ci[0][2 * h + 1][r]));
-                vi In;
-                if (q6) {
-                    const vi I1 = VI_ADD(VI_SHL7(VI_LOAD(ci[1][2 * h][r])), VI_LOAD(ci[1][2 * h + 1][r]));
-                    const vi s0 = VI_LOAD(ch->S0[b] + h * VW), s1 = VI_LOAD(ch->S1[b] + h * VW);
-                    In = VI_ADD(VI_MUL(s0, VI_SUB(I0, VI_SET1(32 * hs[0]))), VI_MUL(s1, VI_SUB(I1, VI_SET1(32 * hs[1]))));
-                } else {
-                    In = VI_SUB(I0, VI_SET1(z * bs));
-                }
-                const vfl a = VF_MUL(VF_LOAD(ch->A[b] + h * VW), d), m = VF_MUL(VF_LOAD(ch->M[b] + h * VW), d);
-                float *at = acc + t * DET_COLS + h * VW;
-                VF_STOREU(at, VF_ADD(VF_LOADU(at), VF_ADD(VF_MUL(a, VF_CVT(In)), VF_MUL(m, bsf))));
+                const vi I1 = q6 ? VI_ADD(VI_SHL7(VI_LOAD(ci[1][2 * h][r])), VI_LOAD(ci[1][2 * h + 1][r])) : I0;
+                float *at = acc + (t0 + r) * DET_COLS + h * VW;
+                VF_STOREU(at, VF_ADD(VF_LOADU(at), block_term_v(jb, ch, type, b, b0 + b, t0 + r, h, I0, I1)));
             }
-        }
     }
 }
 #endif

@@ -36,6 +36,7 @@
 #endif
 
 #include "det_math.h"
+#include "transpose8.h"
 #include "pool.h"
 
 #define DET_TILE 16
@@ -169,22 +170,10 @@ static void softcap_scores(float *s, int64_t n, float cap) {
 /* dst[i * dst_stride + l] = src[l * src_stride + i] for l, i < 8: moves, no arithmetic. */
 #if defined(__AVX2__)
 static inline void transpose8(const float *src, int64_t src_stride, float *dst, int64_t dst_stride) {
-    __m256 r[8], t[8];
+    __m256 r[8], o[8];
     for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * src_stride);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-    }
+    transpose8v(r, o);
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * dst_stride, o[i]);
 }
 #endif
 
@@ -206,26 +195,14 @@ static inline __m256 load8_kv(const void *base, int kv_type, int64_t at) {
 static void transpose_tile_direct(const void *k, int kv_type, const int64_t *at, int64_t hd, float *restrict kt) {
     for (int64_t d = 0; d < hd; d += 8)
         for (int half = 0; half < 2; half++) {
-            __m256 r[8], t[8];
+            __m256 r[8], o[8];
             for (int i = 0; i < 8; i++) {
                 const int64_t a = at[half * 8 + i];
                 r[i] = load8_kv(k, kv_type, a < 0 ? -1 : a + d);
             }
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 8; i += 4) {
-                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-            }
+            transpose8v(r, o);
             float *dst = kt + d * DET_TILE + half * 8;
-            for (int i = 0; i < 4; i++) {
-                _mm256_storeu_ps(dst + i * DET_TILE, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-                _mm256_storeu_ps(dst + (i + 4) * DET_TILE, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-            }
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * DET_TILE, o[i]);
         }
 }
 #endif

@@ -7,6 +7,8 @@
 #ifndef FORGE_QMATMUL_DET_H
 #define FORGE_QMATMUL_DET_H
 
+#include "transpose8.h"
+
 static inline __m256i lane_sums(const __m256i *v) {
     const __m256i a01 = _mm256_hadd_epi32(v[0], v[1]), a23 = _mm256_hadd_epi32(v[2], v[3]);
     const __m256i a45 = _mm256_hadd_epi32(v[4], v[5]), a67 = _mm256_hadd_epi32(v[6], v[7]);
@@ -78,24 +80,6 @@ static inline __attribute__((always_inline)) __m256i codes_of(int64_t type, cons
 }
 
 /* out[j] lane c = in[c][j]: an 8 x 8 transposition (moves only). */
-static inline void transpose8v(const __m256 *in, __m256 *out) {
-    __m256 r[8], t[8];
-    for (int c = 0; c < 8; c++) r[c] = in[c];
-    for (int c = 0; c < 8; c += 2) {
-        t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
-        t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
-    }
-    for (int c = 0; c < 8; c += 4) {
-        r[c] = _mm256_shuffle_ps(t[c], t[c + 2], 0x44);
-        r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], 0xEE);
-        r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0x44);
-        r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; j++) {
-        out[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
-        out[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
-    }
-}
 
 static inline void transpose8(const float in[8][8], __m256 *out) {
     __m256 r[8];

@@ -728,7 +728,7 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     if (T <= 0) return 0;
     const int64_t nb = K / 32;
     const int64_t T_pad = (T + 15) / 16 * 16;        /* whole tiles of rows for the AMX path */
-    int8_t *xq = calloc((size_t)(T_pad * 2 * K), 1);
+    int8_t *xq = malloc((size_t)(T_pad * 2 * K));
     float *dx = malloc((size_t)(T * nb) * sizeof(float));
     int32_t *bsum = malloc((size_t)(T * nb) * sizeof(int32_t)), *hsum = malloc((size_t)(T * 2 * nb) * sizeof(int32_t));
     int rc = 0;
@@ -737,6 +737,7 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     } else {
         for (int64_t t = 0; t < T; t++)
             det_quantize_row(x + t * ldx, K, xq + t * 2 * K, dx + t * nb, bsum + t * nb, hsum + t * 2 * nb);
+        memset(xq + T * 2 * K, 0, (size_t)((T_pad - T) * 2 * K));      /* only the pad rows: the rest is written */
         jb.xq = xq, jb.dx = dx, jb.bsum = bsum, jb.hsum = hsum;
         atomic_init(&jb.error, 0);
         forge_run_parallel(det_part, &jb, jb.groups[num_parts] > 1);

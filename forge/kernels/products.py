@@ -131,6 +131,13 @@ def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart
     return (QPart * len(parts))(*(QPart(ptr(b), b.shape[0], int(t)) for b, t in parts))
 
 
+def _check_product(name: str, x: F32, k: int, out: F32) -> None:
+    """x [T, k] and out [T, N]: C-contiguous float32 of agreeing shapes (ValueError otherwise)."""
+    check(name, x, np.float32, out, np.float32)
+    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
+        raise ValueError(f"{name}: x {x.shape} or out {out.shape} disagree with K={k}")
+
+
 def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctypes.CDLL | None = None,
             fast: bool = False) -> None:
     """out [T, N] = x [T, k] @ W.T, W the parts of `descriptor` stacked (see qmatmul.c): float32
@@ -139,9 +146,7 @@ def qmatmul(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: ctyp
     C-contiguous float32. `lib`: another level's build (library_at), else the process's."""
     lib = lib or library()
     assert lib is not None, "qmatmul called without the compiled kernels"
-    check("qmatmul", x, np.float32, out, np.float32)
-    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
-        raise ValueError(f"qmatmul: x {x.shape} or out {out.shape} disagree with K={k}")
+    _check_product("qmatmul", x, k, out)
     rc = lib.forge_qmatmul(ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), ptr(out),
                            out.shape[1], int(fast))
     if rc == -2:
@@ -158,9 +163,7 @@ def qmatmul_det(x: F32, k: int, descriptor: ctypes.Array[QPart], out: F32, lib: 
     and for any batch), on the kernel pool's threads. x and out C-contiguous float32."""
     lib = lib or library()
     assert lib is not None, "qmatmul_det called without the compiled kernels"
-    check("qmatmul_det", x, np.float32, out, np.float32)
-    if x.ndim != 2 or x.shape[1] != k or out.ndim != 2 or out.shape[0] != x.shape[0]:
-        raise ValueError(f"qmatmul_det: x {x.shape} or out {out.shape} disagree with K={k}")
+    _check_product("qmatmul_det", x, k, out)
     rc = lib.forge_qmatmul_det(ptr(x), x.shape[0], k, k, ctypes.addressof(descriptor), len(descriptor), ptr(out),
                                out.shape[1])
     if rc == -3:

@@ -289,7 +289,7 @@ class Gateway:
     async def _chat(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         prep = prepare_chat(body, served_model_name=pipe.serving.served_model_name, max_model_len=pipe.max_model_len)
         req = prep.request
-        tools = ToolReading(max_calls=None if req.parallel_tool_calls else 1) if prep.functions else None
+        tools = ToolReading.of(prep, max_calls=None if req.parallel_tool_calls else 1)
         return await generate_chat(self.life, request, pipe, prep, lambda: ChatRenderer(
             self._header(pipe, wire.new_request_id("chatcmpl"), req.include_usage),
             want_logprobs=prep.params.logprobs is not None, tools=tools,

@@ -29,17 +29,31 @@ from forge.api.openai.openai_prepare import PreparedChat, template_messages
 from forge.errors import RequestError
 from forge.messages import Submit
 from forge.sampling.sampling_params import SamplingParams
-from forge.text.tool_calls import ToolCallReader
+from forge.text.tool_reader import ParsedMessage, ToolCallReader, read_message
 
 
 @dataclass(frozen=True, slots=True)
 class ToolReading:
-    """Tool calls are read out of each choice's text (forge.text.tool_calls); at most max_calls per choice."""
+    """Tool calls are read out of each choice's text (forge.text.tool_reader); at most max_calls per choice.
+    `strict`: the call grammar constrained the text (tool_choice required or named), so the reader follows
+    the calls' JSON without the fallback that unconstrained output needs."""
     max_calls: int | None = None
+    strict: bool = False
+
+    @classmethod
+    def of(cls, prep: PreparedChat, *, max_calls: int | None = None) -> ToolReading | None:
+        """How a prepared chat's choices are read: None when it shows the model no tools."""
+        if not prep.functions:
+            return None
+        return cls(max_calls, strict=prep.constraint is not None and prep.constraint.param == "tools")
 
     def reader(self) -> ToolCallReader:
         """A reader for one choice's text, delta by delta."""
-        return ToolCallReader(max_calls=self.max_calls)
+        return ToolCallReader(max_calls=self.max_calls, strict=self.strict)
+
+    def read(self, text: str) -> ParsedMessage:
+        """One choice's whole text as content and calls."""
+        return read_message(text, max_calls=self.max_calls, strict=self.strict)
 
 
 class Renderer(ABC):

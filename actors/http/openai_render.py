@@ -21,7 +21,7 @@ from forge.api.openai import openai_output as wire
 from forge.api.openai.openai_output import FinishReason, ResponseHeader, TokenLogprob
 from forge.errors import RequestError
 from forge.messages import TextDelta
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolEvent, read_message
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 
 def _error_frame(error: RequestError) -> bytes:
@@ -134,7 +134,7 @@ def chat_body(reader: ChoiceReader, header: ResponseHeader, *, want_logprobs: bo
             items.append(wire.chat_choice(k, None if reasoning and not text else text, reason, lp,
                                           reasoning=reasoning))
             continue
-        message = read_message(text, max_calls=tools.max_calls)
+        message = tools.read(text)
         if message.tool_calls and reason == "stop":
             reason = "tool_calls"
         calls = [wire.tool_call(t.id, t.name, t.arguments) for t in message.tool_calls]

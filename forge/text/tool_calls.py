@@ -1,5 +1,5 @@
-"""Tool calls in chat: the tools shown to the model, the grammar that forces a call, and the calls read back
-out of the generated text (whole, or incrementally for a stream).
+"""Tool calls in chat: the tools shown to the model and the grammar that forces a call (reading the calls
+back out of the generated text is forge/text/tool_reader.py's).
 
 forge's tool-call format is the widespread "Hermes" one: each call is a JSON object
 `{"name": <function name>, "arguments": <arguments object>}` between `<tool_call>` and `</tool_call>`
@@ -11,18 +11,14 @@ into assistant turns in that format and tool results as `<tool_response>` user t
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from forge.sampling.nesting import check_schema
 from forge.sampling.structured import JSON_OPTIONS, enforced_schema, lark_grammar, strict_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-# The head of a call as forge's grammar writes it (and as models trained on the format do).
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*', re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,215 +141,3 @@ def _hoisted(parameters: dict[str, Any], prefix: str) -> tuple[dict[str, Any], d
 
     body = rewrite({k: v for k, v in parameters.items() if k not in ("$defs", "definitions")})
     return body, {name: rewrite(s) for name, s in defs.items()}
-
-
-# ---- reading calls back ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class ContentDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ArgumentsDelta:
-    index: int
-    text: str
-
-
-ToolEvent = ContentDelta | CallStart | ArgumentsDelta
-
-
-@dataclass(slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str = ""
-
-
-@dataclass(slots=True)
-class ParsedMessage:
-    content: str | None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-class ToolCallReader:
-    """Splits generated text, fed in pieces, into content and tool calls as they become certain.
-
-    Content never includes a call's tags; whitespace-only content (the newlines around calls) is
-    dropped. A call's name is sent once its head is complete, its arguments as they come, holding back
-    only what may be the call's closing brace and tag. A block that is not a call in forge's format is
-    content. Feeding the text whole or in any pieces gives the same events, joined.
-    """
-
-    def __init__(self, *, max_calls: int | None = None) -> None:
-        self._buf = ""
-        self._state = "text"                  # text -> head -> arguments -> text ...
-        self._pending = ""                    # content that is whitespace so far
-        self._num_calls = 0
-        self._max_calls = max_calls
-        self._args_begun = False
-        self._arguments = ""                  # the current call's arguments sent so far
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls
-
-    def push(self, text: str) -> list[ToolEvent]:
-        self._buf += text
-        events: list[ToolEvent] = []
-        while self._step(events, final=False):
-            pass
-        return events
-
-    def finish(self) -> list[ToolEvent]:
-        """The rest, at the end of the text (a call cut short keeps the arguments it has)."""
-        events: list[ToolEvent] = []
-        while self._step(events, final=True):
-            pass
-        if self._state == "head":                             # a block cut short before its head ended
-            self._content(events, OPEN + self._buf)
-        elif self._state == "arguments":
-            # Cut short (the length limit): drop what began the closing tag, and the call's own closing
-            # brace where the arguments sent so far are whole JSON without it.
-            rest = self._buf.rstrip()
-            rest = rest[: len(rest) - _partial_suffix(rest, CLOSE)].rstrip()
-            if rest.endswith("}") and _is_json(self._arguments + rest[:-1]):
-                rest = rest[:-1].rstrip()
-            if rest:
-                self._emit_arguments(events, rest)
-        else:
-            self._content(events, self._buf)
-        self._buf, self._state = "", "text"
-        return events
-
-    def _step(self, events: list[ToolEvent], *, final: bool) -> bool:
-        """Consume what is certain; True if the state changed (call again)."""
-        buf = self._buf
-        if self._state == "text":
-            at = buf.find(OPEN)
-            if at < 0:
-                keep = 0 if final else _partial_suffix(buf, OPEN)
-                self._content(events, buf[: len(buf) - keep])
-                self._buf = buf[len(buf) - keep:]
-                return False
-            self._content(events, buf[:at])
-            self._buf = buf[at + len(OPEN):]
-            if self._max_calls is not None and self._num_calls >= self._max_calls:
-                self._buf, self._state = "", "ignored"      # past the calls asked for: dropped
-                return False
-            self._state, self._pending = "head", ""        # whitespace before a call is dropped
-            return True
-        if self._state == "head":
-            if m := _HEAD.match(buf):
-                self._start_call(events, _unescape(m["name"]))
-                self._buf, self._state = buf[m.end():], "arguments"
-                return True
-            end = buf.find(CLOSE)
-            if end < 0:
-                return False                                  # wait for the head, or the block's end
-            self._whole_block(events, buf[:end])
-            self._buf, self._state = buf[end + len(CLOSE):], "text"
-            return True
-        if self._state == "arguments":
-            if not self._args_begun:                          # whitespace after the head is not arguments
-                buf = self._buf = buf.lstrip()
-                self._args_begun = bool(buf) and not CLOSE.startswith(buf[: len(CLOSE)])
-            end = buf.find(CLOSE)
-            if end >= 0:
-                args = buf[:end].rstrip()
-                if args.endswith("}"):
-                    args = args[:-1].rstrip()
-                if args:
-                    self._emit_arguments(events, args)
-                self._buf, self._state = buf[end + len(CLOSE):], "text"
-                return True
-            cut = len(buf) - _partial_suffix(buf, CLOSE)
-            cut = len(buf[:cut].rstrip())
-            if buf[:cut].endswith("}"):
-                cut = len(buf[: cut - 1].rstrip())
-            if cut > 0:
-                self._emit_arguments(events, buf[:cut])
-                self._buf = buf[cut:]
-            return False
-        self._buf = ""                                        # "ignored": everything after the last call
-        return False
-
-    def _start_call(self, events: list[ToolEvent], name: str) -> None:
-        self._args_begun, self._arguments = False, ""
-        events.append(CallStart(self._num_calls, new_call_id(), name))
-        self._num_calls += 1
-
-    def _emit_arguments(self, events: list[ToolEvent], text: str) -> None:
-        self._arguments += text
-        events.append(ArgumentsDelta(self._num_calls - 1, text))
-
-    def _whole_block(self, events: list[ToolEvent], body: str) -> None:
-        """A block whose head is not in forge's format: a call if it is the JSON of one, else content."""
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and "arguments" in obj:
-            self._start_call(events, obj["name"])
-            arguments = obj["arguments"]
-            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-            events.append(ArgumentsDelta(self._num_calls - 1, text))
-        else:
-            self._content(events, OPEN + body + CLOSE)
-
-    def _content(self, events: list[ToolEvent], text: str) -> None:
-        """Content up to its trailing whitespace, which waits: sent with more content, dropped before a
-        call or the end (so pieces and the whole agree)."""
-        text = self._pending + text
-        kept = text.rstrip()
-        if kept:
-            events.append(ContentDelta(kept))
-        self._pending = text[len(kept):]
-
-
-def read_message(text: str, *, max_calls: int | None = None) -> ParsedMessage:
-    """A whole generated message as content (None when it is only calls and whitespace) and calls."""
-    reader = ToolCallReader(max_calls=max_calls)
-    events = reader.push(text) + reader.finish()
-    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-    calls: list[ToolCall] = []
-    for e in events:
-        if isinstance(e, CallStart):
-            calls.append(ToolCall(e.id, e.name))
-        elif isinstance(e, ArgumentsDelta):
-            calls[e.index].arguments += e.text
-    return ParsedMessage(content or None, calls)
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of tag (it may yet become the tag)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
-def _unescape(name: str) -> str:
-    try:
-        return str(json.loads(f'"{name}"'))
-    except ValueError:
-        return name
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True

@@ -15,7 +15,7 @@ from forge.api.openai.openai_prepare import prepare_chat
 from forge.api.openai.openai_schema import NamedToolChoice
 from forge.api.sse import sse_event
 from forge.errors import InvalidRequest
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}

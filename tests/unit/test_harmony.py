@@ -13,7 +13,7 @@ from forge.sampling.reasoning import detect_format
 from forge.text.chat_template import ChatTemplate
 from forge.text.harmony import HarmonyReader, is_harmony
 from forge.text.tokenizer import Tokenizer
-from forge.text.tool_calls import read_message
+from forge.text.tool_reader import read_message
 
 ANALYSIS = "<|channel|>analysis<|message|>The user asks for 2 + 2. Easy.<|end|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>"

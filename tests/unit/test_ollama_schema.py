@@ -20,7 +20,7 @@ from forge.api.ollama.ollama_schema import (
     prepare_chat,
 )
 from forge.errors import InvalidRequest
-from forge.text.tool_calls import ToolCall
+from forge.text.tool_reader import ToolCall
 
 CONTEXT = 1024
 HELLO = [{"role": "user", "content": "Hi"}]

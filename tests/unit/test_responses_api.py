@@ -29,7 +29,7 @@ from forge.api.responses.responses_store import ResponseStore
 from forge.api.responses.responses_tools import call_names, warning_header, warnings
 from forge.api.sse import sse_event
 from forge.errors import InvalidRequest
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}

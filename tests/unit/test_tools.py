@@ -15,17 +15,8 @@ from forge.config import EngineConfig
 from forge.llm import LLM
 from forge.sampling.sampling_params import SamplingParams
 from forge.text.chat_template import ChatTemplate
-from forge.text.tool_calls import (
-    ArgumentsDelta,
-    CallStart,
-    ContentDelta,
-    Function,
-    ToolCallReader,
-    ToolEvent,
-    messages_with_tools,
-    read_message,
-    tool_call_grammar,
-)
+from forge.text.tool_calls import Function, messages_with_tools, tool_call_grammar
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
 
 WEATHER = Function("get_weather", "The weather in a city.",
                    {"type": "object", "required": ["city"], "additionalProperties": False,

@@ -33,7 +33,7 @@ from forge.api.anthropic.anthropic_schema import prepare_count_tokens, prepare_m
 from forge.api.sse import sse_event
 from forge.errors import RequestError
 from forge.messages import TextDelta
-from forge.text.tool_calls import ToolCallReader
+from forge.text.tool_reader import ToolCallReader
 
 
 class MessagesRoutes:
@@ -52,7 +52,7 @@ class MessagesRoutes:
     async def _create(self, request: Request, pipe: ModelHandle, body: bytes, arrival: float) -> Response:
         name = pipe.serving.served_model_name
         _, prep = prepare_messages(body, served_model_name=name, max_model_len=pipe.max_model_len)
-        tools = ToolReading(max_calls=None if prep.request.parallel_tool_calls else 1) if prep.functions else None
+        tools = ToolReading.of(prep, max_calls=None if prep.request.parallel_tool_calls else 1)
         return await generate_chat(self._life, request, pipe, prep,
                                    lambda: MessageRenderer(wire.new_message_id(), model=name, tools=tools),
                                    num_bytes=len(body), arrival=arrival)

@@ -49,7 +49,7 @@ from forge.api.ollama.ollama_schema import (
 from forge.api.openai.openai_prepare import PreparedChat
 from forge.errors import InvalidRequest, RequestError
 from forge.messages import Submit, TextDelta
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCall, ToolCallReader, read_message
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCall, ToolCallReader
 
 
 class OllamaRoutes:
@@ -82,7 +82,7 @@ class OllamaRoutes:
         if not req.messages:
             return self._loaded(request, req, arrival, chat=True)
         prep = self._prepare(pipe, req)
-        tools = ToolReading() if prep.functions else None
+        tools = ToolReading.of(prep)
         return await generate_chat(self._life, request, pipe, prep, lambda: OllamaRenderer(
             model=req.model, chat=True, tools=tools, arrival=arrival), num_bytes=len(body), arrival=arrival)
 
@@ -195,7 +195,7 @@ class OllamaRenderer(Renderer):
         text, thinking = (choice.content, choice.reasoning) if split else (choice.text, "")
         calls: list[dict[str, Any]] = []
         if self.tools is not None:
-            message = read_message(text, max_calls=self.tools.max_calls)
+            message = self.tools.read(text)
             calls, leftover = wire.tool_calls(message.tool_calls)
             text = "\n".join(t for t in (message.content or "", leftover) if t)
         return self.final(reader, self.object(content=text, thinking=thinking, calls=calls))

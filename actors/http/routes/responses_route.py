@@ -49,7 +49,7 @@ from forge.api.responses.responses_tools import call_names, warning_header, warn
 from forge.api.sse import sse_event
 from forge.errors import RequestError
 from forge.messages import TextDelta
-from forge.text.tool_calls import ToolCallReader
+from forge.text.tool_reader import ToolCallReader
 
 
 def not_found(response_id: str, param: str | None = None) -> RequestError:
@@ -102,7 +102,7 @@ class ResponsesRoutes:
         name = pipe.serving.served_model_name
         conversation, prep = prepare_response(req, self._history(req), served_model_name=name,
                                               max_model_len=pipe.max_model_len)
-        tools = ToolReading(max_calls=max_calls(req)) if prep.functions else None
+        tools = ToolReading.of(prep, max_calls=max_calls(req))
         response = await generate_chat(self._life, request, pipe, prep, lambda: ResponseRenderer(
             wire.new_response_id(), created_at=int(time.time()), model=name, echoed=wire.echo(req), tools=tools,
             names=call_names(req.tools), store=self.store if req.store else None, conversation=conversation),

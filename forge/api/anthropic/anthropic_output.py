@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from forge.api.sse import sse_event
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from forge.text.tool_calls import ToolCall
+from forge.text.tool_reader import ToolCall
 
 NDJSON = "application/x-ndjson"
 # The Ollama version forge's API follows (what /api/version reports, so that apps that check for a version

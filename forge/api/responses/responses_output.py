@@ -18,7 +18,7 @@ import msgspec
 
 from forge.api.responses.responses_schema import FormatText, ResponsesRequest, output_bound
 from forge.api.responses.responses_tools import echoed, warnings
-from forge.text.tool_calls import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
+from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolEvent
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 

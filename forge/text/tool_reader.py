@@ -13,11 +13,15 @@ How sure the reader may be depends on the request:
   are sent as they come. A tag inside a string is only text. If the text nevertheless leaves the format
   after the value, the call ends at its value and the rest is content (a missing `}` before the tag is
   let pass; JSON that breaks inside the value falls back as below, with what was sent kept).
-- not strict (tool_choice auto): the model may write broken JSON. The structure is still followed, but
-  where the JSON breaks (a bracket closing the wrong thing, something other than the call's `}` and tag
-  after the value, the text ending inside the value while a closing tag came) the call falls back to what it was before the
-  structure was followed: its arguments end at the first `</tool_call>` after them (less the call's `}`).
-  So that the stream agrees with either reading, arguments are sent only up to what both readings hold.
+- not strict (tool_choice auto, or no grammar): the model may write broken JSON. The structure is still
+  followed, but where the JSON breaks (a bracket closing the wrong thing; after the value anything but the
+  call's `}` and the tag, that `}` missing included; the text ending inside the value after a closing tag)
+  the call is read as before structure was followed: its arguments end at the first `</tool_call>` after
+  them, less the call's `}`. So that a stream agrees with either reading, arguments are sent only up to
+  what both readings hold (nothing from a closing tag inside a string on, until the value closes).
+
+Either way, the text fed whole or in any pieces gives the same events, joined (for strict reading, of
+text the grammar allows).
 
 Pure: no I/O.
 """

@@ -323,3 +323,41 @@ async def test_strict_schemas_are_closed_and_tools_keep_their_definitions(make_d
     assert made
     for c in made:
         Invoice.model_validate_json(c.function.arguments)                 # type: ignore[union-attr]
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+    email: str | None = None
+
+
+async def test_a_closing_tag_the_model_writes_inside_a_string_does_not_end_its_call(make_daemon: MakeDaemon) -> None:
+    """Greedy, the default model writes '}}</tool_call>' into Person's name string and goes on with the call:
+    read by the tag, its arguments were '{"name": "}' and the rest of the call content. Read by the JSON,
+    the call is whole on every API and the arguments are the schema's, streamed or not."""
+    person = openai.pydantic_function_tool(Person)
+    request: dict[str, Any] = dict(
+        model=SERVED_MODEL, messages=[{"role": "user", "content": "Extract the person: Tom is 71."}], tools=[person],
+        tool_choice={"type": "function", "function": {"name": "Person"}}, temperature=0, max_completion_tokens=200)
+    with anyio.fail_after(2 * HANG_GUARD_S):
+        async with serving(make_daemon) as (client, url):
+            reply = await client.chat.completions.create(**request, logprobs=True)
+            async with client.chat.completions.stream(**request) as stream:
+                streamed = await stream.get_final_completion()
+            async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as http:
+                message = (await http.post("/v1/messages", json={
+                    "model": SERVED_MODEL, "max_tokens": 200, "temperature": 0,
+                    "messages": request["messages"], "tool_choice": {"type": "any"},
+                    "tools": [{"name": "Person", "input_schema": person["function"]["parameters"]}]})).json()
+    [choice] = reply.choices
+    raw = "".join(t.token for t in choice.logprobs.content or []) if choice.logprobs else ""
+    # The case itself (if the model stops writing it, find a prompt that still does): two closing tags.
+    assert raw.count("</tool_call>") >= 2, raw
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    [call] = choice.message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), person["function"]["parameters"])
+    assert isinstance(streamed.choices[0].message.tool_calls[0].function.parsed_arguments, Person)  # type: ignore[index]
+    assert [c.function.arguments for c in streamed.choices[0].message.tool_calls or []] == [call.function.arguments]
+    assert message["stop_reason"] == "tool_use" and {b["type"] for b in message["content"]} == {"tool_use"}
+    for block in message["content"]:
+        jsonschema.validate(block["input"], person["function"]["parameters"])

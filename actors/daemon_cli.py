@@ -266,6 +266,24 @@ def register(sub: Any) -> None:
                             "comma-separated [FORGE_PRELOAD; none]")
     add_engine_flags(serve, many_models=True)
     serve.set_defaults(func=_cmd_serve)
+    stage = sub.add_parser("stage-config", help="copy a root-only environment file and the tenant file it names "
+                           "into DIR, readable by DIR's owner alone (deploy/forge.service runs it as root)")
+    stage.add_argument("env_file", help="the operator's environment file (/etc/forge/forge.env)")
+    stage.add_argument("dir", help="where the copies go, owned by the service's user (/run/forge)")
+    stage.set_defaults(func=_cmd_stage_config)
+
+
+def _cmd_stage_config(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from actors.ops.stage_config import StageError, stage
+
+    try:
+        stage(Path(args.env_file), Path(args.dir))
+    except StageError as exc:
+        print(f"forge stage-config: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:

@@ -108,3 +108,19 @@ class FairShare:
             if ready:
                 return max(reversed(ready), key=lambda s: s.admitted_step)    # ties: the last admitted
         return None
+
+    def is_under_share(self, head: Sequence, running: Seq[Sequence]) -> bool:
+        """Whether `head`'s tenant is under its share beside the `running` sequences: it is more urgent than every
+        one of them, or at its priority (none running more urgent) it holds fewer running sequences for its
+        share than another tenant there that has had more service for its share than it."""
+        if not running or head.priority < min(s.priority for s in running):
+            return bool(running)
+        if any(s.priority < head.priority for s in running):
+            return False
+        level = [s for s in running if s.priority == head.priority]
+        counts = Counter(s.tenant for s in level)
+        shares = {s.tenant: s.share for s in level}
+        mine = counts.get(head.tenant, 0) / head.share
+        served = self.service.get(head.tenant, 0.0)
+        return any(tenant != head.tenant and counts[tenant] / shares[tenant] > mine
+                   and self.service.get(tenant, 0.0) > served for tenant in counts)

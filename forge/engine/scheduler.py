@@ -103,6 +103,9 @@ class Scheduler:
         self.fair = FairShare()                 # tenants' recent service (forge.engine.fair_share)
         self._head_asked: SeqId | None = None   # the first waiting sequence offered to the last allocation
         self._head_blocked: SeqId | None = None  # it, when the allocation refused it for want of blocks
+        self._last_solo = False                 # the last step was a prefill step of its own (`_solo_prefill`)
+        self.num_solo_prefills = 0              # such steps so far
+        self._free_blocks = layout.num_blocks   # free at the end of the last allocation
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -189,16 +192,19 @@ class Scheduler:
         self.fair.tick()
         if not self._preempt_for_priority():
             self._preempt_for_fairness()
+        num_slots = min(self.config.max_num_seqs - len(self._running), MAX_ADMIT_CANDIDATES)
+        solo = self._solo_prefill(budget, num_slots)
+        self._last_solo = bool(solo)
+        self.num_solo_prefills += bool(solo)
         for seq in self._by_priority(budget_order(self.config.policy, self._running, self._step)):
             left = seq.total_len() - seq.num_computed_tokens
-            num = min(left, budget)
+            num = 0 if solo else min(left, budget)
             budget -= num
             shares[seq.id] = num
             seq.draft = []
             if left == num == 1 and seq.lookahead is not None:
                 decoding.append(seq)
-        num_slots = min(self.config.max_num_seqs - len(self._running), MAX_ADMIT_CANDIDATES)
-        candidates = self._candidates(num_slots) if budget > 0 and num_slots > 0 else []
+        candidates = solo or (self._candidates(num_slots) if budget > 0 and num_slots > 0 else [])
         if decoding and draft_budget.speculates(self.config.speculative, self._running):
             # Guesses come last: only from budget no prompt can use this step (the running ones
             # had theirs above; the waiting candidates need their uncached tokens).
@@ -244,6 +250,7 @@ class Scheduler:
         plan = StepPlan(finished=self._retired)
         self._retired = []
         self._note_blocked_head(alloc)
+        self._free_blocks = alloc.num_free_blocks
         for seq_id in alloc.preempted:
             self._preempt(self._seqs[seq_id])
             plan.preempted.append(seq_id)
@@ -278,6 +285,30 @@ class Scheduler:
             return admission_order(*args, limit, self._step, self._prefixes, self._running)
         ranked = admission_order(*args, len(self._waiting), self._step, self._prefixes, self._running)
         return self.fair.order(ranked, limit, self._running)
+
+    def _solo_prefill(self, budget: int, num_slots: int) -> list[Sequence]:
+        """The waiting sequences that get this step to themselves, the running ones computing nothing in it: the
+        next turns (`_candidates`) while each is of a tenant under its share (FairShare.is_under_share: fewer
+        running sequences for its share than another tenant that has had more service, or more urgent than
+        every running sequence) and its whole prompt fits the step's budget and the blocks the last allocation
+        left free (it yields its first token at the end of this step). A short prompt's first token then waits
+        for its own prefill alone, not for the running sequences' rows and their drafts. Never two such steps in
+        a row: the running sequences advance at least every other step. Empty (an ordinary step) otherwise, and
+        always with one tenant."""
+        if self._last_solo or num_slots <= 0 or not self._running or not self._waiting:
+            return []
+        tenants = {s.tenant for s in self._running}
+        if len(tenants) == 1 and all(s.tenant in tenants for s in self._waiting):
+            return []
+        out: list[Sequence] = []
+        free = self._free_blocks          # as the last allocation left them: its blocks must be there
+        for seq in self._candidates(num_slots):
+            need, blocks = seq.total_len() - self._prefixes.cached(seq), -(-seq.total_len() // self.layout.block_size)
+            if need > budget or blocks > free or not self.fair.is_under_share(seq, self._running):
+                break
+            budget, free = budget - need, free - blocks
+            out.append(seq)
+        return out
 
     def _preempt_for_priority(self) -> bool:
         """Every slot taken and a sequence waiting that is more urgent than the least urgent running one: that

@@ -121,8 +121,8 @@ def test_blocks_too_few_for_the_light_request_free_a_heavy_one() -> None:
     step(sched)
     assert MIN_RUN_STEPS <= 16
     run(sched, 16)                                          # 15 blocks each: 6 left
-    sched.submit(seq(100, tenant="light", prompt_len=30, max_new=4))
-    assert step(sched) == [] and sched.num_preemptions == 0  # refused: 8 blocks needed
+    sched.submit(seq(100, tenant="light", prompt_len=34, max_new=4))
+    assert step(sched) == [] and sched.num_preemptions == 0  # refused: 9 blocks needed
     assert step(sched) == [100] and sched.num_fair_preemptions == sched.num_preemptions == 1
     assert run(sched, 8) == [1]                     # the light one ends; the preempted heavy one is back
     assert sched.get(100) is None and running(sched, "heavy") == 2

@@ -1,7 +1,8 @@
 """litellm against forge (issue 55): the real `litellm` at the version pinned in the test extra, through its
-`openai/` provider on /v1 (chat, stream, a forced tool call, a json_schema response_format, embeddings of
-all-MiniLM-L6-v2 served beside the default model) and its `anthropic/` provider on /v1/messages (plain,
-stream, a forced tool use), against a real daemon serving the real models.
+`openai/` provider on /v1 (chat, stream, a forced tool call, a json_schema response_format, the Responses API
+plain and streamed, embeddings of all-MiniLM-L6-v2 served beside the default model) and its `anthropic/`
+provider on /v1/messages (plain, stream, a forced tool use, and litellm's own Messages API), against a real
+daemon serving the real models.
 
 litellm reaches nothing else: set before it is imported, LITELLM_LOCAL_MODEL_COST_MAP reads its model cost map
 from the package (it fetches the map on import otherwise) and LITELLM_OFFLINE_MODE has it use its bundled copy of
@@ -88,6 +89,9 @@ async def test_litellm_openai_provider(default_model_path: Path, minilm_model_di
                 max_tokens=64, temperature=0,
                 response_format={"type": "json_schema",
                                  "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}})
+            response = await litellm.aresponses(**args, input="Say hi.", max_output_tokens=32, temperature=0)
+            response_events = [event async for event in await litellm.aresponses(
+                **args, input="Say hi.", max_output_tokens=32, temperature=0, stream=True)]
             embedded = await litellm.aembedding(**openai_args(url, "minilm"), input=["The cat sat.", "A kitten."])
 
     assert plain.model.endswith(SERVED_MODEL) and plain.choices[0].finish_reason in ENDS, plain
@@ -107,6 +111,13 @@ async def test_litellm_openai_provider(default_model_path: Path, minilm_model_di
     assert city.choices[0].finish_reason == "stop", city
     jsonschema.validate(json.loads(city.choices[0].message.content), CITY_SCHEMA)
 
+    # litellm.aresponses: the Responses API through litellm; greedy, the stream is the same response
+    assert response.status in {"completed", "incomplete"} and response.output_text.strip(), response
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0, response.usage
+    final = response_events[-1].response        # litellm labels forge's response.incomplete event "completed" too
+    deltas = "".join(event.delta for event in response_events if event.type == "response.output_text.delta")
+    assert deltas == final.output_text == response.output_text and final.status == response.status, final
+
     assert [item["index"] for item in embedded.data] == [0, 1], embedded
     assert len(embedded.data[0]["embedding"]) == len(embedded.data[1]["embedding"]) == 384, embedded
     assert embedded.usage.prompt_tokens > 0, embedded.usage
@@ -125,6 +136,8 @@ async def test_litellm_anthropic_provider(make_daemon: MakeDaemon) -> None:
             _, call_deltas, call_finish = await streamed(await litellm.acompletion(
                 **args, messages=WEATHER_ASK, tools=[WEATHER_TOOL], max_tokens=48, temperature=0, stream=True,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+            passed_through = await litellm.anthropic.messages.acreate(   # litellm's Messages API, as it is
+                **args, messages=ASK, max_tokens=24, temperature=0)
 
     # litellm maps the Messages API's stop_reason (end_turn, max_tokens, tool_use) to chat's finish_reason
     assert plain.choices[0].finish_reason in ENDS and plain.choices[0].message.content.strip(), plain
@@ -138,3 +151,8 @@ async def test_litellm_anthropic_provider(make_daemon: MakeDaemon) -> None:
     assert call_finish == "tool_calls" and call_deltas, call_deltas
     arguments = "".join(delta.function.arguments or "" for delta in call_deltas)
     jsonschema.validate(json.loads(arguments), WEATHER_SCHEMA)
+
+    assert passed_through["type"] == "message" and passed_through["model"] == SERVED_MODEL, passed_through
+    assert passed_through["stop_reason"] in {"end_turn", "max_tokens"}, passed_through
+    assert [block["type"] for block in passed_through["content"]] == ["text"], passed_through
+    assert passed_through["content"][0]["text"].strip() and passed_through["usage"]["output_tokens"] > 0

@@ -1,4 +1,5 @@
-"""Fixtures for the integration tests: the real model, loaded once per session, and fresh daemons.
+"""Fixtures for the integration tests: the real model, loaded once per session, fresh daemons, and the
+pinned Node clients (tests/node) checked installed.
 
 A daemon is built per test and entered with `running_daemon` inside the test body: pytest-asyncio
 runs fixture setup and teardown in different tasks, so no task group may straddle a fixture.
@@ -6,6 +7,7 @@ runs fixture setup and teardown in different tasks, so no task group may straddl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from actors.http.gateway import GatewayConfig
 from actors.supervisor import Daemon, DaemonConfig
 from forge.llm import LoadedModel
-from tests.integration.harness import SERVED_MODEL, MakeDaemon, engine_config
+from tests.integration.harness import NODE_DIR, SERVED_MODEL, MakeDaemon, engine_config
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +36,19 @@ def make_daemon(loaded: LoadedModel, default_model_path: Path) -> MakeDaemon:
         return Daemon(config, loaded)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def node_clients() -> Path:
+    """tests/node with every package of its lockfile installed at its locked version; fails saying how if not."""
+    lock = json.loads((NODE_DIR / "package-lock.json").read_text())
+    stale = []
+    for path, entry in lock["packages"].items():
+        manifest = NODE_DIR / path / "package.json"
+        if path and not entry.get("optional") and (
+                not manifest.is_file() or json.loads(manifest.read_text())["version"] != entry["version"]):
+            stale.append(f"{path.removeprefix('node_modules/')}@{entry['version']}")
+    if stale:
+        pytest.fail(f"tests/node's clients are missing or stale ({', '.join(stale[:5])}): run `make test-deps` "
+                    "(or `npm ci` in tests/node)", pytrace=False)
+    return NODE_DIR

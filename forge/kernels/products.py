@@ -115,6 +115,7 @@ def _amx_library() -> ctypes.CDLL:
 # The ggml types qmatmul.c reads (gguf.constants.GGMLQuantizationType values).
 FORGE_DET = 2               # forge_qmatmul's `fast` for the deterministic numerics (qmatmul.h)
 QMATMUL_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39})
+DET_PACKED = 0x100          # a part's type flag: the deterministic product's own layout (qmatmul_det_pack.h)
 
 
 class QPart(ctypes.Structure):
@@ -126,7 +127,8 @@ def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart
     """The ctypes descriptor of (blocks [rows, bytes per row], ggml type) parts, stacked along rows.
     The arrays must outlive it (the caller keeps them)."""
     for blocks, qtype in parts:
-        if blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous or qtype not in QMATMUL_TYPES:
+        if (blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous
+                or qtype & ~DET_PACKED not in QMATMUL_TYPES):
             raise ValueError("qmatmul parts must be C-contiguous uint8 [rows, bytes] of a type it reads")
     return (QPart * len(parts))(*(QPart(ptr(b), b.shape[0], int(t)) for b, t in parts))
 
@@ -176,6 +178,35 @@ def det_type(qtype: int, lib: ctypes.CDLL | None = None) -> bool:
     """Whether the deterministic product reads ggml type `qtype`."""
     lib = lib or library()
     return lib is not None and bool(lib.forge_qmatmul_det_type(qtype))
+
+
+def det_pack(blocks: npt.NDArray[np.uint8], qtype: int, k: int,
+             lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.uint8], int]:
+    """A weight's blocks [rows, bytes] (ggml type qtype, k values a row) in the deterministic product's own
+    layout (qmatmul_det_pack.h: 16 rows' codes side by side, as many bytes as the file's), with the type
+    a part of it takes (qtype | DET_PACKED); the product of the packed part has the same bits. The result
+    is [groups of 16 rows, bytes a group]: its rows are not the weight's."""
+    lib = lib or library()
+    assert lib is not None, "det_pack called without the compiled kernels"
+    blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+    rows = blocks.shape[0]
+    size = int(lib.forge_det_pack_bytes(qtype, rows, k))
+    if size < 0:
+        raise ValueError(f"det_pack: type {qtype} or K={k} is not one the deterministic product reads")
+    groups = -(-rows // 32) * 2
+    out = np.empty((groups, size // groups), dtype=np.uint8)
+    if lib.forge_det_pack(qtype, ptr(blocks), rows, k, ptr(out)) != 0:
+        raise ValueError(f"det_pack: type {qtype} or K={k} is not one the deterministic product reads")
+    return out, qtype | DET_PACKED
+
+
+def qparts_rows(parts: list[tuple[npt.NDArray[np.uint8], int, int]]) -> ctypes.Array[QPart]:
+    """qparts() of parts whose arrays' rows are not the weight's (det_pack's groups): (array, type, rows)."""
+    for blocks, qtype, _ in parts:
+        if (blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous
+                or qtype & ~DET_PACKED not in QMATMUL_TYPES):
+            raise ValueError("qmatmul parts must be C-contiguous uint8 [rows, bytes] of a type it reads")
+    return (QPart * len(parts))(*(QPart(ptr(b), rows, int(t)) for b, t, rows in parts))
 
 
 def det_quantize(x: F32, lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.int16], F32, I32, I32]:

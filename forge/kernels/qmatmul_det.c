@@ -34,6 +34,12 @@
  *     the rows' constants side by side; rows of x DET_RB at a time.
  * Without AVX2 the same in scalar C. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (forge_qmatmul_det_type
  * says which). The vector unpacking of a block's codes and constants: qmatmul_det_unpack.h.
+ *
+ * A model's weights are read in the product's own layout (qmatmul_det_pack.h, DET_PACKED in a part's type: each
+ * block's codes of 16 weight rows side by side, packed once at load in as many bytes as the file's): steps of up
+ * to DET_PACK_DIRECT_ROWS rows then multiply straight from it (one VPDPBUSD of x's broadcast codes a group of 4,
+ * no transposition, no buffer), in passes of that many rows where there are no tiles; bigger steps with the tiles
+ * unpack it into the chunk's buffer. The same integers and float operations again: the same bits.
  */
 #include "pool.h"
 #include "qmatmul.h"
@@ -551,6 +557,8 @@ static void unpack_chunk(int64_t type, const uint8_t *const *rows, int64_t b0, i
 }
 #endif
 
+#include "qmatmul_det_pack.h"
+
 #if defined(VW) && VW == 16 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 /* ---- big steps on the AMX tiles (Intel Sapphire Rapids and later) ------------------------------------
  * The chunk's layout is what a tile's B operand takes (each block's 8 groups of 4 codes, 16 weight rows to
@@ -626,14 +634,39 @@ static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64
 }
 #endif
 
+#if defined(VW)
+/* Whether a packed part's step of T rows goes by the chunk's buffer (the tiles' operand) rather than straight
+ * from the layout DET_PACK_DIRECT_ROWS rows at a time: with the tiles from 17 rows on; DET_PACK_CHUNK_ROWS
+ * decides without them. */
+#ifndef DET_PACK_CHUNK_ROWS
+#define DET_PACK_CHUNK_ROWS 0
+#endif
+static int det_chunk_rows(int64_t T) {
+#if defined(DET_AMX)
+    if (det_amx_usable()) return T > DET_PACK_DIRECT_ROWS;
+#endif
+    return DET_PACK_CHUNK_ROWS > 0 && T >= DET_PACK_CHUNK_ROWS;
+}
+#endif
+
 /* Weight rows [n0, n0 + cols) of part pt (cols <= DET_COLS), into out's columns col0 .. col0 + cols. */
 static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, int64_t col0, float *acc,
                       void *scratch) {
-    const int64_t type = pt->type, nb = jb->nb, T = jb->T;
-    const int64_t row_bytes = jb->K / block_values(type) * block_bytes(type);
+    const int packed = (pt->type & DET_PACKED) != 0;
+    const int64_t type = pt->type & ~(int64_t)DET_PACKED, nb = jb->nb, T = jb->T;
+    const int64_t row_bytes = packed ? 0 : jb->K / block_values(type) * block_bytes(type);
     const uint8_t *rows[DET_COLS];
     for (int c = 0; c < DET_COLS; c++) rows[c] = pt->data + (n0 + (c < cols ? c : 0)) * row_bytes;
 #if defined(VW)
+    if (packed && (T <= DET_PACK_DIRECT_ROWS || !det_chunk_rows(T))) {
+        const int64_t gbytes = pack_group_bytes(type, nb);
+        for (int64_t t0 = 0; t0 < T; t0 += DET_PACK_DIRECT_ROWS)
+            for (int c0 = 0; c0 < cols; c0 += VW)
+                packed_direct(jb, type, pt->data + (n0 + c0) / DET_PG * gbytes, (int)((n0 + c0) % DET_PG / VW),
+                              cols - c0 < VW ? cols - c0 : VW, col0 + c0, t0,
+                              T - t0 < DET_PACK_DIRECT_ROWS ? T - t0 : DET_PACK_DIRECT_ROWS);
+        return;
+    }
     if (T <= DET_DIRECT_ROWS) {
         for (int c0 = 0; c0 < cols; c0 += 8) direct_octet(jb, pt, n0 + c0, cols - c0 < 8 ? cols - c0 : 8, col0 + c0);
         return;
@@ -644,7 +677,10 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
     det_chunk *ch = scratch;
     for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
         const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
-        unpack_chunk(type, rows, b0, nbc, ch);
+        if (packed)
+            unpack_packed_chunk(type, pt->data, nb, n0, b0, nbc, ch);
+        else
+            unpack_chunk(type, rows, b0, nbc, ch);
         int64_t t = 0;
 #if defined(DET_AMX)
         if (T >= DET_AMX_ROWS && det_amx_usable()) {
@@ -663,7 +699,13 @@ static void det_group(const det_job *jb, const qpart *pt, int64_t n0, int cols, 
     for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
         const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
         for (int64_t b = 0; b < nbc; b++)
-            for (int c = 0; c < DET_COLS; c++) unpack_block(type, rows[c], b0 + b, codes[b][c], &ks[b][c]);
+            for (int c = 0; c < DET_COLS; c++) {
+                if (packed)
+                    unpack_packed(type, pt->data + (n0 + c) / DET_PG * pack_group_bytes(type, nb), (int)((n0 + c) % DET_PG),
+                                  b0 + b, codes[b][c], &ks[b][c]);
+                else
+                    unpack_block(type, rows[c], b0 + b, codes[b][c], &ks[b][c]);
+            }
         for (int64_t t = 0; t < T; t++) {
             const int8_t *xq = jb->xq + t * 2 * jb->K + 64 * b0;
             const float *dx = jb->dx + t * nb + b0;
@@ -722,7 +764,8 @@ int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const q
     if (num_parts < 1 || num_parts > MAX_PARTS || K <= 0) return -1;
     det_job jb = {.T = T, .K = K, .nb = K / 32, .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo};
     for (int64_t p = 0; p < num_parts; p++) {
-        if (!forge_qmatmul_det_type(parts[p].type) || K % block_values(parts[p].type) != 0) return -1;
+        const int64_t type = parts[p].type & ~(int64_t)DET_PACKED;
+        if (!forge_qmatmul_det_type(type) || K % block_values(type) != 0) return -1;
         jb.groups[p + 1] = jb.groups[p] + (parts[p].rows + DET_COLS - 1) / DET_COLS;
     }
     if (T <= 0) return 0;
@@ -761,5 +804,19 @@ int forge_det_quantize(const float *x, int64_t T, int64_t K, int64_t ldx, int16_
         for (int64_t i = 0; i < K; i++) q[t * K + i] = (int16_t)(128 * xq[i / 32 * 64 + i % 32] + xq[i / 32 * 64 + 32 + i % 32]);
     }
     free(xq);
+    return 0;
+}
+
+/* Bytes the packed layout of `rows` rows of `type` (K values each) takes (qmatmul_det_pack.h), or -1 for a type or K
+ * it does not take. */
+int64_t forge_det_pack_bytes(int64_t type, int64_t rows, int64_t K) {
+    if (!forge_qmatmul_det_type(type) || K <= 0 || K % block_values(type) != 0) return -1;
+    return (rows + DET_PACK_ROWS - 1) / DET_PACK_ROWS * DET_PACK_ROWS / DET_PG * pack_group_bytes(type, K / 32);
+}
+
+/* The file's blocks of `rows` rows at src in the packed layout at dst (forge_det_pack_bytes of it): 0, or -1. */
+int forge_det_pack(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst) {
+    if (forge_det_pack_bytes(type, rows, K) < 0) return -1;
+    det_pack_rows(type, src, rows, K, dst);
     return 0;
 }

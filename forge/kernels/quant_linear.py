@@ -32,9 +32,9 @@ class BlockMatrix:
     in bfloat16 (forge.kernels' fast numerics; the CPU must have AVX-512 BF16); `det`: the
     deterministic numerics' (qmatmul_det.c). Thread-safe."""
 
-    def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False, det: bool = False) -> None:
+    def __init__(self, parts: list[tuple[U8, int]], in_features: int, fast: bool = False, det: bool = False,
+                 pack: bool = True) -> None:
         self._parts = parts                                  # keeps the views (and so the mapping) alive
-        self._descriptor = products.qparts(parts)
         self.fast = fast
         # The deterministic numerics where it reads every part's type; others keep the reference product.
         self.det = det and all(products.det_type(int(qtype)) for _, qtype in parts)
@@ -43,6 +43,22 @@ class BlockMatrix:
         # Bytes of weights it reads: pages of the file's mapping (shared with the page cache), or
         # of the one reordered copy.
         self.nbytes = sum(int(blocks.nbytes) for blocks, _ in parts)
+        self._packed: list[tuple[U8, int, int]] = []
+        if self.det and pack:
+            # The deterministic product's own layout (qmatmul_det_pack.h), made once: the product reads it
+            # instead of the file's pages (as many bytes, in memory of its own), with the same bits.
+            for blocks, qtype in parts:
+                packed, ptype = products.det_pack(blocks, int(qtype), in_features)
+                self._packed.append((packed, ptype, blocks.shape[0]))
+            self._descriptor = products.qparts_rows(self._packed)
+            self.nbytes = sum(int(p.nbytes) for p, _, _ in self._packed)
+        else:
+            self._descriptor = products.qparts(parts)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the product reads a packed copy (memory of its own) rather than the file's pages."""
+        return bool(self._packed)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -78,7 +78,7 @@ class ExpertStack:
             if matrix is None:               # racing threads may each make one: the same, and cheap
                 matrix = BlockMatrix([(as_blocks(data[expert], data.shape[1]), int(qtype))
                                       for data, qtype in self._parts], self.in_features, fast=self.fast,
-                                     det=self.det)
+                                     det=self.det, pack=False)      # the grouped product reads the file's blocks
                 self._kernels[expert] = matrix
             return matrix
         rows = [dequantize(data[expert], qtype).astype(np.float32, copy=False) for data, qtype in self._parts]

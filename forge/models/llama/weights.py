@@ -89,7 +89,7 @@ class LlamaWeights:
         tied_dense = (isinstance(self.head, np.ndarray) and isinstance(self.embedding, np.ndarray)
                       and np.shares_memory(self.head, self.embedding))
         tied_blocks = (isinstance(self.head, BlockMatrix) and isinstance(self.embedding, QuantEmbedding)
-                       and self.head.reads(self.embedding.data))
+                       and self.head.reads(self.embedding.data) and not self.head.packed)
         if not (tied_dense or tied_blocks):
             held.append(self.head)
         return sum(int(w.nbytes) for w in held)

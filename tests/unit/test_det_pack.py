@@ -1,0 +1,74 @@
+"""The deterministic product's own layout of a weight (forge/kernels/qmatmul_det_pack.h): packed once at
+load, it gives exactly the bits of the file's blocks and of the definition (forge.kernels.det_reference) on
+every build level this host runs, whatever the step's rows, for every type and for weight rows that fill no
+whole group; it takes the file's bytes (give or take its padding), and a BlockMatrix in these numerics reads
+it."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf.constants import GGMLQuantizationType
+
+from forge.kernels import compiled, det_reference, products
+from forge.kernels.quant_linear import BlockMatrix
+from tests.unit.test_block_linear import RUNNABLE
+from tests.unit.test_det_numerics import ROWS, TYPES, bits
+from tests.unit.test_kernels import random_blocks
+
+Q = GGMLQuantizationType
+
+
+def packed_product(x: npt.NDArray[np.float32], packed: npt.NDArray[np.uint8], ptype: int, n: int, k: int,
+                   isa: str) -> npt.NDArray[np.float32]:
+    lib = compiled.library() if isa == "native" else compiled.library_at(isa)
+    out = np.empty((x.shape[0], n), dtype=np.float32)
+    products.qmatmul_det(np.ascontiguousarray(x), k, products.qparts_rows([(packed, ptype, n)]), out, lib=lib)
+    return out
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_packed_weight_gives_the_definitions_bits(qtype: GGMLQuantizationType) -> None:
+    """Packed by this host's build, read by every level's (the layout is the same everywhere): 5, 37 and
+    64 weight rows (less than a group, a group and a part, whole groups), steps across every path's
+    bounds."""
+    rng = np.random.default_rng(100 + int(qtype))
+    k = 768 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 96
+    x = (rng.standard_normal((max(ROWS), k)) * rng.uniform(0.01, 30, (max(ROWS), 1))).astype(np.float32)
+    for n in (5, 37, 64):
+        data = random_blocks(rng, qtype, n, k)
+        packed, ptype = products.det_pack(data, int(qtype), k)
+        assert ptype == int(qtype) | products.DET_PACKED
+        assert packed.nbytes <= data.nbytes / n * (-(-n // 32) * 32) * 1.03   # the file's bytes, padded rows
+        for rows in ROWS:
+            want = det_reference.matmul(x[:rows], data, qtype, (n, k))
+            for isa in RUNNABLE:
+                got = packed_product(x[:rows], packed, ptype, n, k, isa)
+                assert np.array_equal(bits(got), bits(want)), f"{qtype.name} n={n} rows={rows} {isa}"
+
+
+def test_packing_refuses_what_the_product_does_not_read() -> None:
+    data = np.zeros((4, 18), dtype=np.uint8)
+    with pytest.raises(ValueError, match="det_pack"):
+        products.det_pack(data, int(Q.Q2_K), 256)
+    with pytest.raises(ValueError, match="det_pack"):
+        products.det_pack(data, int(Q.Q4_0), 40)
+
+
+def test_a_block_matrix_in_these_numerics_reads_its_packed_copy() -> None:
+    """Two parts (a fused q/k/v's way): the packed matrix, the file's blocks under the same numerics and the
+    definition agree bit for bit; the packed one counts its own bytes."""
+    rng = np.random.default_rng(7)
+    k = 512
+    parts = [(random_blocks(rng, Q.Q4_K, 40, k), int(Q.Q4_K)), (random_blocks(rng, Q.Q6_K, 24, k), int(Q.Q6_K))]
+    packed = BlockMatrix(parts, k, det=True)
+    plain = BlockMatrix(parts, k, det=True, pack=False)
+    assert packed.packed and not plain.packed
+    assert packed.nbytes >= plain.nbytes
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    want = np.concatenate([det_reference.matmul(x, b, Q(t), (b.shape[0], k)) for b, t in parts], axis=1)
+    for rows in (1, 6):
+        assert np.array_equal(bits(packed.matmul(x[:rows])), bits(plain.matmul(x[:rows])))
+        assert np.array_equal(bits(packed.matmul(x[:rows])), bits(want[:rows]))
+    assert not BlockMatrix(parts, k).packed                     # the reference numerics read the file's pages

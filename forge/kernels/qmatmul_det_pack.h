@@ -399,4 +399,18 @@ static void unpack_packed_chunk(int64_t type, const uint8_t *data, int64_t nb, i
 }
 #endif
 
+/* Bytes the packed layout of `rows` rows of `type` (K values each) takes (qmatmul_det_pack.h), or -1 for a type or K
+ * it does not take. */
+int64_t forge_det_pack_bytes(int64_t type, int64_t rows, int64_t K) {
+    if (!forge_qmatmul_det_type(type) || K <= 0 || K % block_values(type) != 0) return -1;
+    return (rows + DET_PACK_ROWS - 1) / DET_PACK_ROWS * DET_PACK_ROWS / DET_PG * pack_group_bytes(type, K / 32);
+}
+
+/* The file's blocks of `rows` rows at src in the packed layout at dst (forge_det_pack_bytes of it): 0, or -1. */
+int forge_det_pack(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst) {
+    if (forge_det_pack_bytes(type, rows, K) < 0) return -1;
+    det_pack_rows(type, src, rows, K, dst);
+    return 0;
+}
+
 #endif

@@ -39,7 +39,7 @@ typedef struct {
     const qpart *parts;        /* data: expert 0's rows; rows: per expert */
     int64_t num_parts;
     int64_t slabs[MAX_PARTS];  /* slabs of each part, per expert */
-    int64_t row_bytes[MAX_PARTS];
+    int64_t row_bytes[MAX_PARTS];    /* a packed part's: a group's of 16 rows */
     float *out;
     int64_t ldo, fast;
     _Atomic int error;         /* the first forge_qmatmul failure, else 0 */
@@ -54,7 +54,8 @@ static inline int64_t slab_rows(const moe_job *jb, int64_t p, int64_t s) {
 static void run(const moe_job *jb, int64_t g, int64_t p, int64_t col0, int64_t r0, int64_t r1) {
     const int64_t lo = jb->starts[g], rows = jb->starts[g + 1] - lo;
     const qpart *pt = &jb->parts[p];
-    const qpart sub = {pt->data + (jb->experts[g] * pt->rows + r0) * jb->row_bytes[p], r1 - r0, pt->type};
+    const int64_t row = jb->experts[g] * pt->rows + r0;            /* packed: a multiple of 16, row_bytes a group's */
+    const qpart sub = {pt->data + ((pt->type & DET_PACKED) ? row / 16 : row) * jb->row_bytes[p], r1 - r0, pt->type};
     const int rc = forge_qmatmul(jb->x + lo * jb->ldx, rows, jb->K, jb->ldx, &sub, 1, jb->out + lo * jb->ldo + col0 + r0,
                                  jb->ldo, jb->fast);
     if (rc != 0) {
@@ -103,9 +104,11 @@ int forge_moe_matmul(const float *x, int64_t K, int64_t ldx, const int64_t *expe
     moe_job jb = {.x = x, .K = K, .ldx = ldx, .experts = experts, .starts = starts, .num_groups = num_groups,
                   .parts = parts, .num_parts = num_parts, .out = out, .ldo = ldo, .fast = fast, .error = 0};
     for (int64_t p = 0; p < num_parts; p++) {
-        const int64_t bv = block_values(parts[p].type);
-        if (bv == 0 || K % bv || parts[p].rows < 0) return -1;
-        jb.row_bytes[p] = K / bv * block_bytes(parts[p].type);
+        /* a packed part (DET_PACKED, an expert's rows a multiple of 32): its groups of 16 rows in turn */
+        const int64_t type = parts[p].type & ~(int64_t)DET_PACKED, bv = block_values(type);
+        const int packed = type != parts[p].type;
+        if (bv == 0 || K % bv || parts[p].rows < 0 || (packed && parts[p].rows % 32)) return -1;
+        jb.row_bytes[p] = packed ? det_group_bytes(type, K) : K / bv * block_bytes(type);
         jb.slabs[p] = (parts[p].rows + SLAB - 1) / SLAB;
     }
     if (num_groups <= 0) return 0;

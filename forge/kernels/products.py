@@ -183,7 +183,7 @@ def det_type(qtype: int, lib: ctypes.CDLL | None = None) -> bool:
 def det_pack(blocks: npt.NDArray[np.uint8], qtype: int, k: int,
              lib: ctypes.CDLL | None = None) -> tuple[npt.NDArray[np.uint8], int]:
     """A weight's blocks [rows, bytes] (ggml type qtype, k values a row) in the deterministic product's own
-    layout (qmatmul_det_pack.h: 16 rows' codes side by side, as many bytes as the file's), with the type
+    layout (qmatmul_det_pack.h: 16 rows' codes side by side, the file's bytes, K-quants 2-3% more), with the type
     a part of it takes (qtype | DET_PACKED); the product of the packed part has the same bits. The result
     is [groups of 16 rows, bytes a group]: its rows are not the weight's."""
     lib = lib or library()

@@ -445,7 +445,7 @@ int forge_qmatmul(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart
     if (num_parts < 1 || num_parts > MAX_PARTS || K <= 0 || K % 32) return -1;
     if (fast == FORGE_DET) {      /* the deterministic numerics (qmatmul_det.c), where it reads every part */
         int det = 1;
-        for (int64_t i = 0; i < num_parts; i++) det &= forge_qmatmul_det_type(parts[i].type);
+        for (int64_t i = 0; i < num_parts; i++) det &= forge_qmatmul_det_type(parts[i].type & ~(int64_t)DET_PACKED);
         if (det) return forge_qmatmul_det(x, T, K, ldx, parts, num_parts, out, ldo);
         fast = 0;
     }

@@ -66,6 +66,10 @@ typedef struct {
 
 /* forge_qmatmul's `fast` for the deterministic numerics: qmatmul_det.c's product (exported there). */
 #define FORGE_DET 2
+/* A part's type flag: its data in the deterministic product's own layout (qmatmul_det_pack.h), which only that
+ * product reads: groups of 16 rows, det_group_bytes(type, K) each. */
+#define DET_PACKED 0x100
+FORGE_HIDDEN int64_t det_group_bytes(int64_t type, int64_t K);
 int forge_qmatmul_det(const float *x, int64_t T, int64_t K, int64_t ldx, const qpart *parts, int64_t num_parts,
                       float *out, int64_t ldo);
 int forge_qmatmul_det_type(int64_t type);

@@ -1,7 +1,7 @@
 /* The deterministic product's own layout of a weight (qmatmul_det.c includes it after its unpacking): the
  * file's blocks rearranged once, at load, so that a step reads each weight row's codes already side by side
- * with 15 other rows' (what the chunk's buffer holds, the VPDPBUSD's and the tiles' operand), in as many
- * bytes as the file's blocks. A part so packed has DET_PACKED in its type; its data is groups of DET_PG
+ * with 15 other rows' (what the chunk's buffer holds, the VPDPBUSD's and the tiles' operand), in the file's
+ * bytes (Q4_K and Q5_K 2-3% more: their scales a byte each). A part so packed has DET_PACKED in its type; its data is groups of DET_PG
  * weight rows (the rows padded with zeros to a whole number of DET_PACK_ROWS), and each group, block by
  * block (K-quants: a superblock's header first):
  *
@@ -20,7 +20,6 @@
 #ifndef FORGE_QMATMUL_DET_PACK_H
 #define FORGE_QMATMUL_DET_PACK_H
 
-#define DET_PACKED 0x100        /* a qpart type's flag: data in this layout */
 #define DET_PG 16               /* weight rows a group */
 #define DET_PACK_ROWS 32        /* rows padded to a multiple of this (DET_COLS of every build divides it) */
 /* Bytes read ahead of a group's block (software prefetch): one row's stream of records is a stream the hardware
@@ -105,15 +104,14 @@ static void unpack_packed(int64_t type, const uint8_t *group, int r, int64_t b, 
     }
 }
 
-/* Rows [0, rows) of `type` (K values each) from the file's blocks at src into the packed layout at dst
- * (forge_det_pack_bytes of it, zeroed here). */
-static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst) {
+/* Groups [g0, g1) of the packed layout of rows [0, rows) of `type` (K values each) from the file's blocks at
+ * src into dst (its bytes zeroed here: the padding rows stay zeros). */
+static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst, int64_t g0, int64_t g1) {
     const pack_fmt f = pack_format(type);
     const int64_t nb = K / 32, gbytes = pack_group_bytes(type, nb);
     const int64_t row_bytes = K / block_values(type) * block_bytes(type);
-    const int64_t groups = (rows + DET_PACK_ROWS - 1) / DET_PACK_ROWS * DET_PACK_ROWS / DET_PG;
-    memset(dst, 0, (size_t)(groups * gbytes));
-    for (int64_t n = 0; n < rows; n++) {
+    memset(dst + g0 * gbytes, 0, (size_t)((g1 - g0) * gbytes));
+    for (int64_t n = g0 * DET_PG; n < rows && n < g1 * DET_PG; n++) {
         const uint8_t *row = src + n * row_bytes;
         uint8_t *group = dst + n / DET_PG * gbytes;
         const int r = (int)(n % DET_PG);
@@ -406,10 +404,27 @@ int64_t forge_det_pack_bytes(int64_t type, int64_t rows, int64_t K) {
     return (rows + DET_PACK_ROWS - 1) / DET_PACK_ROWS * DET_PACK_ROWS / DET_PG * pack_group_bytes(type, K / 32);
 }
 
-/* The file's blocks of `rows` rows at src in the packed layout at dst (forge_det_pack_bytes of it): 0, or -1. */
+FORGE_HIDDEN int64_t det_group_bytes(int64_t type, int64_t K) { return pack_group_bytes(type, K / 32); }
+
+typedef struct {
+    int64_t type, rows, K, groups;
+    const uint8_t *src;
+    uint8_t *dst;
+} det_pack_job;
+
+static void det_pack_part(const void *ctx, int index, int count) {
+    const det_pack_job *jb = ctx;
+    det_pack_rows(jb->type, jb->src, jb->rows, jb->K, jb->dst, jb->groups * index / count, jb->groups * (index + 1) / count);
+}
+
+/* The file's blocks of `rows` rows at src in the packed layout at dst (forge_det_pack_bytes of it), on the pool's
+ * threads: 0, or -1. */
 int forge_det_pack(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst) {
-    if (forge_det_pack_bytes(type, rows, K) < 0) return -1;
-    det_pack_rows(type, src, rows, K, dst);
+    const int64_t size = forge_det_pack_bytes(type, rows, K);
+    if (size < 0) return -1;
+    const det_pack_job jb = {.type = type, .rows = rows, .K = K, .groups = size / pack_group_bytes(type, K / 32),
+                             .src = src, .dst = dst};
+    forge_run_parallel(det_pack_part, &jb, jb.groups > 1);
     return 0;
 }
 

@@ -45,8 +45,8 @@ class BlockMatrix:
         self.nbytes = sum(int(blocks.nbytes) for blocks, _ in parts)
         self._packed: list[tuple[U8, int, int]] = []
         if self.det and pack:
-            # The deterministic product's own layout (qmatmul_det_pack.h), made once: the product reads it
-            # instead of the file's pages (as many bytes, in memory of its own), with the same bits.
+            # The deterministic product's own layout (qmatmul_det_pack.h), made once: the product reads it instead
+            # of the file's pages (the file's bytes, K-quants 2-3% more, in memory of its own), with the same bits.
             for blocks, qtype in parts:
                 packed, ptype = products.det_pack(blocks, int(qtype), in_features)
                 self._packed.append((packed, ptype, blocks.shape[0]))

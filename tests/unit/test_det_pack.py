@@ -13,9 +13,11 @@ from gguf.constants import GGMLQuantizationType
 
 from forge.kernels import compiled, det_reference, products
 from forge.kernels.quant_linear import BlockMatrix
+from forge.models.llama.experts import ExpertStack
 from tests.unit.test_block_linear import RUNNABLE
 from tests.unit.test_det_numerics import ROWS, TYPES, bits
 from tests.unit.test_kernels import random_blocks
+from tests.unit.test_moe_grouped import expert_tensor
 
 Q = GGMLQuantizationType
 
@@ -72,3 +74,23 @@ def test_a_block_matrix_in_these_numerics_reads_its_packed_copy() -> None:
         assert np.array_equal(bits(packed.matmul(x[:rows])), bits(plain.matmul(x[:rows])))
         assert np.array_equal(bits(packed.matmul(x[:rows])), bits(want[:rows]))
     assert not BlockMatrix(parts, k).packed                     # the reference numerics read the file's pages
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
+def test_a_mixtures_experts_are_packed_and_keep_the_definitions_bits(qtype: GGMLQuantizationType) -> None:
+    """The grouped product (moe_matmul.c) over packed experts (gate and up stacked): each group's rows get
+    the definition's product with its expert; an expert's rows that are not whole groups of 32 keep the
+    file's blocks (and the same bits)."""
+    rng = np.random.default_rng(11 + int(qtype))
+    experts, k = 5, 256
+    for ffn in (64, 48):
+        tensors = [expert_tensor(rng, qtype, experts, ffn, k)[0] for _ in range(2)]
+        stack = ExpertStack([(t, qtype) for t in tensors], k, kernel=True, det=True)
+        assert bool(stack._packed) == (ffn % 32 == 0)
+        x = rng.standard_normal((9, k)).astype(np.float32)
+        ids, starts = np.array([3, 0, 4], np.int64), np.array([0, 2, 3, 9], np.int64)
+        got = stack.grouped(x, ids, starts)
+        for g, expert in enumerate(ids):
+            rows = x[starts[g]:starts[g + 1]]
+            want = np.concatenate([det_reference.matmul(rows, t[expert], qtype, (ffn, k)) for t in tensors], axis=1)
+            assert np.array_equal(bits(got[starts[g]:starts[g + 1]]), bits(want)), f"ffn={ffn} expert {expert}"

@@ -51,11 +51,19 @@ class ExpertStack:
         self.det = det                       # the deterministic numerics (qmatmul_det.c)
         # grouped()'s view of the parts: each whole 3-D tensor as rows of blocks, its `rows` one expert's.
         self._grouped = None
+        self._packed: list[tuple[npt.NDArray[np.uint8], int, int]] = []
         if kernel:
             whole = [(as_blocks(data, int(data.shape[0]) * int(data.shape[1])), int(qtype)) for data, qtype in parts]
-            self._grouped = products.qparts(whole)
-            for part, (data, _) in zip(self._grouped, parts, strict=True):
-                part.rows = int(data.shape[1])
+            if det and all(products.det_type(qtype) and data.shape[1] % 32 == 0 for data, qtype in parts):
+                # The deterministic product's own layout (qmatmul_det_pack.h), every expert's rows in turn: the
+                # file's bytes (K-quants 2-3% more) in memory of its own, read 1.3-1.5x faster by a step's few rows.
+                self._packed = [(*products.det_pack(blocks, qtype, in_features), int(data.shape[1]))
+                                for (blocks, qtype), (data, _) in zip(whole, parts, strict=True)]
+                self._grouped = products.qparts_rows(self._packed)
+            else:
+                self._grouped = products.qparts(whole)
+                for part, (data, _) in zip(self._grouped, parts, strict=True):
+                    part.rows = int(data.shape[1])
         # Expert e's own BlockMatrix over its rows of every part, made when first asked for (a model's
         # steps multiply by grouped(); made at load, 12,288 of them took 0.45 s of a 30B-A3B's start-up).
         self._kernels: dict[int, BlockMatrix] = {}
@@ -103,7 +111,10 @@ class ExpertStack:
         return any(np.shares_memory(data, array) for data, _ in self._parts)
 
     def map_pages(self) -> None:
-        """Map every page of the experts' file bytes into the process now (see prefault_experts)."""
+        """Map every page of the experts' file bytes into the process now (see prefault_experts); a packed
+        stack's memory is its own, written at load: nothing to map."""
+        if self._packed:
+            return
         for data, _ in self._parts:
             _map_pages(data)
 

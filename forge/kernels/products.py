@@ -195,7 +195,10 @@ def det_pack(blocks: npt.NDArray[np.uint8], qtype: int, k: int,
         raise ValueError(f"det_pack: type {qtype} or K={k} is not one the deterministic product reads")
     groups = -(-rows // 32) * 2
     out = np.empty((groups, size // groups), dtype=np.uint8)
-    if lib.forge_det_pack(qtype, ptr(blocks), rows, k, ptr(out)) != 0:
+    rc = lib.forge_det_pack(qtype, ptr(blocks), rows, k, ptr(out))
+    if rc == -3:
+        raise MemoryError("det_pack: no memory for its buffer")
+    if rc != 0:
         raise ValueError(f"det_pack: type {qtype} or K={k} is not one the deterministic product reads")
     return out, qtype | DET_PACKED
 

@@ -116,11 +116,12 @@ static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_
         uint8_t *group = dst + n / DET_PG * gbytes;
         const int r = (int)(n % DET_PG);
         for (int64_t b = 0; b < nb; b++) {
+            uint8_t *rec = (uint8_t *)pack_record(group, &f, b), *cons = rec + pack_codes_bytes(&f);
+            uint8_t *hdr = (uint8_t *)pack_header(group, &f, b);
+#if !defined(VW)    /* the vector builds write the codes from the chunk's unpacking (det_pack_codes_v) */
             uint8_t c[32];
             det_consts k;
             unpack_block(type, row, b, c, &k);
-            uint8_t *rec = (uint8_t *)pack_record(group, &f, b), *cons = rec + pack_codes_bytes(&f);
-            uint8_t *hdr = (uint8_t *)pack_header(group, &f, b);
             for (int i = 0; i < 32; i++) {
                 const int g = i / 4, at = 4 * r + i % 4;
                 if (f.bytes8) {
@@ -131,6 +132,7 @@ static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_
                 if (f.hbits == 1) rec[256 + at] |= (uint8_t)(((c[i] >> 4) & 1) << g);
                 if (f.hbits == 2) rec[256 + 64 * (g / 4) + at] |= (uint8_t)(((c[i] >> 4) & 3) << (2 * (g % 4)));
             }
+#endif
             switch (type) {
             case T_Q4_0:
             case T_Q4_1:
@@ -155,8 +157,8 @@ static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_
             }
             default: {
                 const uint8_t *sb = row + b / 8 * 210;
-                cons[r] = (uint8_t)k.s0;
-                cons[16 + r] = (uint8_t)k.s1;
+                cons[r] = sb[192 + 2 * (b % 8)];
+                cons[16 + r] = sb[192 + 2 * (b % 8) + 1];
                 memcpy(hdr + 2 * r, sb + 208, 2);
                 break;
             }
@@ -164,6 +166,67 @@ static void det_pack_rows(int64_t type, const uint8_t *src, int64_t rows, int64_
         }
     }
 }
+
+#if defined(VW)
+/* The codes of groups [g0, g1) (whole DET_COLS rows of them) from the chunk's vector unpacking, a plane at a time:
+ * -3 without the memory for its buffer. */
+static int det_pack_codes_v(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst, int64_t g0,
+                            int64_t g1) {
+    const pack_fmt f = pack_format(type);
+    const int64_t nb = K / 32, gbytes = pack_group_bytes(type, nb);
+    const int64_t row_bytes = K / block_values(type) * block_bytes(type);
+    uint8_t *zero = calloc(1, (size_t)row_bytes);              /* the padding rows' blocks: codes 0 */
+    det_chunk *ch = aligned_alloc(64, sizeof(det_chunk));
+    if (zero == NULL || ch == NULL) {
+        free(zero);
+        free(ch);
+        return -3;
+    }
+    const __m256i m4 = _mm256_set1_epi8(15), m1 = _mm256_set1_epi8(1), m2 = _mm256_set1_epi8(3);
+    for (int64_t n0 = g0 * DET_PG; n0 < g1 * DET_PG; n0 += DET_COLS) {
+        const uint8_t *rp[DET_COLS];
+        for (int c = 0; c < DET_COLS; c++) rp[c] = n0 + c < rows ? src + (n0 + c) * row_bytes : zero;
+        for (int64_t b0 = 0; b0 < nb; b0 += DET_CHUNK) {
+            const int64_t nbc = nb - b0 < DET_CHUNK ? nb - b0 : DET_CHUNK;
+            unpack_chunk(type, rp, b0, nbc, ch);
+            for (int o = 0; o < DET_COLS / DET_PG; o++) {
+                uint8_t *group = dst + (n0 / DET_PG + o) * gbytes;
+                for (int64_t b = 0; b < nbc; b++) {
+                    uint8_t *rec = (uint8_t *)pack_record(group, &f, b0 + b);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i c[8];
+                        for (int g = 0; g < 8; g++) c[g] = load_b32(ch->codes[b][g] + 64 * o + 32 * h);
+                        if (f.bytes8) {          /* the file's signed codes (the chunk's are shifted for the dot) */
+                            for (int g = 0; g < 8; g++)
+                                _mm256_storeu_si256((__m256i *)(rec + 64 * g + 32 * h),
+                                                    Q8_SHIFT ? _mm256_xor_si256(c[g], _mm256_set1_epi8((char)0x80)) : c[g]);
+                            continue;
+                        }
+                        for (int g = 0; g < 4; g++)
+                            _mm256_storeu_si256((__m256i *)(rec + 64 * g + 32 * h),
+                                                _mm256_or_si256(_mm256_and_si256(c[g], m4),
+                                                                _mm256_slli_epi16(_mm256_and_si256(c[g + 4], m4), 4)));
+                        for (int hh = 0; hh < f.hbits; hh++) {
+                            __m256i hb = _mm256_setzero_si256();
+                            for (int g = 0; g < 8; g++) {
+                                const __m256i top = _mm256_srli_epi16(c[g], 4);
+                                if (f.hbits == 1)
+                                    hb = _mm256_or_si256(hb, _mm256_slli_epi16(_mm256_and_si256(top, m1), g));
+                                else if (g / 4 == hh)
+                                    hb = _mm256_or_si256(hb, _mm256_slli_epi16(_mm256_and_si256(top, m2), 2 * (g % 4)));
+                            }
+                            _mm256_storeu_si256((__m256i *)(rec + 256 + 64 * hh + 32 * h), hb);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    free(zero);
+    free(ch);
+    return 0;
+}
+#endif
 
 #if defined(VW)
 /* Packed groups of weight rows [n0, n0 + DET_COLS) into the chunk's buffer, blocks [b0, b0 + nbc): the
@@ -410,22 +473,31 @@ typedef struct {
     int64_t type, rows, K, groups;
     const uint8_t *src;
     uint8_t *dst;
+    _Atomic int error;
 } det_pack_job;
 
 static void det_pack_part(const void *ctx, int index, int count) {
-    const det_pack_job *jb = ctx;
-    det_pack_rows(jb->type, jb->src, jb->rows, jb->K, jb->dst, jb->groups * index / count, jb->groups * (index + 1) / count);
+    det_pack_job *jb = (det_pack_job *)ctx;
+    const int64_t units = jb->groups / 2;                   /* DET_PACK_ROWS rows: whole DET_COLS of every build */
+    const int64_t g0 = 2 * (units * index / count), g1 = 2 * (units * (index + 1) / count);
+    if (g0 >= g1) return;
+    det_pack_rows(jb->type, jb->src, jb->rows, jb->K, jb->dst, g0, g1);
+#if defined(VW)
+    if (det_pack_codes_v(jb->type, jb->src, jb->rows, jb->K, jb->dst, g0, g1) != 0)
+        atomic_store((_Atomic int *)&jb->error, -3);
+#endif
 }
 
 /* The file's blocks of `rows` rows at src in the packed layout at dst (forge_det_pack_bytes of it), on the pool's
- * threads: 0, or -1. */
+ * threads: 0, or -1 (a type or K it does not take), -3 (no memory). */
 int forge_det_pack(int64_t type, const uint8_t *src, int64_t rows, int64_t K, uint8_t *dst) {
     const int64_t size = forge_det_pack_bytes(type, rows, K);
     if (size < 0) return -1;
-    const det_pack_job jb = {.type = type, .rows = rows, .K = K, .groups = size / pack_group_bytes(type, K / 32),
-                             .src = src, .dst = dst};
-    forge_run_parallel(det_pack_part, &jb, jb.groups > 1);
-    return 0;
+    det_pack_job jb = {.type = type, .rows = rows, .K = K, .groups = size / pack_group_bytes(type, K / 32),
+                       .src = src, .dst = dst};
+    atomic_init(&jb.error, 0);
+    forge_run_parallel(det_pack_part, &jb, jb.groups > 2);
+    return atomic_load(&jb.error);
 }
 
 #endif

@@ -32,7 +32,7 @@ def packed_product(x: npt.NDArray[np.float32], packed: npt.NDArray[np.uint8], pt
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_a_packed_weight_gives_the_definitions_bits(qtype: GGMLQuantizationType) -> None:
-    """Packed by this host's build, read by every level's (the layout is the same everywhere): 5, 37 and
+    """Packed by every level's build alike, read by every level's (the layout is the same everywhere): 5, 37 and
     64 weight rows (less than a group, a group and a part, whole groups), steps across every path's
     bounds."""
     rng = np.random.default_rng(100 + int(qtype))
@@ -42,6 +42,9 @@ def test_a_packed_weight_gives_the_definitions_bits(qtype: GGMLQuantizationType)
         data = random_blocks(rng, qtype, n, k)
         packed, ptype = products.det_pack(data, int(qtype), k)
         assert ptype == int(qtype) | products.DET_PACKED
+        for isa in RUNNABLE:             # the scalar packing and the vector builds' write the same bytes
+            lib = compiled.library() if isa == "native" else compiled.library_at(isa)
+            assert np.array_equal(products.det_pack(data, int(qtype), k, lib=lib)[0], packed), f"{qtype.name} {isa}"
         assert packed.nbytes <= data.nbytes / n * (-(-n // 32) * 32) * 1.03   # the file's bytes, padded rows
         for rows in ROWS:
             want = det_reference.matmul(x[:rows], data, qtype, (n, k))

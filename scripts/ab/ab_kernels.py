@@ -271,8 +271,8 @@ def cmd_int8(model: str | None, reps: int) -> None:
 def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int]) -> None:
     """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
     gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size and numerics (reference:
-    float32; fast: bfloat16 products; deterministic: qmatmul_det.c), on 1 and 2 threads, beside a 1 GiB
-    copy on the same threads:
+    float32; fast: bfloat16 products; deterministic: qmatmul_det.c on its packed layout), on 1 and 2
+    threads, beside a 1 GiB copy on the same threads:
     bytes of weights read per second, rows x that, and the multiply-adds per second."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -291,6 +291,9 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
     layers = [(products.qparts([(b, int(t))]), b, k) for _ in range(8)
               for b, t, k in ((blocks(q4k, 6144, 2048), q4k, 2048), (blocks(q4k, 2048, 2048), q4k, 2048),
                               (blocks(q4k, 16384, 2048), q4k, 2048), (blocks(q6k, 2048, 8192), q6k, 8192))]
+    # The deterministic numerics read their own packed copy of each weight, as a model loaded in them does.
+    packed = [products.qparts_rows([(*products.det_pack(b, int(desc[0].type), k), b.shape[0])])
+              if "deterministic" in numerics else None for desc, b, k in layers]
     total = sum(b.nbytes for _, b, _ in layers)
     src = np.ones(1 << 30, dtype=np.uint8)
     dst = np.zeros_like(src)
@@ -307,10 +310,11 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
             for _ in range(rounds):
                 for mode in numerics:                    # alternating, so drift hits both alike
                     t0 = time.perf_counter()
-                    for desc, b, k in layers:
+                    for (desc, b, k), det_desc in zip(layers, packed, strict=True):
                         out = np.empty((t, b.shape[0]), dtype=np.float32)
                         if mode == "deterministic":
-                            products.qmatmul_det(xs[k], k, desc, out)
+                            assert det_desc is not None
+                            products.qmatmul_det(xs[k], k, det_desc, out)
                         else:
                             products.qmatmul(xs[k], k, desc, out, fast=mode == "fast")
                     best[mode] = min(best[mode], time.perf_counter() - t0)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from forge.api.anthropic import anthropic_output as wire
 from forge.text.tool_calls import CLOSE, OPEN
-from forge.text.tool_reader import ArgumentsDelta, CallStart, ContentDelta, ToolCallReader, ToolEvent, read_message
+from forge.text.tool_reader import ToolCallReader, ToolEvent, read_message
+from tests.unit.test_tools import joined
 
 # What the default model wrote under tool_choice naming Person (name, age, email: str | None), greedy,
 # "Extract the person: Tom is 71.": the name string holds '}}</tool_call>', and the call goes on after it.
@@ -36,17 +37,6 @@ def read_in_pieces(text: str, cuts: list[int], **kwargs: Any) -> list[ToolEvent]
         start = max(start, cut)
     return events + reader.finish()
 
-
-def joined(events: list[ToolEvent]) -> tuple[str, list[tuple[str, str]]]:
-    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-    calls: list[list[str]] = []
-    for e in events:
-        if isinstance(e, CallStart):
-            assert e.index == len(calls)
-            calls.append([e.name, ""])
-        elif isinstance(e, ArgumentsDelta):
-            calls[e.index][1] += e.text
-    return content, [(name, args) for name, args in calls]
 
 
 @pytest.mark.parametrize("strict", [True, False])

@@ -10,6 +10,9 @@ is the reference it is tested against.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import numpy as np
 import numpy.typing as npt
 
@@ -17,6 +20,32 @@ from forge.kernels import products
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
+
+
+# madvise(2)'s MADV_DONTNEED: a file mapping's pages unmapped from the process (they stay in the page cache; a
+# later read maps them again). Never on anonymous memory, which it would zero.
+MADV_DONTNEED = 4
+
+
+def release_file_pages(data: npt.NDArray[np.generic]) -> bool:
+    """Unmap the whole pages under `data` from the process, where `data` is a view of a file's mapping (an mmap
+    under its bases: the GGUF file's); True if it did. A packed copy has been made of them: the process's RSS
+    then counts the copy, not the file's pages too."""
+    base: object = data
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    if base is None or data.nbytes == 0:
+        return False
+    page = mmap.PAGESIZE
+    start = -(-data.ctypes.data // page) * page                     # whole pages inside the view only
+    end = (data.ctypes.data + data.nbytes) // page * page
+    if end <= start:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def as_blocks(data: npt.NDArray[np.generic], rows: int) -> U8:
@@ -50,6 +79,7 @@ class BlockMatrix:
             for blocks, qtype in parts:
                 packed, ptype = products.det_pack(blocks, int(qtype), in_features)
                 self._packed.append((packed, ptype, blocks.shape[0]))
+                release_file_pages(blocks)
             self._descriptor = products.qparts_rows(self._packed)
             self.nbytes = sum(int(p.nbytes) for p, _, _ in self._packed)
         else:

@@ -6,13 +6,15 @@ it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 from gguf.constants import GGMLQuantizationType
 
 from forge.kernels import compiled, det_reference, products
-from forge.kernels.quant_linear import BlockMatrix
+from forge.kernels.quant_linear import BlockMatrix, release_file_pages
 from forge.models.llama.experts import ExpertStack
 from tests.unit.test_block_linear import RUNNABLE
 from tests.unit.test_det_numerics import ROWS, TYPES, bits
@@ -97,3 +99,26 @@ def test_a_mixtures_experts_are_packed_and_keep_the_definitions_bits(qtype: GGML
             rows = x[starts[g]:starts[g + 1]]
             want = np.concatenate([det_reference.matmul(rows, t[expert], qtype, (ffn, k)) for t in tensors], axis=1)
             assert np.array_equal(bits(got[starts[g]:starts[g + 1]]), bits(want)), f"ffn={ffn} expert {expert}"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_the_packed_weights_file_pages_leave_the_process_and_stay_readable(tmp_path: Path) -> None:
+    """After packing, the file's pages under a weight are unmapped (RSS counts the packed copy, not both);
+    the file's bytes read the same after; an array of the process's own memory is never touched (madvise
+    would zero it)."""
+    size = 64 << 20
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes())
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(1024, -1)
+    total = int(mapped.sum(dtype=np.uint64))                                    # every page mapped
+    before = _rss_bytes()
+    assert release_file_pages(mapped)
+    assert _rss_bytes() < before - size // 2
+    assert int(mapped.sum(dtype=np.uint64)) == total
+    own = np.arange(1 << 20, dtype=np.uint8)
+    assert not release_file_pages(own)
+    assert np.array_equal(own, np.arange(1 << 20, dtype=np.uint8))

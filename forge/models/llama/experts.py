@@ -25,7 +25,7 @@ import numpy.typing as npt
 from gguf.constants import GGMLQuantizationType
 
 from forge.kernels import products
-from forge.kernels.quant_linear import BlockMatrix, as_blocks
+from forge.kernels.quant_linear import BlockMatrix, as_blocks, release_file_pages
 from forge.models.llama.dequant import dequantize
 from forge.models.llama.weight_types import Weight
 
@@ -60,6 +60,8 @@ class ExpertStack:
                 self._packed = [(*products.det_pack(blocks, qtype, in_features), int(data.shape[1]))
                                 for (blocks, qtype), (data, _) in zip(whole, parts, strict=True)]
                 self._grouped = products.qparts_rows(self._packed)
+                for blocks, _ in whole:
+                    release_file_pages(blocks)
             else:
                 self._grouped = products.qparts(whole)
                 for part, (data, _) in zip(self._grouped, parts, strict=True):

@@ -37,7 +37,7 @@
  *
  * A model's weights come in the product's own layout (qmatmul_det_pack.h, DET_PACKED: 16 rows' codes side by
  * side, packed at load): steps multiply straight from it (one VPDPBUSD a group of 4 codes, no buffer), or with
- * the tiles past DET_PACK_DIRECT_ROWS rows through the chunk's buffer. The same bits again. */
+ * the tiles past 24 rows through the chunk's buffer. The same bits again. */
 #include "pool.h"
 #include "qmatmul.h"
 #include <stdatomic.h>
@@ -631,11 +631,11 @@ static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64
 #endif
 
 #if defined(VW)
-/* Whether a packed part's step of T rows goes by the chunk's buffer: with the tiles past DET_PACK_DIRECT_ROWS;
- * never without (passes straight from the layout are faster: avx512 level, 64 rows, 260 against 311 ms). */
+/* Whether a packed part's step of T rows goes by the chunk's buffer: with the tiles past 24 rows (1 thread: 104
+ * against 108 ms at 24, 134 against 123 at 32); never without (avx512 level, 64 rows, 260 against 311 ms). */
 static int det_chunk_rows(int64_t T) {
 #if defined(DET_AMX)
-    if (det_amx_usable()) return T > DET_PACK_DIRECT_ROWS;
+    if (det_amx_usable()) return T > 24;
 #endif
     return T < 0;
 }

@@ -72,71 +72,18 @@ static void widen_row(const void *base, int kv_type, int64_t at, int64_t n, floa
 }
 
 /* s[16 * tiles] = the scores of one query against `tiles` tiles of sixteen transposed keys (kt [tiles][hd][16]),
- * a lane per key; several tiles at once, whose sums are independent (the add's latency, not its throughput, bounds
- * one tile). */
-static __attribute__((unused)) void scores(const float *restrict q, const float *restrict kt, int64_t hd, int64_t tiles,
-                                           float *restrict s) {
+ * a lane per key: the scalar build's (the vector builds score several heads at once: scores_heads). */
+#if !defined(__AVX2__) && !defined(__AVX512F__)
+static void scores(const float *restrict q, const float *restrict kt, int64_t hd, int64_t tiles, float *restrict s) {
     const int64_t step = hd * DET_TILE;
-    int64_t t = 0;
-#if defined(__AVX512F__)
-    for (; t + 4 <= tiles; t += 4) {
-        const float *k = kt + t * step;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t d = 0; d < hd; d++) {
-            const __m512 qd = _mm512_set1_ps(q[d]);
-            const float *kd = k + d * DET_TILE;
-            a0 = _mm512_add_ps(a0, _mm512_mul_ps(qd, _mm512_loadu_ps(kd)));
-            a1 = _mm512_add_ps(a1, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + step)));
-            a2 = _mm512_add_ps(a2, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + 2 * step)));
-            a3 = _mm512_add_ps(a3, _mm512_mul_ps(qd, _mm512_loadu_ps(kd + 3 * step)));
-        }
-        _mm512_storeu_ps(s + t * DET_TILE, a0);
-        _mm512_storeu_ps(s + t * DET_TILE + 16, a1);
-        _mm512_storeu_ps(s + t * DET_TILE + 32, a2);
-        _mm512_storeu_ps(s + t * DET_TILE + 48, a3);
-    }
-    for (; t < tiles; t++) {
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t d = 0; d < hd; d++)
-            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + t * step + d * DET_TILE)));
-        _mm512_storeu_ps(s + t * DET_TILE, a);
-    }
-#elif defined(__AVX2__)
-    for (; t + 2 <= tiles; t += 2) {
-        const float *k = kt + t * step;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t d = 0; d < hd; d++) {
-            const __m256 qd = _mm256_set1_ps(q[d]);
-            const float *kd = k + d * DET_TILE;
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(qd, _mm256_loadu_ps(kd)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + 8)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + step)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(qd, _mm256_loadu_ps(kd + step + 8)));
-        }
-        _mm256_storeu_ps(s + t * DET_TILE, a0);
-        _mm256_storeu_ps(s + t * DET_TILE + 8, a1);
-        _mm256_storeu_ps(s + t * DET_TILE + 16, a2);
-        _mm256_storeu_ps(s + t * DET_TILE + 24, a3);
-    }
-    for (; t < tiles; t++) {
-        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        for (int64_t d = 0; d < hd; d++) {
-            const __m256 qd = _mm256_set1_ps(q[d]);
-            a = _mm256_add_ps(a, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + t * step + d * DET_TILE)));
-            b = _mm256_add_ps(b, _mm256_mul_ps(qd, _mm256_loadu_ps(kt + t * step + d * DET_TILE + 8)));
-        }
-        _mm256_storeu_ps(s + t * DET_TILE, a);
-        _mm256_storeu_ps(s + t * DET_TILE + 8, b);
-    }
-#else
-    for (; t < tiles; t++) {
+    for (int64_t t = 0; t < tiles; t++) {
         float a[DET_TILE] = {0};
         for (int64_t d = 0; d < hd; d++)
             for (int l = 0; l < DET_TILE; l++) a[l] = a[l] + q[d] * kt[t * step + d * DET_TILE + l];
         memcpy(s + t * DET_TILE, a, sizeof a);
     }
-#endif
 }
+#endif
 
 /* s[16] <- det_exp(s - m), lane by lane. */
 static inline void tile_exps(float *restrict s, float m) {

@@ -126,11 +126,7 @@ class QPart(ctypes.Structure):
 def qparts(parts: list[tuple[npt.NDArray[np.uint8], int]]) -> ctypes.Array[QPart]:
     """The ctypes descriptor of (blocks [rows, bytes per row], ggml type) parts, stacked along rows.
     The arrays must outlive it (the caller keeps them)."""
-    for blocks, qtype in parts:
-        if (blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous
-                or qtype & ~DET_PACKED not in QMATMUL_TYPES):
-            raise ValueError("qmatmul parts must be C-contiguous uint8 [rows, bytes] of a type it reads")
-    return (QPart * len(parts))(*(QPart(ptr(b), b.shape[0], int(t)) for b, t in parts))
+    return qparts_rows([(blocks, qtype, blocks.shape[0]) for blocks, qtype in parts])
 
 
 def _check_product(name: str, x: F32, k: int, out: F32) -> None:

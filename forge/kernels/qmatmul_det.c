@@ -631,8 +631,8 @@ static void amx_rows(const det_job *jb, const det_chunk *ch, int64_t type, int64
 #endif
 
 #if defined(VW)
-/* Whether a packed part's step of T rows goes by the chunk's buffer: with the tiles past 24 rows (1 thread: 104
- * against 108 ms at 24, 134 against 123 at 32); never without (avx512 level, 64 rows, 260 against 311 ms). */
+/* Whether a packed part's step of T rows goes by the chunk's buffer: with the tiles past 24 rows, never without
+ * (`ab_kernels.py layers --clock cpu --isa native|avx512`: docs/benchmarks.md, the passes against the tiles). */
 static int det_chunk_rows(int64_t T) {
 #if defined(DET_AMX)
     if (det_amx_usable()) return T > 24;

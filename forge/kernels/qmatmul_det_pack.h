@@ -23,8 +23,9 @@
 #define DET_PG 16               /* weight rows a group */
 #define DET_PACK_ROWS 32        /* rows padded to a multiple of this (DET_COLS of every build divides it) */
 /* Bytes read ahead of a group's block (software prefetch): one row's stream of records is a stream the hardware
- * prefetcher follows, but not far enough ahead for a decode step (Q4_K on a 2-core Sapphire Rapids, 1 thread:
- * 40 against 53 ms a 337 MB set of layers at 1 row, 53 against 78 at 4; 512 bytes: 49 and 65, 4096: 42 and 52). */
+ * prefetcher follows, but not far enough ahead for a decode step: of 512, 1024, 2048 and 4096 bytes, 1024-2048 were
+ * fastest at 1 and 4 rows in an A/B of this constant (1 thread, Sapphire Rapids; the layout's figures with it:
+ * docs/benchmarks.md). */
 #define DET_PACK_PF 2048
 
 typedef struct {
@@ -328,10 +329,10 @@ static inline __attribute__((always_inline)) void unpack_packed_body(const int64
 #define VF_ZERO() _mm256_setzero_ps()
 #endif
 
-/* Steps of up to this many rows read the packed layout straight (bigger ones by the chunk's buffer, or the
- * tiles). Q4_K and Q6_K layers of the 1.7B model's shapes, 1 thread, Sapphire Rapids: AVX-512 80 against 133 ms
- * by the tiles at 8 rows, 108 against 140 at 12, 143 against 157 at 16; the AVX2 build 81 against 106 ms by the
- * chunk at 8 rows, 108 against 150 at 12, 139 against 190 at 16. */
+/* Steps of up to this many rows read the packed layout straight (bigger ones by the chunk's buffer onto the tiles,
+ * or in passes of this many rows without them): on the AVX-512 and AVX2 builds alike faster than the chunk's
+ * buffer up to 16 rows and more (`scripts/ab/ab_kernels.py layers --layer-threads 1 --clock cpu --isa LEVEL
+ * --numerics deterministic,deterministic-file`, docs/benchmarks.md), with a row's sums in registers. */
 #ifndef DET_PACK_DIRECT_ROWS
 #define DET_PACK_DIRECT_ROWS 16
 #endif

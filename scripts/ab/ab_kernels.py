@@ -268,16 +268,21 @@ def cmd_int8(model: str | None, reps: int) -> None:
     OnnxLinear.matmul = original  # type: ignore[method-assign]
 
 
-def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int]) -> None:
+def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list: list[int], isa: str = "native",
+               clock: str = "wall") -> None:
     """The blocks kernel on eight layers of the 1.7B model's shapes (random Q4_K q/k/v, o and
     gate/up, Q6_K down: 337 MB, ten times the L3 cache), per step size and numerics (reference:
-    float32; fast: bfloat16 products; deterministic: qmatmul_det.c on its packed layout), on 1 and 2
-    threads, beside a 1 GiB copy on the same threads:
-    bytes of weights read per second, rows x that, and the multiply-adds per second."""
+    float32; fast: bfloat16 products; deterministic: qmatmul_det.c on its packed layout;
+    deterministic-file: the same from the file's blocks), on 1 and 2 threads, beside a 1 GiB copy on
+    the same threads: bytes of weights read per second, rows x that, and the multiply-adds per second.
+    `isa`: the build level (compiled.library_at; native: the process's); `clock`: wall, or cpu (the
+    process's CPU time: steadier on a loaded machine, but it counts the pool's idle spinning too)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from forge.kernels import products
+    from forge.kernels import compiled, products
 
+    lib = compiled.library() if isa == "native" else compiled.library_at(isa)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     rng = np.random.default_rng(0)
 
     def blocks(qtype: GGMLQuantizationType, rows: int, k: int) -> np.ndarray:
@@ -292,14 +297,14 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
               for b, t, k in ((blocks(q4k, 6144, 2048), q4k, 2048), (blocks(q4k, 2048, 2048), q4k, 2048),
                               (blocks(q4k, 16384, 2048), q4k, 2048), (blocks(q6k, 2048, 8192), q6k, 8192))]
     # The deterministic numerics read their own packed copy of each weight, as a model loaded in them does.
-    packed = [products.qparts_rows([(*products.det_pack(b, int(desc[0].type), k), b.shape[0])])
+    packed = [products.qparts_rows([(*products.det_pack(b, int(desc[0].type), k, lib=lib), b.shape[0])])
               if "deterministic" in numerics else None for desc, b, k in layers]
     total = sum(b.nbytes for _, b, _ in layers)
     src = np.ones(1 << 30, dtype=np.uint8)
     dst = np.zeros_like(src)
     macs = sum(b.shape[0] * k for _, b, k in layers)
     for threads in threads_list:
-        products.pool_threads(threads)
+        products.pool_threads(threads, lib=lib)
         products.parallel_copy(dst, src)
         t0 = time.perf_counter()
         products.parallel_copy(dst, src)
@@ -309,15 +314,17 @@ def cmd_layers(tokens: list[int], rounds: int, numerics: list[str], threads_list
             best = {mode: float("inf") for mode in numerics}
             for _ in range(rounds):
                 for mode in numerics:                    # alternating, so drift hits both alike
-                    t0 = time.perf_counter()
+                    t0 = now()
                     for (desc, b, k), det_desc in zip(layers, packed, strict=True):
                         out = np.empty((t, b.shape[0]), dtype=np.float32)
                         if mode == "deterministic":
                             assert det_desc is not None
-                            products.qmatmul_det(xs[k], k, det_desc, out)
+                            products.qmatmul_det(xs[k], k, det_desc, out, lib=lib)
+                        elif mode == "deterministic-file":
+                            products.qmatmul_det(xs[k], k, desc, out, lib=lib)
                         else:
-                            products.qmatmul(xs[k], k, desc, out, fast=mode == "fast")
-                    best[mode] = min(best[mode], time.perf_counter() - t0)
+                            products.qmatmul(xs[k], k, desc, out, lib=lib, fast=mode == "fast")
+                    best[mode] = min(best[mode], now() - t0)
             for mode, s in best.items():
                 print(f"threads={threads} rows={t:4d} {mode:9s}: {s * 1e3:7.1f} ms for {total / 1e6:.0f} MB of "
                       f"weights, {total / s / 1e9:5.1f} GB/s, x rows {t * total / s / 1e9:6.1f} GB/s, "
@@ -368,6 +375,9 @@ def main() -> None:
     parser.add_argument("--numerics", default="reference",
                         help="layers: reference,fast (the blocks kernel's float32 or bfloat16 products)")
     parser.add_argument("--layer-threads", default="1,2", help="layers: thread counts, comma-separated")
+    parser.add_argument("--isa", default="native", help="layers: the build level (FORGE_KERNEL_ISA's names)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="layers: wall or the process's CPU time")
     parser.add_argument("--kv-dtypes", default="float32,float16,int8", help="attention: K/V storage types")
     parser.add_argument("--context", type=int, default=200, help="attention: keys per sequence")
     parser.add_argument("--shape", default="135m", choices=["135m", "1.7b"], help="attention: the model's heads")
@@ -383,7 +393,7 @@ def main() -> None:
         return
     if args.case == "layers":
         cmd_layers([int(t) for t in args.tokens.split(",")], args.rounds, args.numerics.split(","),
-                   [int(t) for t in args.layer_threads.split(",")])
+                   [int(t) for t in args.layer_threads.split(",")], args.isa, args.clock)
         return
     if args.case == "bandwidth":
         cmd_bandwidth(args.model, args.kernels.split(",")[0], args.rounds)

@@ -56,7 +56,8 @@ class ExpertStack:
             whole = [(as_blocks(data, int(data.shape[0]) * int(data.shape[1])), int(qtype)) for data, qtype in parts]
             if det and all(products.det_type(qtype) and data.shape[1] % 32 == 0 for data, qtype in parts):
                 # The deterministic product's own layout (qmatmul_det_pack.h), every expert's rows in turn: the
-                # file's bytes (K-quants 2-3% more) in memory of its own, read 1.3-1.5x faster by a step's few rows.
+                # file's bytes (K-quants 2-3% more) in memory of its own, read faster by a step's few rows
+                # (docs/benchmarks.md).
                 self._packed = [(*products.det_pack(blocks, qtype, in_features), int(data.shape[1]))
                                 for (blocks, qtype), (data, _) in zip(whole, parts, strict=True)]
                 self._grouped = products.qparts_rows(self._packed)
